@@ -1,0 +1,42 @@
+"""One client per outside system, chosen by ``FLEETWATCH_FLEET``.
+
+Callers ask for ``get_clients()`` and use only the interfaces in ``base``; which
+implementation stands behind them (the simulated fleet now, real Slurm/Kubernetes/Prometheus
+next) is configuration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from collectors.clients.base import KubernetesClient, NodeProvider, SlurmClient, TelemetryClient
+from collectors.clients.notify import Notifier, WebhookNotifier
+
+
+@dataclass(frozen=True)
+class Clients:
+    slurm: SlurmClient
+    kubernetes: KubernetesClient
+    telemetry: TelemetryClient
+    provider: NodeProvider
+    notifier: Notifier
+
+
+def sim_fleet():  # noqa: ANN201 - the return type lives in the sim module, imported lazily
+    from collectors.clients.sim import SimFleet
+
+    return SimFleet(settings.FLEETWATCH_SIM_STATE, settings.FLEETWATCH_SIM_SPEED)
+
+
+def get_clients() -> Clients:
+    notifier = WebhookNotifier(settings.FLEETWATCH_NOTIFY_WEBHOOK_URL,
+                               timeout=settings.FLEETWATCH_HTTP_TIMEOUT)
+    if settings.FLEETWATCH_FLEET == "sim":
+        from collectors.clients.sim import SimKubernetes, SimProvider, SimSlurm, SimTelemetry
+
+        fleet = sim_fleet()
+        return Clients(SimSlurm(fleet), SimKubernetes(fleet), SimTelemetry(fleet),
+                       SimProvider(fleet), notifier)
+    raise NotImplementedError(f"FLEETWATCH_FLEET={settings.FLEETWATCH_FLEET}")

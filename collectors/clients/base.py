@@ -1,0 +1,138 @@
+"""The small interfaces every source implements, real or simulated.
+
+Read methods return plain dataclasses that look like what the real system reports; action
+methods check the current state first (so a retried step does nothing twice) and return an
+``ActionResult`` that names the outside call made, for the audit trail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class ClientError(Exception):
+    """A source or an action failed. ``permanent`` errors are not worth retrying."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    call: str  # the outside call, as an operator would type it
+    changed: bool  # False when the state was already what was asked for
+    detail: str = ""
+    data: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    state: str  # base state: IDLE, ALLOCATED, MIXED, DOWN, FUTURE, ...
+    flags: tuple[str, ...] = ()  # DRAIN, NOT_RESPONDING, ...
+    reason: str = ""
+    partition: str = ""
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    job_id: str
+    name: str
+    user: str
+    state: str  # PENDING, RUNNING, COMPLETING, CANCELLED, NODE_FAIL, ...
+    nodes: tuple[str, ...] = ()
+    restart_count: int = 0
+    # What the training loop itself reports (step counter, last checkpoint): the simulation
+    # exposes it; a real site reads it from the job's log or a metrics endpoint.
+    step: int | None = None
+    checkpoint_step: int | None = None
+    resumed_from_step: int | None = None
+    started_at: float | None = None
+
+
+@dataclass(frozen=True)
+class K8sNode:
+    name: str
+    ready: bool | None
+    unschedulable: bool
+    annotations: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class K8sPod:
+    namespace: str
+    name: str
+    node: str
+    labels: dict[str, str] = field(default_factory=dict)
+    owner_kind: str = ""  # DaemonSet pods are never evicted
+    phase: str = "Running"
+
+
+@dataclass(frozen=True)
+class GpuMetric:
+    """One GPU's dcgm-exporter sample, keyed as the exporter labels it (Hostname, gpu)."""
+
+    node: str
+    gpu: int
+    uuid: str
+    utilization: float | None
+    temperature: float | None
+    last_xid: int  # DCGM_FI_DEV_XID_ERRORS: the value of the last XID, a gauge
+
+
+@dataclass(frozen=True)
+class NicPort:
+    """An InfiniBand/RoCE port as sysfs shows it (state, and the link_downed counter total)."""
+
+    node: str
+    device: str
+    port: int
+    state: str  # ACTIVE / DOWN
+    link_downed: int
+
+
+@dataclass(frozen=True)
+class Replacement:
+    old_node: str
+    new_node: str
+    ready: bool
+    detail: str = ""
+
+
+class SlurmClient(Protocol):
+    def nodes(self) -> list[SlurmNode]: ...
+    def jobs(self) -> list[SlurmJob]: ...
+    def topology(self) -> dict[str, list[str]]: ...
+    def drain(self, node: str, reason: str) -> ActionResult: ...
+    def resume(self, node: str) -> ActionResult: ...
+    def cancel(self, job_id: str, signal: str, grace_seconds: int) -> ActionResult: ...
+    def requeue(self, job_id: str) -> ActionResult: ...
+
+
+class KubernetesClient(Protocol):
+    def nodes(self) -> list[K8sNode]: ...
+    def pods_on_node(self, node: str) -> list[K8sPod]: ...
+    def cordon(self, node: str, reason: str) -> ActionResult: ...
+    def uncordon(self, node: str) -> ActionResult: ...
+    def evict(self, namespace: str, pod: str) -> ActionResult: ...
+
+
+class TelemetryClient(Protocol):
+    def gpu_metrics(self) -> list[GpuMetric]: ...
+    def nic_ports(self) -> list[NicPort]: ...
+
+
+class NodeProvider(Protocol):
+    def replace(self, node: str) -> Replacement: ...
+    def replacement_status(self, node: str) -> Replacement | None: ...
+
+
+# FleetWatch's ownership markers (DESIGN.md, "Ownership").
+SLURM_REASON_PREFIX = "fleetwatch:"
+K8S_ANNOTATION_PREFIX = "fleetwatch.io/"
+K8S_CORDONED_BY = "fleetwatch.io/cordoned-by"
+K8S_CORDON_REASON = "fleetwatch.io/cordon-reason"
+NO_AUTO_REPLACE_LABEL = "fleetwatch.io/no-auto-replace"

@@ -1,0 +1,598 @@
+"""The simulated fleet: a small GPU cluster whose state lives in one JSON file.
+
+It stands in for Slurm, Kubernetes, dcgm-exporter behind Prometheus and a node provider, behind
+the same interfaces as the real clients (``collectors.clients.base``). The file is shared by the
+web process, the Celery workers and the ``fleetwatch inject`` command; every access takes an
+exclusive ``flock`` and advances the simulation to "now" first, so all processes see one fleet.
+
+Time is compressed by ``speed``: a duration of N simulated seconds (a SIGTERM grace period, a
+node's provisioning) takes N / speed real seconds. Training jobs take a step every
+``STEP_SECONDS`` simulated seconds, checkpoint every ``CHECKPOINT_EVERY`` steps and on SIGTERM,
+and resume from their latest checkpoint when Slurm starts them again. A job whose node loses a
+GPU hangs (as NCCL does): it makes no more progress and cannot checkpoint on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import random
+import shlex
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from collectors.clients.base import (
+    K8S_ANNOTATION_PREFIX,
+    K8S_CORDON_REASON,
+    K8S_CORDONED_BY,
+    SLURM_REASON_PREFIX,
+    ActionResult,
+    ClientError,
+    GpuMetric,
+    K8sNode,
+    K8sPod,
+    NicPort,
+    Replacement,
+    SlurmJob,
+    SlurmNode,
+)
+
+State = dict[str, Any]
+
+FORMAT = "fleetwatch-sim/1"
+STEP_SECONDS = 6.0
+CHECKPOINT_EVERY = 10
+SIGTERM_EXIT_SECONDS = 10.0  # a healthy job saves its checkpoint and exits this fast
+PROVISION_SECONDS = 120.0
+LINK_FLAP_SECONDS = 5.0
+SWITCH_DOWN_SECONDS = 30.0
+# XIDs after which the GPU can no longer make progress: the job on it hangs.
+FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 94, 95, 119, 120, 140, 143})
+GPUS_PER_NODE = 8
+
+DEFAULT_JOBS = [
+    {"id": "3001", "name": "llama-70b-pretrain", "user": "alice", "num_nodes": 8},
+    {"id": "3002", "name": "moe-finetune", "user": "bob", "num_nodes": 4},
+    {"id": "3003", "name": "vit-sweep", "user": "carol", "num_nodes": 4},
+]
+
+
+# --- the state file -------------------------------------------------------------------------
+
+
+class SimFleet:
+    """Access to the shared state file. Every method is one locked read-advance-write."""
+
+    def __init__(self, path: Path, speed: float = 20.0) -> None:
+        self.path = Path(path)
+        self.speed = speed
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[State]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(self.path.suffix + ".lock"), "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if not self.path.exists():
+                    raise ClientError(
+                        f"simulated fleet not seeded at {self.path}: run `manage.py fleetwatch seed`",
+                        permanent=True,
+                    )
+                state = json.loads(self.path.read_text())
+                if state.get("format") != FORMAT:
+                    raise ClientError(f"{self.path} is not a {FORMAT} file", permanent=True)
+                advance(state, time.time(), self.speed)
+                yield state
+                tmp = self.path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(state, sort_keys=True))
+                os.replace(tmp, self.path)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def seed(self, *, nodes: int = 16, spares: int = 3, reset: bool = False) -> bool:
+        """Create the fleet unless it exists. Returns True when a new fleet was written."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(self.path.suffix + ".lock"), "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if self.path.exists() and not reset:
+                    return False
+                state = new_fleet(time.time(), nodes=nodes, spares=spares)
+                advance(state, time.time(), self.speed)
+                self.path.write_text(json.dumps(state, sort_keys=True))
+                return True
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def snapshot(self) -> State:
+        with self.transaction() as state:
+            return json.loads(json.dumps(state))
+
+
+def new_fleet(now: float, *, nodes: int = 16, spares: int = 3) -> State:
+    state: State = {
+        "format": FORMAT,
+        "created_at": now,
+        "nodes": {},
+        "pods": [],
+        "jobs": {},
+        "replacements": {},
+        "down_sources": [],
+        "next_job_id": 4001,
+    }
+    rng = random.Random(7)
+    total = nodes + spares
+    for i in range(1, total + 1):
+        name = f"gpu-{i:03d}"
+        spare = i > nodes
+        leaf = "leaf-a" if (i <= nodes // 2 or (spare and i % 2)) else "leaf-b"
+        state["nodes"][name] = {
+            "leaf": leaf,
+            "pool": "spare" if spare else "gpu",
+            "in_service": not spare,
+            "drained": False,
+            "down": False,
+            "reason": "",
+            "unschedulable": False,
+            "annotations": {},
+            "ready": not spare,
+            "provisioning_until": None,
+            "nic": {"device": "mlx5_0", "port": 1, "state": "ACTIVE", "link_downed": 0,
+                    "up_at": None},
+            "gpus": [
+                {
+                    "index": g,
+                    "uuid": f"GPU-{rng.getrandbits(32):08x}-{i:03d}{g}",
+                    "last_xid": 0,
+                    "xid_at": None,
+                    "fault_at": None,
+                    "fallen_off": False,
+                }
+                for g in range(GPUS_PER_NODE)
+            ],
+        }
+        if not spare:
+            state["pods"].extend(_node_pods(name))
+    for job in DEFAULT_JOBS:
+        state["jobs"][job["id"]] = _new_job(job["id"], job["name"], job["user"], job["num_nodes"])
+    return state
+
+
+def _node_pods(node: str) -> list[dict[str, Any]]:
+    return [
+        {"namespace": "slurm", "name": f"slurmd-{node}", "node": node,
+         "labels": {"app": "slurmd"}, "owner_kind": "StatefulSet"},
+        {"namespace": "gpu-operator", "name": f"dcgm-exporter-{node}", "node": node,
+         "labels": {"app": "dcgm-exporter"}, "owner_kind": "DaemonSet"},
+    ]
+
+
+def _new_job(job_id: str, name: str, user: str, num_nodes: int) -> dict[str, Any]:
+    return {
+        "id": job_id, "name": name, "user": user, "num_nodes": num_nodes,
+        "state": "PENDING", "nodes": [], "restart_count": 0,
+        "started_at": None, "start_step": 0, "final_step": 0, "checkpoint_step": 0,
+        "resumed_from_step": None, "stalled_at": None, "exit_at": None, "exit_state": None,
+        "requeue": True, "history": [],
+    }
+
+
+# --- the simulation itself --------------------------------------------------------------------
+
+
+def job_step(job: State, now: float, speed: float) -> int:
+    if job["state"] != "RUNNING" or job["started_at"] is None:
+        return int(job["final_step"])
+    end = now if job["stalled_at"] is None else min(now, job["stalled_at"])
+    elapsed = max(0.0, end - job["started_at"]) * speed
+    return int(job["start_step"] + elapsed // STEP_SECONDS)
+
+
+def job_checkpoint(job: State, now: float, speed: float) -> int:
+    """The latest checkpoint on disk: periodic ones, plus the one written on SIGTERM."""
+    step = job_step(job, now, speed)
+    periodic = (step // CHECKPOINT_EVERY) * CHECKPOINT_EVERY
+    return max(int(job["checkpoint_step"]), periodic if step > job["start_step"] else 0)
+
+
+def advance(state: State, now: float, speed: float) -> None:
+    nodes = state["nodes"]
+    for name, node in nodes.items():
+        until = node.get("provisioning_until")
+        if until is not None and until <= now:
+            _finish_provisioning(state, name, now)
+        nic = node["nic"]
+        if nic["up_at"] is not None and nic["up_at"] <= now:
+            nic["state"], nic["up_at"] = "ACTIVE", None
+
+    for job in state["jobs"].values():
+        if job["state"] != "RUNNING":
+            continue
+        if job["stalled_at"] is None:
+            fault = _earliest_fault(state, job["nodes"])
+            if fault is not None:
+                job["stalled_at"] = max(fault, job["started_at"])
+        if job["exit_at"] is not None and job["exit_at"] <= now:
+            job["final_step"] = job_step(job, job["exit_at"], speed)
+            job["checkpoint_step"] = job_checkpoint(job, job["exit_at"], speed)
+            job["state"] = job["exit_state"] or "CANCELLED"
+            job["history"].append({"at": job["exit_at"], "event": job["state"],
+                                   "step": job["final_step"],
+                                   "checkpoint": job["checkpoint_step"]})
+            job["exit_at"] = job["exit_state"] = None
+            job["stalled_at"] = None
+
+    _schedule(state, now)
+
+
+def _earliest_fault(state: State, node_names: list[str]) -> float | None:
+    faults = [
+        gpu["fault_at"]
+        for name in node_names
+        for gpu in state["nodes"][name]["gpus"]
+        if gpu["fault_at"] is not None
+    ]
+    return min(faults) if faults else None
+
+
+def _busy_nodes(state: State) -> set[str]:
+    return {n for job in state["jobs"].values() if job["state"] == "RUNNING" for n in job["nodes"]}
+
+
+def _schedulable(node: State) -> bool:
+    return node["in_service"] and not node["drained"] and not node["down"]
+
+
+def _schedule(state: State, now: float) -> None:
+    """Slurm's backfill in miniature: start pending jobs, oldest first, on free nodes."""
+    busy = _busy_nodes(state)
+    for job_id in sorted(state["jobs"], key=int):
+        job = state["jobs"][job_id]
+        if job["state"] != "PENDING":
+            continue
+        free = [n for n, node in sorted(state["nodes"].items())
+                if _schedulable(node) and n not in busy]
+        if len(free) < job["num_nodes"]:
+            continue
+        chosen = free[: job["num_nodes"]]
+        resume = int(job["checkpoint_step"])
+        job.update(state="RUNNING", nodes=chosen, started_at=now, start_step=resume,
+                   final_step=resume, stalled_at=None, exit_at=None)
+        job["resumed_from_step"] = resume if job["restart_count"] else None
+        job["history"].append({"at": now, "event": "RUNNING", "nodes": chosen,
+                               "resumed_from": resume})
+        busy.update(chosen)
+
+
+def _finish_provisioning(state: State, name: str, now: float) -> None:
+    node = state["nodes"][name]
+    replaces = node.get("replaces", "")
+    node.update(
+        provisioning_until=None, in_service=True, pool="gpu", ready=True, drained=True,
+        reason=f"{SLURM_REASON_PREFIX} replacement for {replaces}, awaiting health check",
+    )
+    state["pods"].extend(_node_pods(name))
+    if replaces in state["replacements"]:
+        state["replacements"][replaces]["ready_at"] = now
+
+
+# --- fault injection ------------------------------------------------------------------------
+
+
+def inject_xid(state: State, node: str, gpu: int, code: int, now: float) -> str:
+    target = _node(state, node)
+    if not 0 <= gpu < len(target["gpus"]):
+        raise ClientError(f"{node} has no GPU {gpu}", permanent=True)
+    g = target["gpus"][gpu]
+    g["last_xid"], g["xid_at"] = code, now
+    if code in FATAL_XIDS and g["fault_at"] is None:
+        g["fault_at"] = now
+    if code == 79:
+        g["fallen_off"] = True
+    return f"XID {code} on {node} GPU {gpu}"
+
+
+def inject_link_flap(state: State, node: str, count: int, now: float, speed: float) -> str:
+    nic = _node(state, node)["nic"]
+    nic["link_downed"] += count
+    nic["state"], nic["up_at"] = "DOWN", now + LINK_FLAP_SECONDS / speed
+    return f"{node} {nic['device']} port {nic['port']} flapped {count} time(s)"
+
+
+def inject_switch_down(state: State, switch: str, now: float, speed: float) -> str:
+    members = [n for n, node in state["nodes"].items()
+               if node["leaf"] == switch and node["in_service"]]
+    if not members:
+        raise ClientError(f"no in-service nodes under switch {switch!r}", permanent=True)
+    for name in members:
+        nic = state["nodes"][name]["nic"]
+        nic["link_downed"] += 1
+        nic["state"], nic["up_at"] = "DOWN", now + SWITCH_DOWN_SECONDS / speed
+    return f"{switch} down: {len(members)} nodes lost their link"
+
+
+def set_no_auto_replace(state: State, node: str, enabled: bool) -> str:
+    _node(state, node)
+    for pod in state["pods"]:
+        if pod["node"] == node and pod["owner_kind"] != "DaemonSet":
+            if enabled:
+                pod["labels"]["fleetwatch.io/no-auto-replace"] = "true"
+            else:
+                pod["labels"].pop("fleetwatch.io/no-auto-replace", None)
+    return f"no-auto-replace {'set' if enabled else 'cleared'} on the pods of {node}"
+
+
+def set_source_down(state: State, source: str, down: bool) -> str:
+    sources = set(state["down_sources"])
+    (sources.add if down else sources.discard)(source)
+    state["down_sources"] = sorted(sources)
+    return f"source {source} {'down' if down else 'up'}"
+
+
+def _node(state: State, name: str) -> State:
+    try:
+        return state["nodes"][name]
+    except KeyError:
+        raise ClientError(f"unknown node {name!r}", permanent=True) from None
+
+
+def _check_source(state: State, source: str) -> None:
+    if source in state["down_sources"]:
+        raise ClientError(f"{source} unreachable (simulated outage)")
+
+
+# --- the clients ----------------------------------------------------------------------------
+
+
+class _SimClient:
+    source = ""
+
+    def __init__(self, fleet: SimFleet) -> None:
+        self.fleet = fleet
+
+    @contextlib.contextmanager
+    def _state(self) -> Iterator[State]:
+        with self.fleet.transaction() as state:
+            _check_source(state, self.source)
+            yield state
+
+
+class SimSlurm(_SimClient):
+    source = "slurm"
+
+    def nodes(self) -> list[SlurmNode]:
+        with self._state() as state:
+            busy = _busy_nodes(state)
+            result = []
+            for name, node in sorted(state["nodes"].items()):
+                if not node["in_service"]:
+                    continue
+                base = "DOWN" if node["down"] else ("ALLOCATED" if name in busy else "IDLE")
+                flags = ("DRAIN",) if node["drained"] else ()
+                result.append(SlurmNode(name, base, flags, node["reason"], "gpu"))
+            return result
+
+    def topology(self) -> dict[str, list[str]]:
+        with self._state() as state:
+            leaves: dict[str, list[str]] = {}
+            for name, node in sorted(state["nodes"].items()):
+                leaves.setdefault(node["leaf"], []).append(name)
+            return leaves
+
+    def jobs(self) -> list[SlurmJob]:
+        now, speed = time.time(), self.fleet.speed
+        with self._state() as state:
+            return [
+                SlurmJob(
+                    job_id=job["id"], name=job["name"], user=job["user"], state=job["state"],
+                    nodes=tuple(job["nodes"]), restart_count=job["restart_count"],
+                    step=job_step(job, now, speed),
+                    checkpoint_step=job_checkpoint(job, now, speed),
+                    resumed_from_step=job["resumed_from_step"], started_at=job["started_at"],
+                )
+                for job in sorted(state["jobs"].values(), key=lambda j: int(j["id"]))
+            ]
+
+    def drain(self, node: str, reason: str) -> ActionResult:
+        call = f"scontrol update nodename={node} state=DRAIN reason={shlex.quote(reason)}"
+        with self._state() as state:
+            target = _node(state, node)
+            if target["drained"]:
+                return ActionResult(call, False, f"{node} already drained: {target['reason']}")
+            target["drained"], target["reason"] = True, reason
+            return ActionResult(call, True, f"{node} drained")
+
+    def resume(self, node: str) -> ActionResult:
+        call = f"scontrol update nodename={node} state=RESUME"
+        with self._state() as state:
+            target = _node(state, node)
+            if not target["drained"]:
+                return ActionResult(call, False, f"{node} is not drained")
+            if not target["reason"].startswith(SLURM_REASON_PREFIX):
+                # Ownership: an administrator's drain is theirs to undo.
+                raise ClientError(
+                    f"{node} was drained by someone else ({target['reason']!r}); not resuming",
+                    permanent=True,
+                )
+            target["drained"], target["reason"] = False, ""
+            _schedule(state, time.time())
+            return ActionResult(call, True, f"{node} resumed")
+
+    def cancel(self, job_id: str, signal: str, grace_seconds: int) -> ActionResult:
+        call = f"scancel --signal={signal} --full {job_id}  # SIGKILL after {grace_seconds}s"
+        now, speed = time.time(), self.fleet.speed
+        with self._state() as state:
+            job = state["jobs"].get(job_id)
+            if job is None:
+                raise ClientError(f"unknown job {job_id}", permanent=True)
+            if job["state"] != "RUNNING":
+                return ActionResult(call, False, f"job {job_id} is {job['state']}")
+            if job["exit_at"] is not None:
+                return ActionResult(call, False, f"job {job_id} already signalled")
+            if job["stalled_at"] is None:
+                # A healthy loop catches SIGTERM, writes a checkpoint and exits promptly.
+                job["checkpoint_step"] = job_step(job, now, speed)
+                exit_in = min(float(grace_seconds), SIGTERM_EXIT_SECONDS)
+                detail = f"job {job_id} checkpointing at step {job['checkpoint_step']}"
+            else:
+                # A hung job never reaches its handler: Slurm kills it when the grace ends.
+                exit_in = float(grace_seconds)
+                detail = f"job {job_id} is hung; SIGKILL after the {grace_seconds}s grace"
+            job["exit_at"], job["exit_state"] = now + exit_in / speed, "CANCELLED"
+            job["history"].append({"at": now, "event": f"SIG{signal}", "grace": grace_seconds})
+            return ActionResult(call, True, detail, {"exit_in_seconds": exit_in})
+
+    def requeue(self, job_id: str) -> ActionResult:
+        call = f"scontrol requeue {job_id}"
+        now = time.time()
+        with self._state() as state:
+            job = state["jobs"].get(job_id)
+            if job is None:
+                raise ClientError(f"unknown job {job_id}", permanent=True)
+            if job["state"] in {"PENDING", "RUNNING"}:
+                return ActionResult(call, False, f"job {job_id} is already {job['state']}")
+            job["state"], job["nodes"] = "PENDING", []
+            job["restart_count"] += 1
+            job["history"].append({"at": now, "event": "REQUEUED"})
+            _schedule(state, now)
+            return ActionResult(call, True, f"job {job_id} requeued "
+                                f"(restart {job['restart_count']}, checkpoint step "
+                                f"{job['checkpoint_step']})")
+
+
+class SimKubernetes(_SimClient):
+    source = "kubernetes"
+
+    def nodes(self) -> list[K8sNode]:
+        with self._state() as state:
+            return [
+                K8sNode(name, node["ready"], node["unschedulable"], dict(node["annotations"]),
+                        {"fleetwatch.io/pool": node["pool"],
+                         "topology.kubernetes.io/zone": node["leaf"]})
+                for name, node in sorted(state["nodes"].items())
+                if node["in_service"]
+            ]
+
+    def pods_on_node(self, node: str) -> list[K8sPod]:
+        with self._state() as state:
+            _node(state, node)
+            return [
+                K8sPod(p["namespace"], p["name"], p["node"], dict(p["labels"]), p["owner_kind"])
+                for p in state["pods"]
+                if p["node"] == node
+            ]
+
+    def cordon(self, node: str, reason: str) -> ActionResult:
+        call = (f"kubectl cordon {node} && kubectl annotate node {node} "
+                f"{K8S_CORDONED_BY}=fleetwatch {K8S_CORDON_REASON}={shlex.quote(reason)}")
+        with self._state() as state:
+            target = _node(state, node)
+            if target["unschedulable"]:
+                return ActionResult(call, False, f"{node} already cordoned")
+            target["unschedulable"] = True
+            target["annotations"][K8S_CORDONED_BY] = "fleetwatch"
+            target["annotations"][K8S_CORDON_REASON] = reason
+            return ActionResult(call, True, f"{node} cordoned")
+
+    def uncordon(self, node: str) -> ActionResult:
+        call = f"kubectl uncordon {node}"
+        with self._state() as state:
+            target = _node(state, node)
+            if not target["unschedulable"]:
+                return ActionResult(call, False, f"{node} is not cordoned")
+            if target["annotations"].get(K8S_CORDONED_BY) != "fleetwatch":
+                raise ClientError(f"{node} was cordoned by someone else; not uncordoning",
+                                  permanent=True)
+            target["unschedulable"] = False
+            for key in [k for k in target["annotations"] if k.startswith(K8S_ANNOTATION_PREFIX)]:
+                del target["annotations"][key]
+            return ActionResult(call, True, f"{node} uncordoned")
+
+    def evict(self, namespace: str, pod: str) -> ActionResult:
+        call = f"POST /api/v1/namespaces/{namespace}/pods/{pod}/eviction"
+        with self._state() as state:
+            for i, p in enumerate(state["pods"]):
+                if p["namespace"] == namespace and p["name"] == pod:
+                    if p["owner_kind"] == "DaemonSet":
+                        raise ClientError(f"{namespace}/{pod} is a DaemonSet pod", permanent=True)
+                    del state["pods"][i]
+                    return ActionResult(call, True, f"{namespace}/{pod} evicted")
+            return ActionResult(call, False, f"{namespace}/{pod} already gone")
+
+
+class SimTelemetry(_SimClient):
+    """dcgm-exporter's GPU fields as a PromQL query would return them, plus NIC counters."""
+
+    source = "telemetry"
+
+    def gpu_metrics(self) -> list[GpuMetric]:
+        now = time.time()
+        with self._state() as state:
+            running = {n: job for job in state["jobs"].values() if job["state"] == "RUNNING"
+                       for n in job["nodes"]}
+            rng = random.Random(int(now * 10))
+            metrics = []
+            for name, node in sorted(state["nodes"].items()):
+                if not node["in_service"]:
+                    continue
+                job = running.get(name)
+                working = job is not None and job["stalled_at"] is None
+                for g in node["gpus"]:
+                    if g["fallen_off"]:
+                        util, temp = None, None
+                    else:
+                        util = round(rng.uniform(88, 100), 1) if working else 0.0
+                        temp = round(34 + (util or 0) * 0.35 + rng.uniform(-2, 2), 1)
+                    metrics.append(GpuMetric(name, g["index"], g["uuid"], util, temp,
+                                             int(g["last_xid"])))
+            return metrics
+
+    def nic_ports(self) -> list[NicPort]:
+        with self._state() as state:
+            return [
+                NicPort(name, node["nic"]["device"], node["nic"]["port"], node["nic"]["state"],
+                        int(node["nic"]["link_downed"]))
+                for name, node in sorted(state["nodes"].items())
+                if node["in_service"]
+            ]
+
+
+class SimProvider(_SimClient):
+    """Spare capacity: brings a spare node into service in Slurm and Kubernetes."""
+
+    source = "provider"
+
+    def replace(self, node: str) -> Replacement:
+        now = time.time()
+        with self._state() as state:
+            _node(state, node)
+            existing = state["replacements"].get(node)
+            if existing is not None:  # idempotent: one replacement per failed node
+                new = existing["new_node"]
+                return Replacement(node, new, state["nodes"][new]["provisioning_until"] is None,
+                                   f"replacement {new} already requested")
+            spares = [n for n, s in sorted(state["nodes"].items())
+                      if s["pool"] == "spare" and s["provisioning_until"] is None]
+            if not spares:
+                raise ClientError("no spare capacity left")
+            new = spares[0]
+            spare = state["nodes"][new]
+            spare.update(pool="provisioning", replaces=node,
+                         provisioning_until=now + PROVISION_SECONDS / self.fleet.speed)
+            state["nodes"][node]["pool"] = "rma"
+            state["replacements"][node] = {"new_node": new, "requested_at": now,
+                                           "ready_at": None}
+            return Replacement(node, new, False, f"provisioning {new} from the spare pool")
+
+    def replacement_status(self, node: str) -> Replacement | None:
+        with self._state() as state:
+            existing = state["replacements"].get(node)
+            if existing is None:
+                return None
+            new = existing["new_node"]
+            ready = state["nodes"][new]["provisioning_until"] is None
+            return Replacement(node, new, ready, "ready" if ready else "provisioning")

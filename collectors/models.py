@@ -1,0 +1,175 @@
+"""Fleet state as FleetWatch last saw it, and the normalized signals the sources produced."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+
+class Cluster(models.Model):
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.CharField(max_length=200, blank=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(models.Model):
+    class Health(models.TextChoices):
+        HEALTHY = "healthy", "healthy"
+        DEGRADED = "degraded", "degraded"
+        FAILED = "failed", "failed"
+        UNKNOWN = "unknown", "unknown"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    name = models.CharField(max_length=128)
+    pool = models.CharField(max_length=64, blank=True, help_text="node pool (gpu, spare, rma)")
+    leaf_switch = models.CharField(max_length=64, blank=True)
+    in_service = models.BooleanField(default=True)
+    # Slurm side: the base state (IDLE, ALLOCATED, MIXED, DOWN, ...) and its flags (DRAIN, ...).
+    slurm_state = models.CharField(max_length=32, blank=True)
+    slurm_flags = models.JSONField(default=list, blank=True)
+    slurm_reason = models.CharField(max_length=256, blank=True)
+    # Kubernetes side. ``None`` means the source has not reported: never read it as not ready.
+    k8s_ready = models.BooleanField(null=True)
+    k8s_unschedulable = models.BooleanField(default=False)
+    k8s_annotations = models.JSONField(default=dict, blank=True)
+    nic_state = models.CharField(max_length=16, blank=True)
+    nic_link_downed = models.IntegerField(null=True)
+    health = models.CharField(max_length=16, choices=Health.choices, default=Health.UNKNOWN)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="node_unique_name")]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.slurm_flags or "DRAINED" in self.slurm_flags
+
+    @property
+    def slurm_display(self) -> str:
+        return "+".join([self.slurm_state, *self.slurm_flags]) if self.slurm_state else "unknown"
+
+
+class Gpu(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=64, blank=True)
+    utilization = models.FloatField(null=True)
+    temperature = models.FloatField(null=True)
+    last_xid = models.IntegerField(default=0)
+    last_xid_at = models.DateTimeField(null=True)
+    health = models.CharField(
+        max_length=16, choices=Node.Health.choices, default=Node.Health.UNKNOWN
+    )
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index")]
+        ordering = ["node__name", "index"]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/gpu{self.index}"
+
+
+class GpuSample(models.Model):
+    """One telemetry scrape of one GPU, kept for charts (pruned after a retention period)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="samples")
+    gpu_index = models.PositiveSmallIntegerField()
+    at = models.DateTimeField(db_index=True)
+    utilization = models.FloatField(null=True)
+    temperature = models.FloatField(null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["node", "at"])]
+
+
+class Job(models.Model):
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="jobs")
+    slurm_id = models.CharField(max_length=32)
+    name = models.CharField(max_length=128, blank=True)
+    user = models.CharField(max_length=64, blank=True)
+    state = models.CharField(max_length=32, blank=True)
+    nodes = models.JSONField(default=list, blank=True)
+    restart_count = models.PositiveIntegerField(default=0)
+    step = models.PositiveIntegerField(null=True, help_text="last training step reported")
+    checkpoint_step = models.PositiveIntegerField(null=True)
+    resumed_from_step = models.PositiveIntegerField(null=True)
+    started_at = models.DateTimeField(null=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "slurm_id"], name="job_unique_slurm_id")
+        ]
+        ordering = ["-updated_at"]
+
+    def __str__(self) -> str:
+        return f"job {self.slurm_id}"
+
+
+class Signal(models.Model):
+    """A normalized observation from one source: an XID, a state change, a link event."""
+
+    class Source(models.TextChoices):
+        SLURM = "slurm", "Slurm"
+        KUBERNETES = "kubernetes", "Kubernetes"
+        DCGM = "dcgm", "DCGM / Prometheus"
+        KERNEL = "kernel", "kernel log"
+        NIC = "nic", "NIC"
+        JOB_LOG = "job_log", "job log"
+        COLLECTOR = "collector", "collector"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="signals")
+    source = models.CharField(max_length=16, choices=Source.choices)
+    kind = models.CharField(max_length=48, help_text="xid, slurm_node_state, k8s_condition, ...")
+    node = models.ForeignKey(
+        Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="signals"
+    )
+    node_name = models.CharField(max_length=128, blank=True)
+    gpu_index = models.PositiveSmallIntegerField(null=True, blank=True)
+    job_id = models.CharField(max_length=32, blank=True)
+    code = models.IntegerField(null=True, blank=True)
+    value = models.CharField(max_length=128, blank=True)
+    message = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    observed_at = models.DateTimeField(db_index=True)
+    ingested_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["observed_at", "id"]
+        indexes = [
+            models.Index(fields=["cluster", "observed_at"]),
+            models.Index(fields=["node_name", "observed_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.kind} {self.node_name} {self.value}"
+
+
+class SourceHealth(models.Model):
+    """Whether a collector could read its source the last time it ran."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="sources")
+    name = models.CharField(max_length=32)
+    healthy = models.BooleanField(null=True)
+    last_run_at = models.DateTimeField(null=True)
+    last_success_at = models.DateTimeField(null=True)
+    last_error = models.TextField(blank=True)
+    last_duration_ms = models.FloatField(null=True)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    runs = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="source_unique_name")
+        ]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name}: {'up' if self.healthy else 'down'}"

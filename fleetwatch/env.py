@@ -1,0 +1,95 @@
+"""Typed readers for configuration from the environment.
+
+Each helper fails loudly (``ImproperlyConfigured``) on a value it cannot parse, naming the
+variable and what it expected, so a typo in a deployment stops start-up instead of silently
+running with a default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _raw(name: str) -> str | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    value = value.strip()
+    return value or None
+
+
+def env_str(name: str, default: str | None = None) -> str | None:
+    value = _raw(name)
+    return default if value is None else value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = _raw(name)
+    if value is None:
+        return default
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={value!r} is not a boolean (use true/false)")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    value = _raw(name)
+    if value is None:
+        return default
+    try:
+        parsed = int(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}={value!r} is not an integer") from exc
+    if minimum is not None and parsed < minimum:
+        raise ImproperlyConfigured(f"{name}={parsed} must be at least {minimum}")
+    return parsed
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    value = _raw(name)
+    if value is None:
+        return default
+    try:
+        parsed = float(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a number") from exc
+    if minimum is not None and parsed < minimum:
+        raise ImproperlyConfigured(f"{name}={parsed} must be at least {minimum}")
+    return parsed
+
+
+def env_list(name: str, default: Iterable[str]) -> list[str]:
+    value = _raw(name)
+    if value is None:
+        return list(default)
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_choice(name: str, default: str, choices: Iterable[str]) -> str:
+    allowed = list(choices)
+    value = _raw(name)
+    if value is None:
+        return default
+    if value not in allowed:
+        raise ImproperlyConfigured(f"{name}={value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def env_subset(name: str, default: Iterable[str], choices: Iterable[str]) -> list[str]:
+    allowed = list(choices)
+    values = env_list(name, default)
+    unknown = [v for v in values if v not in allowed]
+    if unknown:
+        raise ImproperlyConfigured(
+            f"{name} names unknown entries {', '.join(unknown)}; known: {', '.join(allowed)}"
+        )
+    return values

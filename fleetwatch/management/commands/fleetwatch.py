@@ -1,0 +1,105 @@
+"""``manage.py fleetwatch``: seed the demo, inject faults, diagnose replay files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from collectors import simulation
+from collectors.clients.base import ClientError
+
+
+class Command(BaseCommand):
+    help = "FleetWatch operations: seed, inject, sim, diagnose"
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+
+        seed = sub.add_parser("seed", help="create the simulated fleet, the roles and a login")
+        seed.add_argument("--reset", action="store_true", help="start the fleet over")
+        seed.add_argument("--demo-user", default="", help="create/refresh this operator login")
+        seed.add_argument("--password", default="", help="password for --demo-user")
+
+        inject = sub.add_parser("inject", help="inject a fault into the simulated fleet")
+        kinds = inject.add_subparsers(dest="fault", required=True)
+        xid = kinds.add_parser("xid", help="an XID error on one GPU")
+        xid.add_argument("--node", required=True)
+        xid.add_argument("--gpu", type=int, default=0)
+        xid.add_argument("--code", type=int, default=79)
+        flap = kinds.add_parser("link-flap", help="a NIC link going down and up")
+        flap.add_argument("--node", required=True)
+        flap.add_argument("--count", type=int, default=1)
+        switch = kinds.add_parser("switch-down", help="a leaf switch losing all its links")
+        switch.add_argument("--switch", required=True)
+
+        sim = sub.add_parser("sim", help="change the simulated fleet's surroundings")
+        sim.add_argument("--node", default="")
+        sim.add_argument("--no-auto-replace", choices=["on", "off"],
+                         help="label the node's pods fleetwatch.io/no-auto-replace=true")
+        sim.add_argument("--source-down", default="", help="make a source unreachable")
+        sim.add_argument("--source-up", default="", help="bring a source back")
+        sim.add_argument("--show", action="store_true", help="print the fleet state as JSON")
+
+        diag = sub.add_parser("diagnose", help="diagnose replay files, print JSON lines")
+        diag.add_argument("files", nargs="+")
+        diag.add_argument("--pretty", action="store_true")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        try:
+            getattr(self, f"_{opts['action']}")(opts)
+        except ClientError as exc:
+            raise CommandError(str(exc)) from exc
+
+    def _seed(self, opts: dict[str, Any]) -> None:
+        from fleetwatch.roles import OPERATOR, roles_ensure, user_with_role
+
+        created = simulation.fleet_seed(reset=opts["reset"])
+        self.stdout.write("simulated fleet " + ("created" if created else "already there"))
+        roles_ensure()
+        if opts["demo_user"]:
+            _, password = user_with_role(opts["demo_user"], OPERATOR, opts["password"] or None)
+            self.stdout.write(f"login: {opts['demo_user']} / {password}")
+
+    def _inject(self, opts: dict[str, Any]) -> None:
+        fault = opts["fault"]
+        what = simulation.fault_inject(
+            fault, node=opts.get("node", ""), gpu=opts.get("gpu", 0),
+            code=opts.get("code", 79), count=opts.get("count", 1),
+            switch=opts.get("switch", ""),
+        )
+        self.stdout.write(f"injected: {what}")
+
+    def _sim(self, opts: dict[str, Any]) -> None:
+        if opts["no_auto_replace"]:
+            if not opts["node"]:
+                raise CommandError("--no-auto-replace needs --node")
+            self.stdout.write(simulation.pod_label_set(
+                opts["node"], no_auto_replace=opts["no_auto_replace"] == "on"))
+        if opts["source_down"]:
+            self.stdout.write(simulation.source_outage_set(opts["source_down"], down=True))
+        if opts["source_up"]:
+            self.stdout.write(simulation.source_outage_set(opts["source_up"], down=False))
+        if opts["show"]:
+            self.stdout.write(json.dumps(simulation.fleet_snapshot(), indent=1, sort_keys=True))
+
+    def _diagnose(self, opts: dict[str, Any]) -> None:
+        from incidents.diagnosis.replay import ReplayError, diagnose_file
+
+        results, failed = [], False
+        for path in opts["files"]:
+            try:
+                results.append(diagnose_file(path))
+            except ReplayError as exc:
+                failed = True
+                self.stderr.write(f"{path}: {exc}")
+        if opts["pretty"]:
+            self.stdout.write(json.dumps(results, indent=2))
+        else:
+            for result in results:
+                self.stdout.write(json.dumps(result))
+        if failed:
+            sys.exit(2)

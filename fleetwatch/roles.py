@@ -1,0 +1,30 @@
+"""The three roles: viewer reads, operator remediates and approves, admin does everything."""
+
+from __future__ import annotations
+
+import secrets
+
+from django.contrib.auth.models import Group, Permission, User
+
+VIEWER, OPERATOR, ADMIN = "viewer", "operator", "admin"
+
+
+def roles_ensure() -> None:
+    operate = Permission.objects.get(codename="operate", content_type__app_label="incidents")
+    Group.objects.get_or_create(name=VIEWER)
+    operator, _ = Group.objects.get_or_create(name=OPERATOR)
+    operator.permissions.add(operate)
+    admin, _ = Group.objects.get_or_create(name=ADMIN)
+    admin.permissions.add(operate)
+
+
+def user_with_role(username: str, role: str, password: str | None = None) -> tuple[User, str]:
+    """Create or update a user in one role. Returns the user and the password set."""
+    roles_ensure()
+    password = password or secrets.token_urlsafe(9)
+    user, _ = User.objects.get_or_create(username=username)
+    user.set_password(password)
+    user.is_staff = user.is_superuser = role == ADMIN
+    user.save()
+    user.groups.set([Group.objects.get(name=role)])
+    return user, password

@@ -1,0 +1,209 @@
+"""FleetWatch settings: every value comes from the environment (see README, "Configuration").
+
+With nothing set, FleetWatch runs on its embedded default: SQLite and a filesystem Celery
+broker in ``FLEETWATCH_DATA_DIR`` and the simulated fleet, so ``make run`` needs no server.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from fleetwatch.env import (
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+    env_subset,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(env_str("FLEETWATCH_DATA_DIR", str(BASE_DIR / "data"))).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    key = env_str("SECRET_KEY")
+    if key:
+        return key
+    # The embedded default keeps a random key in the data folder so sessions survive restarts
+    # without anyone having to invent a secret for a demo.
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "collectors",
+    "incidents",
+    "fleetwatch",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "fleetwatch.urls"
+WSGI_APPLICATION = "fleetwatch.wsgi.application"
+ASGI_APPLICATION = "fleetwatch.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "fleetwatch.context.fleetwatch",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'fleetwatch.sqlite3'}")
+try:
+    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+except (ValueError, KeyError) as exc:  # dj-database-url raises on unknown schemes
+    raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from exc
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # The embedded default has web, worker and beat writing one file: WAL lets readers go on
+    # during a write, IMMEDIATE transactions take the write lock up front instead of failing
+    # with "database is locked" on upgrade, and the timeout waits out short contention.
+    _db["CONN_MAX_AGE"] = 0
+    _db["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# Serve straight from STATICFILES_DIRS too, so a checkout works before collectstatic runs.
+WHITENOISE_USE_FINDERS = True
+
+# --- Celery ---------------------------------------------------------------------------------
+_broker = env_str("CELERY_BROKER_URL") or env_str("REDIS_URL")
+CELERY_BROKER_URL = _broker or "filesystem://"
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _queue_dir = DATA_DIR / "broker"
+    (_queue_dir / "processed").mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_queue_dir),
+        "data_folder_out": str(_queue_dir),
+        "processed_folder": str(_queue_dir / "processed"),
+        "store_processed": False,
+        "control_folder": str(_queue_dir / "control"),
+    }
+else:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_SOFT_TIME_LIMIT = env_int("FLEETWATCH_TASK_SOFT_TIME_LIMIT", 60, minimum=1)
+CELERY_TASK_TIME_LIMIT = CELERY_TASK_SOFT_TIME_LIMIT + 30
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_TASK_ROUTES = {
+    "collectors.tasks.*": {"queue": "collect"},
+    "incidents.tasks.diagnose_signals": {"queue": "diagnose"},
+    "incidents.tasks.*": {"queue": "remediate"},
+}
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+
+# --- FleetWatch -----------------------------------------------------------------------------
+FLEETWATCH_FLEET = env_choice("FLEETWATCH_FLEET", "sim", ["sim"])
+FLEETWATCH_CLUSTER = env_str("FLEETWATCH_CLUSTER", "sim")
+FLEETWATCH_SOURCES = env_subset(
+    "FLEETWATCH_SOURCES", ["slurm", "kubernetes", "telemetry"], ["slurm", "kubernetes", "telemetry"]
+)
+FLEETWATCH_COLLECT_INTERVAL = env_float("FLEETWATCH_COLLECT_INTERVAL", 5.0, minimum=0.2)
+FLEETWATCH_POLICY_MODE = env_choice("FLEETWATCH_POLICY_MODE", "auto", ["auto", "approve", "observe"])
+FLEETWATCH_SLURM_GRACE_SECONDS = env_int("FLEETWATCH_SLURM_GRACE_SECONDS", 120, minimum=0)
+FLEETWATCH_STEP_POLL_SECONDS = env_float("FLEETWATCH_STEP_POLL_SECONDS", 1.0, minimum=0.1)
+FLEETWATCH_STEP_TIMEOUT_SECONDS = env_int("FLEETWATCH_STEP_TIMEOUT_SECONDS", 900, minimum=1)
+FLEETWATCH_STEP_MAX_ATTEMPTS = env_int("FLEETWATCH_STEP_MAX_ATTEMPTS", 3, minimum=1)
+FLEETWATCH_DEDUPE_MINUTES = env_int("FLEETWATCH_DEDUPE_MINUTES", 30, minimum=0)
+FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES = env_int("FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES", 15, minimum=1)
+FLEETWATCH_TELEMETRY_RETENTION_HOURS = env_int("FLEETWATCH_TELEMETRY_RETENTION_HOURS", 24, minimum=1)
+FLEETWATCH_NOTIFY_WEBHOOK_URL = env_str("FLEETWATCH_NOTIFY_WEBHOOK_URL")
+FLEETWATCH_HTTP_TIMEOUT = env_float("FLEETWATCH_HTTP_TIMEOUT", 5.0, minimum=0.1)
+FLEETWATCH_SIM_STATE = Path(env_str("FLEETWATCH_SIM_STATE", str(DATA_DIR / "sim-fleet.json")))
+FLEETWATCH_SIM_SPEED = env_float("FLEETWATCH_SIM_SPEED", 20.0, minimum=0.01)
+FLEETWATCH_DEMO_CONTROLS = env_bool("FLEETWATCH_DEMO_CONTROLS", FLEETWATCH_FLEET == "sim")
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,223 @@
+"""Incidents, their evidence, the remediations run for them, and the audit trail."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from collectors.models import Cluster, Signal
+
+
+class RootCause(models.TextChoices):
+    GPU_HARDWARE = "gpu_hardware", "GPU hardware"
+    GPU_MEMORY = "gpu_memory", "GPU memory"
+    NVLINK = "nvlink", "NVLink"
+    NETWORK_FLAP = "network_flap", "network flap"
+    SWITCH_FAILURE = "switch_failure", "switch failure"
+    THERMAL = "thermal", "thermal"
+    NODE_UNREACHABLE = "node_unreachable", "node unreachable"
+    APPLICATION_ERROR = "application_error", "application error"
+
+
+class Incident(models.Model):
+    class Status(models.TextChoices):
+        OPEN = "open", "open"
+        REMEDIATING = "remediating", "remediating"
+        NEEDS_ATTENTION = "needs_attention", "needs attention"
+        RESOLVED = "resolved", "resolved"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="incidents")
+    root_cause = models.CharField(max_length=32, choices=RootCause.choices)
+    confidence = models.FloatField()
+    explanation = models.TextField()
+    playbook = models.CharField(max_length=64, blank=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.OPEN)
+    # What the diagnosis blames, for dedupe: "gpu_hardware:gpu-007".
+    fingerprint = models.CharField(max_length=256, db_index=True)
+    nodes = models.JSONField(default=list, blank=True)
+    jobs = models.JSONField(default=list, blank=True)
+    switch = models.CharField(max_length=64, blank=True)
+    detected_at = models.DateTimeField(help_text="when the first signal behind it was observed")
+    opened_at = models.DateTimeField(default=timezone.now)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    phases = models.JSONField(default=dict, blank=True, help_text="phase -> seconds")
+    signals = models.ManyToManyField(Signal, through="Evidence", related_name="incidents")
+
+    class Meta:
+        ordering = ["-opened_at"]
+        permissions = [("operate", "Can start, approve and cancel remediations")]
+        constraints = [
+            # The same fault seen by two diagnosis runs at once is still one incident.
+            models.UniqueConstraint(
+                fields=["cluster", "fingerprint"], condition=~Q(status="resolved"),
+                name="incident_one_open_per_fingerprint",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.root_cause} {', '.join(self.nodes) or self.switch}"
+
+    @property
+    def is_open(self) -> bool:
+        return self.status != self.Status.RESOLVED
+
+
+class Evidence(models.Model):
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="evidence")
+    signal = models.ForeignKey(Signal, on_delete=models.CASCADE, related_name="evidence")
+    role = models.CharField(max_length=16, default="cause", help_text="cause or symptom")
+    added_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["incident", "signal"], name="evidence_unique")
+        ]
+
+
+class Remediation(models.Model):
+    class Mode(models.TextChoices):
+        AUTO = "auto", "auto"
+        APPROVE = "approve", "approve first"
+        OBSERVE = "observe", "observe only"
+
+    class Status(models.TextChoices):
+        AWAITING_APPROVAL = "awaiting_approval", "awaiting approval"
+        RUNNING = "running", "running"
+        BLOCKED = "blocked", "waiting for a person"
+        SUCCEEDED = "succeeded", "succeeded"
+        OBSERVED = "observed", "observed (no action taken)"
+        FAILED = "failed", "failed"
+        CANCELLED = "cancelled", "cancelled"
+
+    ACTIVE = (Status.AWAITING_APPROVAL, Status.RUNNING, Status.BLOCKED)
+
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="remediations")
+    playbook = models.CharField(max_length=64)
+    mode = models.CharField(max_length=16, choices=Mode.choices)
+    status = models.CharField(max_length=20, choices=Status.choices)
+    requested_by = models.CharField(max_length=150, help_text="system, or a user's name")
+    requested_by_user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL,
+                                          null=True, blank=True, related_name="+")
+    approved_by = models.CharField(max_length=150, blank=True)
+    approved_at = models.DateTimeField(null=True, blank=True)
+    blocked_reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            # One live remediation per incident: a second click finds the first.
+            models.UniqueConstraint(
+                fields=["incident"], condition=Q(status__in=["awaiting_approval", "running",
+                                                             "blocked"]),
+                name="remediation_one_active_per_incident",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"remediation {self.pk} ({self.playbook}, {self.status})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in self.ACTIVE
+
+
+class Step(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending", "pending"
+        RUNNING = "running", "running"
+        WAITING = "waiting", "waiting"
+        BLOCKED = "blocked", "waiting for a person"
+        SUCCEEDED = "succeeded", "succeeded"
+        SKIPPED = "skipped", "skipped"
+        FAILED = "failed", "failed"
+        CANCELLED = "cancelled", "cancelled"
+
+    DONE = (Status.SUCCEEDED, Status.SKIPPED, Status.FAILED, Status.CANCELLED)
+
+    remediation = models.ForeignKey(Remediation, on_delete=models.CASCADE, related_name="steps")
+    order = models.PositiveSmallIntegerField()
+    kind = models.CharField(max_length=48)
+    title = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    checks = models.PositiveIntegerField(default=0, help_text="polls while waiting")
+    detail = models.TextField(blank=True, help_text="what the step is doing or waiting for")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    deadline = models.DateTimeField(null=True, blank=True)
+    # Held while an executor runs outside any transaction, so a duplicate delivery of the
+    # same step backs off instead of making the outside calls a second time.
+    lease_until = models.DateTimeField(null=True, blank=True)
+    result: Any = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["remediation", "order"]
+        constraints = [
+            models.UniqueConstraint(fields=["remediation", "order"], name="step_unique_order")
+        ]
+
+    def __str__(self) -> str:
+        return f"step {self.order} {self.kind} ({self.status})"
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.started_at is None:
+            return None
+        end = self.finished_at or timezone.now()
+        return (end - self.started_at).total_seconds()
+
+
+class AppendOnlyError(Exception):
+    pass
+
+
+class AuditQuerySet(models.QuerySet["AuditEntry"]):
+    def update(self, **kwargs: Any) -> int:
+        raise AppendOnlyError("the audit trail is append-only")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise AppendOnlyError("the audit trail is append-only")
+
+
+class AuditEntry(models.Model):
+    """One state change or outside call. Rows are never updated or deleted."""
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    actor = models.CharField(max_length=150, help_text="system, user:NAME or token:NAME")
+    verb = models.CharField(max_length=64)
+    target = models.CharField(max_length=200)
+    call = models.TextField(blank=True, help_text="the outside call made, if any")
+    ok = models.BooleanField(default=True)
+    result = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    incident = models.ForeignKey(Incident, on_delete=models.PROTECT, null=True, blank=True,
+                                 related_name="audit")
+    remediation = models.ForeignKey(Remediation, on_delete=models.PROTECT, null=True,
+                                    blank=True, related_name="audit")
+    step = models.ForeignKey(Step, on_delete=models.PROTECT, null=True, blank=True,
+                             related_name="audit")
+
+    objects = AuditQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["at", "id"]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.at:%H:%M:%S} {self.actor} {self.verb} {self.target}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise AppendOnlyError("the audit trail is append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise AppendOnlyError("the audit trail is append-only")

@@ -1,0 +1,144 @@
+"""Reads: turn rows into the plain data diagnosis and pages use."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from collectors.models import Cluster, Gpu, GpuSample, Job, Node, Signal
+from incidents.diagnosis import JobInfo, Observation
+from incidents.models import AuditEntry, Incident, Remediation
+
+
+def observation_from_signal(s: Signal) -> Observation:
+    return Observation(at=s.observed_at, source=s.source, kind=s.kind, node=s.node_name,
+                       gpu=s.gpu_index, job=s.job_id, code=s.code, value=s.value,
+                       message=s.message, id=s.pk, data=s.data)
+
+
+def observations_between(cluster: Cluster, start: datetime, end: datetime) -> list[Observation]:
+    rows = Signal.objects.filter(cluster=cluster, observed_at__gte=start, observed_at__lte=end)
+    return [observation_from_signal(s) for s in rows.order_by("observed_at", "id")]
+
+
+def topology(cluster: Cluster) -> dict[str, list[str]]:
+    leaves: dict[str, list[str]] = {}
+    for name, leaf in Node.objects.filter(cluster=cluster).exclude(leaf_switch="").values_list(
+        "name", "leaf_switch"
+    ):
+        leaves.setdefault(leaf, []).append(name)
+    return leaves
+
+
+def jobs_info(cluster: Cluster) -> list[JobInfo]:
+    return [JobInfo(j.slurm_id, j.user, tuple(j.nodes))
+            for j in Job.objects.filter(cluster=cluster).exclude(nodes=[])]
+
+
+def incidents_open() -> QuerySet[Incident]:
+    return Incident.objects.exclude(status=Incident.Status.RESOLVED).order_by("-opened_at")
+
+
+def remediation_current(incident: Incident) -> Remediation | None:
+    return incident.remediations.prefetch_related("steps").order_by("-created_at").first()
+
+
+def incident_timeline(incident: Incident) -> list[dict[str, Any]]:
+    """Everything that happened around an incident, in one time-ordered list."""
+    start = incident.detected_at - timedelta(minutes=2)
+    end = (incident.resolved_at or timezone.now()) + timedelta(minutes=1)
+    nodes = set(incident.nodes)
+    items: list[dict[str, Any]] = []
+    replacement_nodes = set()
+    for rem in incident.remediations.prefetch_related("steps"):
+        for step in rem.steps.all():
+            new = step.result.get("new_node") if isinstance(step.result, dict) else None
+            if new:
+                replacement_nodes.add(new)
+            if step.started_at:
+                items.append({"at": step.started_at, "type": "step", "step": step,
+                              "title": f"Step {step.order}: {step.title}"})
+    signals = Signal.objects.filter(cluster=incident.cluster, observed_at__range=(start, end))
+    watched = nodes | replacement_nodes
+    for s in signals.order_by("observed_at"):
+        if s.node_name in watched or (s.job_id and s.job_id in incident.jobs) or (
+            s.source == "collector"
+        ):
+            items.append({"at": s.observed_at, "type": "signal", "signal": s,
+                          "title": f"{s.get_source_display()}: {s.message}"})
+    items.append({"at": incident.opened_at, "type": "diagnosis",
+                  "title": f"Diagnosis: {incident.get_root_cause_display()} "
+                           f"({incident.confidence:.0%})", "text": incident.explanation})
+    for entry in AuditEntry.objects.filter(incident=incident).select_related("step"):
+        items.append({"at": entry.at, "type": "audit", "entry": entry,
+                      "title": f"{entry.actor} {entry.verb} {entry.target}"})
+    items.sort(key=lambda i: (i["at"], {"signal": 0, "diagnosis": 1, "step": 2,
+                                        "audit": 3}[i["type"]]))
+    return items
+
+
+def incident_chart(incident: Incident) -> dict[str, Any]:
+    """Mean GPU utilisation per node around the incident, for the failed and replacement
+    nodes and the other nodes of the affected jobs."""
+    start = incident.detected_at - timedelta(minutes=3)
+    end = (incident.resolved_at or timezone.now()) + timedelta(minutes=2)
+    names = set(incident.nodes)
+    for rem in incident.remediations.prefetch_related("steps"):
+        for step in rem.steps.all():
+            if isinstance(step.result, dict) and step.result.get("new_node"):
+                names.add(step.result["new_node"])
+    for job in Job.objects.filter(cluster=incident.cluster, slurm_id__in=incident.jobs):
+        names.update(job.nodes)
+    series: dict[str, dict[str, list[Any]]] = {}
+    rows = (GpuSample.objects.filter(node__name__in=names, node__cluster=incident.cluster,
+                                     at__range=(start, end))
+            .values_list("node__name", "at", "utilization").order_by("at"))
+    buckets: dict[tuple[str, datetime], list[float]] = {}
+    for name, at, util in rows:
+        buckets.setdefault((name, at), []).append(util if util is not None else 0.0)
+    for (name, at), values in sorted(buckets.items(), key=lambda kv: kv[0][1]):
+        s = series.setdefault(name, {"x": [], "y": []})
+        s["x"].append(at.isoformat())
+        s["y"].append(round(sum(values) / len(values), 1))
+    return {"series": series, "fault_at": incident.detected_at.isoformat(),
+            "resolved_at": incident.resolved_at.isoformat() if incident.resolved_at else None}
+
+
+def fleet_counts() -> dict[str, int]:
+    nodes = list(Node.objects.filter(in_service=True))
+    return {
+        "nodes": len(nodes),
+        "healthy": sum(n.health == Node.Health.HEALTHY for n in nodes),
+        "failed": sum(n.health == Node.Health.FAILED for n in nodes),
+        "drained": sum(n.drained for n in nodes),
+        "cordoned": sum(n.k8s_unschedulable for n in nodes),
+        "gpus_failed": Gpu.objects.filter(node__in_service=True,
+                                          health=Node.Health.FAILED).count(),
+    }
+
+
+def gpu_grid() -> dict[str, Any]:
+    """Node-by-GPU health for the dashboard heatmap: z 0 healthy, 1 unknown, 2 failed."""
+    code = {Node.Health.HEALTHY: 0, Node.Health.UNKNOWN: 1, Node.Health.DEGRADED: 1,
+            Node.Health.FAILED: 2}
+    nodes = list(Node.objects.filter(in_service=True).prefetch_related("gpus")
+                 .order_by("leaf_switch", "name"))
+    width = max((len(n.gpus.all()) for n in nodes), default=8)
+    z, text, labels = [], [], []
+    for node in nodes:
+        gpus = {g.index: g for g in node.gpus.all()}
+        row, hover = [], []
+        for i in range(width):
+            g = gpus.get(i)
+            row.append(code.get(g.health, 1) if g else 1)
+            hover.append(
+                f"{node.name} GPU {i}<br>util {g.utilization if g.utilization is not None else '-'}%"
+                f"<br>temp {g.temperature if g.temperature is not None else '-'} C"
+                f"<br>last XID {g.last_xid or 'none'}" if g else f"{node.name} GPU {i}: no data")
+        z.append(row)
+        text.append(hover)
+        labels.append(f"{node.name} ({node.leaf_switch or '?'})")
+    return {"z": z, "text": text, "y": labels, "x": [f"GPU {i}" for i in range(width)]}

@@ -1,0 +1,409 @@
+"""Incident and remediation services: the one place where judgement turns into state.
+
+Views, API endpoints and tasks call these; they never change incidents or remediations
+themselves. Remediation steps run as Celery tasks, queued with ``transaction.on_commit`` so a
+worker never sees a step before the row that describes it is committed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from collectors.clients import get_clients
+from collectors.clients.base import ActionResult, ClientError
+from collectors.models import Signal
+from incidents import selectors
+from incidents.audit import SYSTEM, actor_name, audit_record
+from incidents.diagnosis import Diagnosis, diagnose
+from incidents.models import Evidence, Incident, Remediation, Step
+from incidents.remediation.playbooks import playbook_get
+from incidents.remediation.steps import EXECUTORS, Block, Done, Outcome, StepContext, Wait
+
+log = logging.getLogger(__name__)
+
+# Below this a diagnosis opens an incident for a person to read, but no remediation.
+AUTO_REMEDIATION_MIN_CONFIDENCE = 0.8
+LEASE_SECONDS = 120
+
+
+class InvalidTransition(Exception):
+    """The action does not fit the current state (approve a finished remediation, ...)."""
+
+
+# --- diagnosis -> incidents -----------------------------------------------------------------
+
+
+def diagnose_signals(signal_ids: list[int]) -> list[Incident]:
+    """Diagnose the window around newly ingested signals; open or extend incidents."""
+    fresh = list(Signal.objects.filter(pk__in=signal_ids).select_related("cluster"))
+    if not fresh:
+        return []
+    cluster = fresh[0].cluster
+    window = timedelta(minutes=settings.FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES)
+    start = min(s.observed_at for s in fresh) - window
+    observations = selectors.observations_between(cluster, start, timezone.now())
+    diagnoses = diagnose(observations, selectors.topology(cluster), selectors.jobs_info(cluster))
+    incidents = []
+    for diagnosis in diagnoses:
+        incident, _ = incident_record(cluster.pk, diagnosis)
+        incidents.append(incident)
+    return incidents
+
+
+def incident_record(cluster_id: int, diagnosis: Diagnosis) -> tuple[Incident, bool]:
+    """Open an incident for a diagnosis, or extend the one already open for the same fault.
+
+    A fault that keeps showing (a gauge re-read, the same XID injected twice, a second
+    diagnosis run) is one incident with more evidence, never a second remediation.
+    """
+    for _ in range(3):
+        try:
+            with transaction.atomic():
+                return _incident_record(cluster_id, diagnosis)
+        except IntegrityError:
+            continue  # another worker opened it between our lookup and insert: extend that
+    raise RuntimeError(f"could not record incident {diagnosis.fingerprint}")
+
+
+def _incident_record(cluster_id: int, diagnosis: Diagnosis) -> tuple[Incident, bool]:
+    now = timezone.now()
+    recent = now - timedelta(minutes=settings.FLEETWATCH_DEDUPE_MINUTES)
+    existing = (
+        Incident.objects.select_for_update()
+        .filter(cluster_id=cluster_id, fingerprint=diagnosis.fingerprint)
+        .filter(~Q(status=Incident.Status.RESOLVED) | Q(resolved_at__gte=recent))
+        .order_by("-opened_at")
+        .first()
+    )
+    if existing is not None:
+        added = _evidence_add(existing, diagnosis.evidence)
+        if added:
+            audit_record("incident.extended", f"incident {existing.pk}", incident=existing,
+                         result=f"{added} more signal(s) for the same fault")
+        return existing, False
+    incident = Incident.objects.create(
+        cluster_id=cluster_id, root_cause=diagnosis.root_cause, confidence=diagnosis.confidence,
+        explanation=diagnosis.explanation, playbook=diagnosis.playbook,
+        fingerprint=diagnosis.fingerprint, nodes=list(diagnosis.nodes),
+        jobs=list(diagnosis.jobs), switch=diagnosis.switch or "",
+        detected_at=diagnosis.detected_at, opened_at=now,
+    )
+    _evidence_add(incident, diagnosis.evidence)
+    audit_record("incident.opened", f"incident {incident.pk}", incident=incident,
+                 result=diagnosis.explanation,
+                 data={"root_cause": diagnosis.root_cause, "confidence": diagnosis.confidence})
+    if diagnosis.confidence >= AUTO_REMEDIATION_MIN_CONFIDENCE and playbook_get(
+        diagnosis.playbook
+    ):
+        remediation_open(incident, actor=SYSTEM, mode=settings.FLEETWATCH_POLICY_MODE)
+    return incident, True
+
+
+def _evidence_add(incident: Incident, signal_ids: tuple[int, ...]) -> int:
+    have = set(incident.evidence.values_list("signal_id", flat=True))
+    new = [Evidence(incident=incident, signal_id=sid) for sid in signal_ids if sid not in have]
+    Evidence.objects.bulk_create(new, ignore_conflicts=True)
+    return len(new)
+
+
+# --- remediations ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Opened:
+    remediation: Remediation
+    created: bool
+
+
+def remediation_open(
+    incident: Incident,
+    *,
+    actor: str,
+    user: AbstractBaseUser | None = None,
+    mode: str = Remediation.Mode.AUTO,
+) -> Opened:
+    """Create the remediation for an incident, unless one is live or already succeeded.
+
+    ``mode`` auto starts at once, approve waits for a person, observe records what it would do.
+    A person pressing "start" is the approval, so user-started remediations run in auto.
+    """
+    with transaction.atomic():
+        incident = Incident.objects.select_for_update().get(pk=incident.pk)
+        current = incident.remediations.filter(
+            status__in=[*Remediation.ACTIVE, Remediation.Status.SUCCEEDED]
+        ).first()
+        if current is not None:
+            return Opened(current, False)
+        playbook = playbook_get(incident.playbook)
+        if playbook is None:
+            raise InvalidTransition(f"no playbook for {incident.root_cause}")
+        status = {
+            Remediation.Mode.AUTO: Remediation.Status.RUNNING,
+            Remediation.Mode.APPROVE: Remediation.Status.AWAITING_APPROVAL,
+            Remediation.Mode.OBSERVE: Remediation.Status.OBSERVED,
+        }[Remediation.Mode(mode)]
+        now = timezone.now()
+        remediation = Remediation.objects.create(
+            incident=incident, playbook=playbook.name, mode=mode, status=status,
+            requested_by=actor, requested_by_user=user,
+            started_at=now if status == Remediation.Status.RUNNING else None,
+            finished_at=now if status == Remediation.Status.OBSERVED else None,
+        )
+        observe = status == Remediation.Status.OBSERVED
+        Step.objects.bulk_create([
+            Step(remediation=remediation, order=i, kind=spec.kind, title=spec.title,
+                 status=Step.Status.SKIPPED if observe else Step.Status.PENDING,
+                 detail=f"observe mode: would {spec.title[0].lower()}{spec.title[1:]}"
+                 if observe else "")
+            for i, spec in enumerate(playbook.steps, start=1)
+        ])
+        audit_record(f"remediation.{'observed' if observe else 'created'}",
+                     f"incident {incident.pk}", actor=actor, remediation=remediation,
+                     result=f"{playbook.name} in {mode} mode")
+        if status == Remediation.Status.RUNNING:
+            _incident_status(incident, Incident.Status.REMEDIATING)
+            _step_enqueue(remediation.steps.get(order=1).pk)
+        return Opened(remediation, True)
+
+
+def remediation_approve(remediation_id: int, user: AbstractBaseUser) -> Remediation:
+    actor = actor_name(user)
+    with transaction.atomic():
+        rem = Remediation.objects.select_for_update().select_related("incident").get(
+            pk=remediation_id)
+        if rem.status != Remediation.Status.AWAITING_APPROVAL:
+            who = f" by {rem.approved_by}" if rem.approved_by else ""
+            raise InvalidTransition(f"remediation {rem.pk} is {rem.get_status_display()}"
+                                    f"{who}; nothing to approve")
+        now = timezone.now()
+        rem.status, rem.approved_by, rem.approved_at, rem.started_at = (
+            Remediation.Status.RUNNING, actor, now, now)
+        rem.save()
+        audit_record("remediation.approved", f"incident {rem.incident_id}", actor=actor,
+                     remediation=rem)
+        _incident_status(rem.incident, Incident.Status.REMEDIATING)
+        _step_enqueue(rem.steps.get(order=1).pk)
+        return rem
+
+
+def remediation_continue(remediation_id: int, user: AbstractBaseUser) -> Remediation:
+    """A person overrides a blocking check (no-auto-replace) and lets the playbook go on."""
+    actor = actor_name(user)
+    with transaction.atomic():
+        rem = Remediation.objects.select_for_update().select_related("incident").get(
+            pk=remediation_id)
+        if rem.status != Remediation.Status.BLOCKED:
+            raise InvalidTransition(f"remediation {rem.pk} is {rem.get_status_display()}, "
+                                    "not waiting for a person")
+        step = rem.steps.select_for_update().get(status=Step.Status.BLOCKED)
+        step.status, step.finished_at = Step.Status.SUCCEEDED, timezone.now()
+        step.result = {**step.result, "overridden_by": actor}
+        step.detail = f"{step.detail} Continued by {actor}."
+        step.save()
+        rem.status, rem.blocked_reason = Remediation.Status.RUNNING, ""
+        rem.save()
+        audit_record("remediation.continued", f"incident {rem.incident_id}", actor=actor,
+                     remediation=rem, step=step, result=f"override of {step.kind}")
+        _incident_status(rem.incident, Incident.Status.REMEDIATING)
+        _step_advance(step)
+        return rem
+
+
+def remediation_cancel(remediation_id: int, user: AbstractBaseUser) -> Remediation:
+    actor = actor_name(user)
+    with transaction.atomic():
+        rem = Remediation.objects.select_for_update().select_related("incident").get(
+            pk=remediation_id)
+        if not rem.is_active:
+            raise InvalidTransition(f"remediation {rem.pk} is {rem.get_status_display()}; "
+                                    "nothing to cancel")
+        now = timezone.now()
+        rem.status, rem.finished_at = Remediation.Status.CANCELLED, now
+        rem.save()
+        rem.steps.exclude(status__in=Step.DONE).update(
+            status=Step.Status.CANCELLED, finished_at=now, lease_until=None)
+        audit_record("remediation.cancelled", f"incident {rem.incident_id}", actor=actor,
+                     remediation=rem, result="what was done stays done; nothing more will run")
+        _incident_status(rem.incident, Incident.Status.NEEDS_ATTENTION)
+        return rem
+
+
+def _incident_status(incident: Incident, status: str) -> None:
+    if incident.status != status:
+        Incident.objects.filter(pk=incident.pk).update(status=status)
+        incident.status = status
+
+
+# --- steps ----------------------------------------------------------------------------------
+
+
+def _step_enqueue(step_id: int, reason: str = "start", countdown: float = 0) -> None:
+    from incidents import tasks  # tasks import services: keep the cycle out of module load
+
+    transaction.on_commit(
+        lambda: tasks.run_step.apply_async(args=[step_id, reason], countdown=countdown or None)
+    )
+
+
+def step_run(step_id: int, reason: str = "start") -> str:
+    """Run (or re-check) one step. Safe to call any number of times for the same step."""
+    now = timezone.now()
+    with transaction.atomic():
+        step = (Step.objects.select_for_update()
+                .select_related("remediation__incident").get(pk=step_id))
+        rem = step.remediation
+        if step.status in (*Step.DONE, Step.Status.BLOCKED):
+            return f"step already {step.status}"
+        if rem.status != Remediation.Status.RUNNING:
+            return f"remediation is {rem.status}"
+        if step.lease_until and step.lease_until > now:
+            return "step is being run by another worker"
+        if step.status == Step.Status.PENDING:
+            step.status, step.started_at, step.attempts = Step.Status.RUNNING, now, 1
+            step.deadline = now + timedelta(seconds=settings.FLEETWATCH_STEP_TIMEOUT_SECONDS)
+            audit_record("step.started", step.kind, remediation=rem, step=step,
+                         result=step.title)
+        elif reason == "retry":
+            step.attempts += 1
+        else:
+            step.checks += 1
+        step.lease_until = now + timedelta(seconds=LEASE_SECONDS)
+        step.save()
+
+    # The step row says "running" (committed) before any outside call is made.
+    ctx = _step_context(step)
+    try:
+        outcome: Outcome | ClientError = EXECUTORS[step.kind](ctx)
+    except ClientError as exc:
+        outcome = exc
+    except Exception as exc:  # a bug in an executor must not leave the step leased forever
+        log.exception("step %s crashed", step.pk)
+        outcome = ClientError(f"{type(exc).__name__}: {exc}", permanent=True)
+
+    with transaction.atomic():
+        step = (Step.objects.select_for_update()
+                .select_related("remediation__incident").get(pk=step_id))
+        step.lease_until = None
+        if step.status in Step.DONE:  # cancelled while we were out
+            step.save()
+            return f"step {step.status} meanwhile"
+        return _step_apply(step, outcome)
+
+
+def _step_context(step: Step) -> StepContext:
+    rem, incident = step.remediation, step.remediation.incident
+    previous = {s.kind: s.result for s in rem.steps.filter(order__lt=step.order)}
+
+    def audit(verb: str, target: str, result: ActionResult | None, error: str | None) -> None:
+        audit_record(verb, target, remediation=rem, step=step, ok=error is None,
+                     call=result.call if result else "",
+                     result=error or (result.detail if result else ""),
+                     data={"changed": result.changed} if result else {})
+
+    return StepContext(
+        incident_id=incident.pk, root_cause=incident.root_cause,
+        explanation=incident.explanation, nodes=list(incident.nodes), clients=get_clients(),
+        grace_seconds=settings.FLEETWATCH_SLURM_GRACE_SECONDS, state=dict(step.result),
+        previous=previous, audit=audit,
+    )
+
+
+def _step_apply(step: Step, outcome: Outcome | ClientError) -> str:
+    rem = step.remediation
+    now = timezone.now()
+    if isinstance(outcome, Done):
+        step.status, step.finished_at = Step.Status.SUCCEEDED, now
+        step.result, step.detail, step.error = outcome.result, outcome.detail, ""
+        step.save()
+        audit_record("step.succeeded", step.kind, remediation=rem, step=step,
+                     result=outcome.detail)
+        _step_advance(step)
+        return "succeeded"
+    if isinstance(outcome, Wait):
+        step.result, step.detail = outcome.result, outcome.detail
+        if step.deadline and now > step.deadline:
+            return _step_fail(step, f"timed out: {outcome.detail}")
+        step.status = Step.Status.WAITING
+        step.save()
+        _step_enqueue(step.pk, "poll", settings.FLEETWATCH_STEP_POLL_SECONDS)
+        return "waiting"
+    if isinstance(outcome, Block):
+        step.status, step.result, step.detail = Step.Status.BLOCKED, outcome.result, outcome.reason
+        step.save()
+        rem.status, rem.blocked_reason = Remediation.Status.BLOCKED, outcome.reason
+        rem.save()
+        audit_record("remediation.blocked", step.kind, remediation=rem, step=step,
+                     result=outcome.reason)
+        _incident_status(rem.incident, Incident.Status.NEEDS_ATTENTION)
+        return "blocked"
+    error = str(outcome)
+    if not outcome.permanent and step.attempts < settings.FLEETWATCH_STEP_MAX_ATTEMPTS:
+        step.error, step.status = error, Step.Status.RUNNING
+        step.detail = f"attempt {step.attempts} failed, retrying: {error}"
+        step.save()
+        _step_enqueue(step.pk, "retry", min(60.0, 2.0 ** step.attempts))
+        return "retrying"
+    return _step_fail(step, error)
+
+
+def _step_fail(step: Step, error: str) -> str:
+    rem, now = step.remediation, timezone.now()
+    step.status, step.error, step.finished_at = Step.Status.FAILED, error, now
+    step.save()
+    rem.status, rem.finished_at = Remediation.Status.FAILED, now
+    rem.save()
+    audit_record("step.failed", step.kind, remediation=rem, step=step, ok=False, result=error)
+    _incident_status(rem.incident, Incident.Status.NEEDS_ATTENTION)
+    return "failed"
+
+
+def _step_advance(step: Step) -> None:
+    rem = step.remediation
+    following = rem.steps.filter(order__gt=step.order).order_by("order").first()
+    if following is not None:
+        _step_enqueue(following.pk)
+        return
+    now = timezone.now()
+    rem.status, rem.finished_at = Remediation.Status.SUCCEEDED, now
+    rem.save()
+    audit_record("remediation.succeeded", f"incident {rem.incident_id}", remediation=rem)
+    incident_resolve(rem.incident, rem)
+
+
+def incident_resolve(incident: Incident, remediation: Remediation | None = None) -> None:
+    now = timezone.now()
+    incident.status, incident.resolved_at = Incident.Status.RESOLVED, now
+    incident.phases = phase_durations(incident, remediation, now)
+    incident.save(update_fields=["status", "resolved_at", "phases"])
+    audit_record("incident.resolved", f"incident {incident.pk}", incident=incident,
+                 result=", ".join(f"{k} {v:.1f}s" for k, v in incident.phases.items()))
+
+
+def phase_durations(
+    incident: Incident, remediation: Remediation | None, now: Any
+) -> dict[str, float]:
+    """Seconds per phase: detection, waiting for approval, each step, and the whole repair."""
+    def secs(a: Any, b: Any) -> float:
+        return round((b - a).total_seconds(), 3)
+
+    phases = {"detect": secs(incident.detected_at, incident.opened_at)}
+    if remediation is not None:
+        if remediation.approved_at:
+            phases["approval"] = secs(remediation.created_at, remediation.approved_at)
+        for step in remediation.steps.order_by("order"):
+            if step.started_at and step.finished_at:
+                phases[step.kind] = secs(step.started_at, step.finished_at)
+        first_call = remediation.audit.exclude(call="").order_by("at").first()
+        if first_call is not None:
+            phases["first_action"] = secs(incident.detected_at, first_call.at)
+    phases["total"] = secs(incident.detected_at, now)
+    return phases
