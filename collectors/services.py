@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from celery import current_app
 from django.conf import settings
@@ -55,6 +55,9 @@ def collect_source(source: str, *, clients: Clients | None = None) -> CollectRes
     started = time.monotonic()
     try:
         with transaction.atomic():
+            # Lock this source's health row first: two runs of one collector (a slow scrape
+            # overlapping the next beat) take turns, so a change is announced once.
+            SourceHealth.objects.select_for_update().get_or_create(cluster=cluster, name=source)
             drafts = collector(cluster, clients)
             ids = signals_store(cluster, drafts)
             health_changes = source_health_record(cluster, source, None, started)
@@ -135,7 +138,9 @@ def _nodes_by_name(cluster: Cluster) -> dict[str, Node]:
 def _node_get_or_create(cluster: Cluster, nodes: dict[str, Node], name: str) -> Node:
     node = nodes.get(name)
     if node is None:
-        node = Node.objects.create(cluster=cluster, name=name)
+        # Collectors for different sources run at once and may meet a new node together;
+        # get_or_create's savepoint turns the loser's insert into a read.
+        node, _ = Node.objects.get_or_create(cluster=cluster, name=name)
         nodes[name] = node
     return node
 
@@ -160,7 +165,9 @@ def collect_slurm(cluster: Cluster, clients: Clients) -> list[SignalDraft]:
         node.leaf_switch = leaf_of.get(seen.name, node.leaf_switch)
         node.in_service = True
         node.updated_at = now
-        node.save()
+        # Only the fields this source owns: the other collectors write theirs concurrently.
+        node.save(update_fields=["slurm_state", "slurm_flags", "slurm_reason", "leaf_switch",
+                                 "in_service", "updated_at"])
     in_slurm = {s.name for s in reported}
     Node.objects.filter(cluster=cluster, in_service=True).exclude(name__in=in_slurm).update(
         in_service=False, updated_at=now)
@@ -176,7 +183,7 @@ def collect_slurm(cluster: Cluster, clients: Clients) -> list[SignalDraft]:
         job.restart_count = seen.restart_count
         job.step, job.checkpoint_step = seen.step, seen.checkpoint_step
         job.resumed_from_step = seen.resumed_from_step
-        job.started_at = (datetime.fromtimestamp(seen.started_at, tz=timezone.utc)
+        job.started_at = (datetime.fromtimestamp(seen.started_at, tz=UTC)
                           if seen.started_at else None)
         job.updated_at = now
         job.save()
@@ -196,7 +203,8 @@ def collect_kubernetes(cluster: Cluster, clients: Clients) -> list[SignalDraft]:
         node.k8s_annotations = seen.annotations
         node.pool = seen.labels.get("fleetwatch.io/pool", node.pool)
         node.updated_at = now
-        node.save()
+        node.save(update_fields=["k8s_ready", "k8s_unschedulable", "k8s_annotations", "pool",
+                                 "updated_at"])
     return drafts
 
 
@@ -204,18 +212,20 @@ def collect_telemetry(cluster: Cluster, clients: Clients) -> list[SignalDraft]:
     metrics = clients.telemetry.gpu_metrics()
     ports = clients.telemetry.nic_ports()
     nodes = _nodes_by_name(cluster)
+    for name in {m.node for m in metrics} | {p.node for p in ports}:
+        _node_get_or_create(cluster, nodes, name)
+    Gpu.objects.bulk_create(
+        [Gpu(node=nodes[m.node], index=m.gpu) for m in metrics], ignore_conflicts=True)
     gpus = {(g.node_id, g.index): g for g in Gpu.objects.filter(node__cluster=cluster)}
+    previous_xid = {key: g.last_xid for key, g in gpus.items()}
     now = timezone.now()
     drafts: list[SignalDraft] = []
     samples = []
     failing: dict[str, bool] = {}
     for m in metrics:
-        node = _node_get_or_create(cluster, nodes, m.node)
-        gpu = gpus.get((node.id, m.gpu))
-        drafts += normalize.xid_changes(gpu.last_xid if gpu else None, m)
-        if gpu is None:
-            gpu = Gpu(node=node, index=m.gpu)
-            gpus[(node.id, m.gpu)] = gpu
+        node = nodes[m.node]
+        gpu = gpus[(node.id, m.gpu)]
+        drafts += normalize.xid_changes(previous_xid[(node.id, m.gpu)], m)
         if m.last_xid != gpu.last_xid:
             gpu.last_xid_at = now
         gpu.uuid, gpu.last_xid = m.uuid, m.last_xid
@@ -226,9 +236,8 @@ def collect_telemetry(cluster: Cluster, clients: Clients) -> list[SignalDraft]:
         failing[m.node] = failing.get(m.node, False) or failed
         samples.append(GpuSample(node=node, gpu_index=m.gpu, at=now,
                                  utilization=m.utilization, temperature=m.temperature))
-    Gpu.objects.bulk_create([g for g in gpus.values() if g.pk is None])
     Gpu.objects.bulk_update(
-        [g for g in gpus.values() if g.pk is not None],
+        list(gpus.values()),
         ["uuid", "last_xid", "last_xid_at", "utilization", "temperature", "health",
          "updated_at"],
     )

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install the Debian packages FleetWatch needs, only where they are missing.
+# Usage: deploy/bootstrap.sh run|test
+set -euo pipefail
+need=()
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+if [ "${1:-run}" = test ]; then
+  command -v redis-server >/dev/null || need+=(redis-server)
+  command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "missing Debian packages: ${need[*]} (run as root, or install them)" >&2; exit 1
+  fi
+  echo "installing ${need[*]}"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"
+fi

@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from collectors.clients.sim import SimFleet
+from fleetwatch.roles import OPERATOR, VIEWER, user_with_role
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def sim_fleet(settings: Any, tmp_path: Path) -> SimFleet:
+    """A freshly seeded simulated fleet in a temporary file, used by the code under test."""
+    settings.FLEETWATCH_SIM_STATE = tmp_path / "sim-fleet.json"
+    fleet = SimFleet(settings.FLEETWATCH_SIM_STATE, settings.FLEETWATCH_SIM_SPEED)
+    fleet.seed()
+    return fleet
+
+
+@pytest.fixture
+def operator(db: None) -> Any:
+    return user_with_role("olivia", OPERATOR, "operator-pass-1")[0]
+
+
+@pytest.fixture
+def viewer(db: None) -> Any:
+    return user_with_role("victor", VIEWER, "viewer-pass-1")[0]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
+             interval: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Worker:
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.proc, self.log = proc, log
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:]
+
+
+@pytest.fixture
+def policy_mode() -> str:
+    """The worker's FLEETWATCH_POLICY_MODE; parametrize this name to change it."""
+    return "auto"
+
+
+@pytest.fixture
+def sim_state(settings: Any) -> Callable[[], dict[str, Any]]:
+    """Read the simulated fleet as its Slurm/Kubernetes/provider would report it now."""
+    return lambda: SimFleet(settings.FLEETWATCH_SIM_STATE, settings.FLEETWATCH_SIM_SPEED).snapshot()
+
+
+@pytest.fixture
+def celery_worker_process(
+    transactional_db: None, settings: Any, tmp_path: Path, policy_mode: str
+) -> Iterator[Worker]:
+    """A real ``celery worker`` (with beat) on real Redis, writing to the test database."""
+    broker = os.environ.get("CELERY_BROKER_URL", "")
+    if connection.vendor != "postgresql" or not broker.startswith("redis://"):
+        pytest.fail("integration tests need PostgreSQL and Redis: run them with `make test`")
+    import redis
+
+    settings.FLEETWATCH_POLICY_MODE = policy_mode
+    redis.Redis.from_url(broker).flushdb()  # no stale tasks from an earlier run
+    settings.FLEETWATCH_SIM_SPEED = 40.0  # 120 s of SIGTERM grace pass in 3 s
+    settings.FLEETWATCH_SIM_STATE = tmp_path / "sim-fleet.json"
+    SimFleet(settings.FLEETWATCH_SIM_STATE, settings.FLEETWATCH_SIM_SPEED).seed()
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "CELERY_BROKER_URL": broker,
+        "FLEETWATCH_DATA_DIR": str(tmp_path / "data"),
+        "FLEETWATCH_SIM_STATE": str(settings.FLEETWATCH_SIM_STATE),
+        "FLEETWATCH_SIM_SPEED": str(settings.FLEETWATCH_SIM_SPEED),
+        "FLEETWATCH_COLLECT_INTERVAL": "0.5",
+        "FLEETWATCH_STEP_POLL_SECONDS": "0.3",
+        "FLEETWATCH_POLICY_MODE": settings.FLEETWATCH_POLICY_MODE,
+    }
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "fleetwatch", "worker", "-B",
+             "-Q", "collect,diagnose,remediate,default", "--concurrency", "3",
+             "--loglevel", "INFO", "-s", str(tmp_path / "beat-schedule")],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    worker = Worker(proc, log)
+    try:
+        yield worker
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
