@@ -131,18 +131,13 @@ def signals_announce(signal_ids: list[int]) -> None:
     transaction.on_commit(lambda: current_app.send_task(DIAGNOSE_TASK, args=[ids]))
 
 
-def _nodes_by_name(cluster: Cluster) -> dict[str, Node]:
+def _nodes_ensure(cluster: Cluster, names: Iterable[str]) -> dict[str, Node]:
+    """All of the cluster's nodes by name, creating the ones a source reports for the first
+    time. Collectors for different sources run at once and may meet new nodes together:
+    inserting in name order makes them queue behind each other instead of deadlocking."""
+    Node.objects.bulk_create([Node(cluster=cluster, name=n) for n in sorted(set(names))],
+                             ignore_conflicts=True)
     return {n.name: n for n in Node.objects.filter(cluster=cluster)}
-
-
-def _node_get_or_create(cluster: Cluster, nodes: dict[str, Node], name: str) -> Node:
-    node = nodes.get(name)
-    if node is None:
-        # Collectors for different sources run at once and may meet a new node together;
-        # get_or_create's savepoint turns the loser's insert into a read.
-        node, _ = Node.objects.get_or_create(cluster=cluster, name=name)
-        nodes[name] = node
-    return node
 
 
 def collect_slurm(cluster: Cluster, clients: Clients) -> list[SignalDraft]:
@@ -150,15 +145,14 @@ def collect_slurm(cluster: Cluster, clients: Clients) -> list[SignalDraft]:
     reported = clients.slurm.nodes()
     jobs = clients.slurm.jobs()
     leaf_of = {node: leaf for leaf, members in topology.items() for node in members}
-    nodes = _nodes_by_name(cluster)
+    nodes = _nodes_ensure(cluster, (s.name for s in reported))
     drafts: list[SignalDraft] = []
     now = timezone.now()
     for seen in reported:
-        node = nodes.get(seen.name)
+        node = nodes[seen.name]
         previous = (normalize.SlurmNodeSeen(node.slurm_state, tuple(node.slurm_flags),
                                             node.slurm_reason)
-                    if node is not None and node.slurm_state else None)
-        node = _node_get_or_create(cluster, nodes, seen.name)
+                    if node.slurm_state else None)
         drafts += normalize.slurm_node_changes(previous, seen)
         node.slurm_state, node.slurm_flags, node.slurm_reason = (
             seen.state, list(seen.flags), seen.reason)
@@ -191,14 +185,13 @@ def collect_slurm(cluster: Cluster, clients: Clients) -> list[SignalDraft]:
 
 
 def collect_kubernetes(cluster: Cluster, clients: Clients) -> list[SignalDraft]:
-    nodes = _nodes_by_name(cluster)
+    reported = clients.kubernetes.nodes()
+    nodes = _nodes_ensure(cluster, (s.name for s in reported))
     drafts: list[SignalDraft] = []
     now = timezone.now()
-    for seen in clients.kubernetes.nodes():
-        node = nodes.get(seen.name)
-        if node is not None:
-            drafts += normalize.k8s_node_changes(node.k8s_ready, node.k8s_unschedulable, seen)
-        node = _node_get_or_create(cluster, nodes, seen.name)
+    for seen in reported:
+        node = nodes[seen.name]
+        drafts += normalize.k8s_node_changes(node.k8s_ready, node.k8s_unschedulable, seen)
         node.k8s_ready, node.k8s_unschedulable = seen.ready, seen.unschedulable
         node.k8s_annotations = seen.annotations
         node.pool = seen.labels.get("fleetwatch.io/pool", node.pool)
@@ -211,9 +204,7 @@ def collect_kubernetes(cluster: Cluster, clients: Clients) -> list[SignalDraft]:
 def collect_telemetry(cluster: Cluster, clients: Clients) -> list[SignalDraft]:
     metrics = clients.telemetry.gpu_metrics()
     ports = clients.telemetry.nic_ports()
-    nodes = _nodes_by_name(cluster)
-    for name in {m.node for m in metrics} | {p.node for p in ports}:
-        _node_get_or_create(cluster, nodes, name)
+    nodes = _nodes_ensure(cluster, [m.node for m in metrics] + [p.node for p in ports])
     Gpu.objects.bulk_create(
         [Gpu(node=nodes[m.node], index=m.gpu) for m in metrics], ignore_conflicts=True)
     gpus = {(g.node_id, g.index): g for g in Gpu.objects.filter(node__cluster=cluster)}
@@ -247,7 +238,7 @@ def collect_telemetry(cluster: Cluster, clients: Clients) -> list[SignalDraft]:
             health=Node.Health.FAILED if bad else Node.Health.HEALTHY)
 
     for port in ports:
-        node = _node_get_or_create(cluster, nodes, port.node)
+        node = nodes[port.node]
         previous = ((node.nic_state, node.nic_link_downed)
                     if node.nic_link_downed is not None else None)
         drafts += normalize.nic_changes(previous, port)

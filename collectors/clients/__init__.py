@@ -24,7 +24,7 @@ class Clients:
     notifier: Notifier
 
 
-def sim_fleet():  # noqa: ANN201 - the return type lives in the sim module, imported lazily
+def sim_fleet():
     from collectors.clients.sim import SimFleet
 
     return SimFleet(settings.FLEETWATCH_SIM_STATE, settings.FLEETWATCH_SIM_SPEED)

@@ -176,7 +176,7 @@ def _new_job(job_id: str, name: str, user: str, num_nodes: int) -> dict[str, Any
         "id": job_id, "name": name, "user": user, "num_nodes": num_nodes,
         "state": "PENDING", "nodes": [], "restart_count": 0,
         "started_at": None, "start_step": 0, "final_step": 0, "checkpoint_step": 0,
-        "resumed_from_step": None, "stalled_at": None, "exit_at": None, "exit_state": None,
+        "resumed_from_step": None, "stalled_at": None, "stopped_at": None, "exit_at": None, "exit_state": None,
         "requeue": True, "history": [],
     }
 
@@ -187,7 +187,8 @@ def _new_job(job_id: str, name: str, user: str, num_nodes: int) -> dict[str, Any
 def job_step(job: State, now: float, speed: float) -> int:
     if job["state"] != "RUNNING" or job["started_at"] is None:
         return int(job["final_step"])
-    end = now if job["stalled_at"] is None else min(now, job["stalled_at"])
+    # A hung job stops at its fault; a signalled one stops training to write its checkpoint.
+    end = min(t for t in (now, job["stalled_at"], job.get("stopped_at")) if t is not None)
     elapsed = max(0.0, end - job["started_at"]) * speed
     return int(job["start_step"] + elapsed // STEP_SECONDS)
 
@@ -224,7 +225,7 @@ def advance(state: State, now: float, speed: float) -> None:
                                    "step": job["final_step"],
                                    "checkpoint": job["checkpoint_step"]})
             job["exit_at"] = job["exit_state"] = None
-            job["stalled_at"] = None
+            job["stalled_at"] = job["stopped_at"] = None
 
     _schedule(state, now)
 
@@ -261,7 +262,7 @@ def _schedule(state: State, now: float) -> None:
         chosen = free[: job["num_nodes"]]
         resume = int(job["checkpoint_step"])
         job.update(state="RUNNING", nodes=chosen, started_at=now, start_step=resume,
-                   final_step=resume, stalled_at=None, exit_at=None)
+                   final_step=resume, stalled_at=None, stopped_at=None, exit_at=None)
         job["resumed_from_step"] = resume if job["restart_count"] else None
         job["history"].append({"at": now, "event": "RUNNING", "nodes": chosen,
                                "resumed_from": resume})
@@ -436,6 +437,7 @@ class SimSlurm(_SimClient):
             if job["stalled_at"] is None:
                 # A healthy loop catches SIGTERM, writes a checkpoint and exits promptly.
                 job["checkpoint_step"] = job_step(job, now, speed)
+                job["stopped_at"] = now
                 exit_in = min(float(grace_seconds), SIGTERM_EXIT_SECONDS)
                 detail = f"job {job_id} checkpointing at step {job['checkpoint_step']}"
             else:

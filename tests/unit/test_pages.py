@@ -1,0 +1,139 @@
+"""Pages, roles, CSRF, the read-only API and /healthz, through Django's test client."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from django.test import Client
+from rest_framework.authtoken.models import Token
+
+from collectors import services as collectors
+from collectors.clients.sim import SimFleet
+from incidents import services
+from incidents.diagnosis import Diagnosis
+from incidents.models import AuditEntry, Remediation
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def incident(sim_fleet: SimFleet, settings: Any, django_capture_on_commit_callbacks: Any) -> Any:
+    settings.FLEETWATCH_POLICY_MODE = "approve"
+    for source in ("slurm", "kubernetes", "telemetry"):
+        collectors.collect_source(source)
+    cluster = collectors.cluster_default()
+    with django_capture_on_commit_callbacks():
+        incident, _ = services.incident_record(cluster.pk, Diagnosis(
+            root_cause="gpu_hardware", nodes=("gpu-003",), confidence=0.97,
+            playbook="replace_node", explanation="XID 79 (GPU has fallen off the bus) on gpu-003",
+            detected_at=datetime.now(UTC), jobs=("3001",)))
+    return incident
+
+
+def test_pages_need_a_login(client: Client) -> None:
+    for url in ("/", "/incidents/", "/incidents/1/"):
+        response = client.get(url)
+        assert response.status_code == 302 and response["Location"].startswith("/login/")
+
+
+def test_login_page_and_logging_in(client: Client, operator: Any) -> None:
+    assert b'name="password"' in client.get("/login/").content
+    response = client.post("/login/", {"username": "olivia", "password": "operator-pass-1"})
+    assert response.status_code == 302 and response["Location"] == "/"
+
+
+def test_dashboard_shows_counts_grid_and_open_incidents(client: Client, operator: Any,
+                                                        incident: Any) -> None:
+    client.force_login(operator)
+    page = client.get("/").content.decode()
+    assert "/static/vendor/plotly-cartesian-4.1.1.min.js" in page  # served locally, no CDN
+    assert "cdn" not in page.lower()
+    assert f"/incidents/{incident.pk}/" in page and "GPU hardware" in page
+    assert "Inject" in page  # demo control for operators
+    grid = client.get("/dashboard/gpu-grid.json").json()
+    assert len(grid["z"]) == 16 and len(grid["z"][0]) == 8
+    assert client.get("/static/vendor/plotly-cartesian-4.1.1.min.js").status_code == 200
+
+
+def test_incident_page_shows_the_diagnosis_plan_and_controls(client: Client, operator: Any,
+                                                             incident: Any) -> None:
+    client.force_login(operator)
+    page = client.get(f"/incidents/{incident.pk}/").content.decode()
+    assert "XID 79 (GPU has fallen off the bus) on gpu-003" in page
+    assert "Drain the Slurm node and cancel its jobs with SIGTERM" in page
+    assert "Confirm: approve and run" in page
+    assert "Diagnosis: GPU hardware" in page  # in the timeline
+    chart = client.get(f"/incidents/{incident.pk}/chart.json").json()
+    assert "gpu-003" in chart["series"]
+
+
+def test_viewer_sees_no_controls_and_a_forged_post_is_forbidden(client: Client, viewer: Any,
+                                                                incident: Any) -> None:
+    client.force_login(viewer)
+    page = client.get(f"/incidents/{incident.pk}/").content.decode()
+    assert "Confirm: approve" not in page and "Inject" not in page
+    rem = incident.remediations.get()
+    for action in ("approve", "cancel", "start", "continue"):
+        response = client.post(f"/incidents/{incident.pk}/{action}", {"remediation": rem.pk})
+        assert response.status_code == 403
+    assert client.post("/demo/inject", {"kind": "xid", "node": "gpu-001"}).status_code == 403
+    rem.refresh_from_db()
+    assert rem.status == Remediation.Status.AWAITING_APPROVAL
+
+
+def test_posts_without_a_csrf_token_are_refused(operator: Any, incident: Any) -> None:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(operator)
+    rem = incident.remediations.get()
+    response = client.post(f"/incidents/{incident.pk}/approve", {"remediation": rem.pk})
+    assert response.status_code == 403
+    rem.refresh_from_db()
+    assert rem.status == Remediation.Status.AWAITING_APPROVAL
+
+
+def test_operator_approves_once_with_their_name_in_the_audit(
+    client: Client, operator: Any, incident: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    client.force_login(operator)
+    rem = incident.remediations.get()
+    with django_capture_on_commit_callbacks() as queued:
+        client.post(f"/incidents/{incident.pk}/approve", {"remediation": rem.pk})
+        second = client.post(f"/incidents/{incident.pk}/approve", {"remediation": rem.pk},
+                             HTTP_ACCEPT="application/json")
+    assert second.status_code == 409 and "nothing to approve" in second.json()["error"]
+    assert len(queued) == 1  # one first step queued, not two
+    entry = AuditEntry.objects.get(verb="remediation.approved")
+    assert entry.actor == "user:olivia"
+
+
+def test_demo_inject_control_reaches_the_simulated_fleet(client: Client, operator: Any,
+                                                         sim_fleet: SimFleet) -> None:
+    client.force_login(operator)
+    response = client.post("/demo/inject", {"kind": "xid", "node": "gpu-002", "gpu": "4",
+                                            "code": "79"}, follow=True)
+    assert "Injected XID 79 on gpu-002 GPU 4" in response.content.decode()
+    assert sim_fleet.snapshot()["nodes"]["gpu-002"]["gpus"][4]["last_xid"] == 79
+    bad = client.post("/demo/inject", {"kind": "xid", "node": "nope"}, follow=True)
+    assert "Not injected: unknown node &#x27;nope&#x27;" in bad.content.decode()
+
+
+def test_api_needs_a_token_and_is_read_only(client: Client, operator: Any, incident: Any) -> None:
+    assert client.get("/api/v1/incidents/").status_code == 401
+    token = Token.objects.create(user=operator)
+    auth = {"HTTP_AUTHORIZATION": f"Token {token.key}"}
+    body = client.get("/api/v1/incidents/", **auth).json()
+    assert body["count"] == 1
+    assert body["results"][0]["root_cause"] == "gpu_hardware"
+    assert body["results"][0]["remediations"][0]["status"] == "awaiting_approval"
+    nodes = client.get("/api/v1/nodes/?leaf_switch=leaf-b", **auth).json()
+    assert nodes["count"] == 8 and all(n["leaf_switch"] == "leaf-b" for n in nodes["results"])
+    assert client.post("/api/v1/incidents/", {}, **auth).status_code == 405
+    assert client.get("/api/v1/incidents/", HTTP_AUTHORIZATION="Token wrong").status_code == 401
+
+
+def test_healthz_reports_database_and_broker(client: Client) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "database": "ok", "broker": "ok"}

@@ -1,0 +1,142 @@
+"""The simulated fleet behaves like the systems it stands in for."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from collectors.clients.base import ClientError
+from collectors.clients.sim import (
+    SimFleet,
+    SimKubernetes,
+    SimProvider,
+    SimSlurm,
+    SimTelemetry,
+    inject_xid,
+)
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    f = SimFleet(tmp_path / "fleet.json", speed=200.0)
+    f.seed()
+    return f
+
+
+def test_seed_runs_three_multinode_jobs_on_sixteen_nodes(fleet: SimFleet) -> None:
+    slurm = SimSlurm(fleet)
+    nodes = slurm.nodes()
+    assert len(nodes) == 16 and all(n.state == "ALLOCATED" for n in nodes)
+    jobs = slurm.jobs()
+    assert [(j.job_id, j.state, len(j.nodes)) for j in jobs] == [
+        ("3001", "RUNNING", 8), ("3002", "RUNNING", 4), ("3003", "RUNNING", 4)]
+    topo = slurm.topology()
+    assert set(topo) == {"leaf-a", "leaf-b"}
+    assert len(SimTelemetry(fleet).gpu_metrics()) == 16 * 8
+    assert not fleet.seed()  # a second seed keeps the running fleet
+
+
+def test_training_progresses_and_checkpoints(fleet: SimFleet) -> None:
+    time.sleep(0.5)  # 100 simulated seconds: ~16 steps at 6 s each
+    job = SimSlurm(fleet).jobs()[0]
+    assert job.step >= 10
+    assert job.checkpoint_step == (job.step // 10) * 10
+
+
+def test_hung_job_loses_progress_since_its_last_checkpoint(fleet: SimFleet) -> None:
+    slurm = SimSlurm(fleet)
+    time.sleep(0.4)
+    with fleet.transaction() as state:
+        inject_xid(state, "gpu-003", 5, 79, time.time())
+    stalled = slurm.jobs()[0].step
+    time.sleep(0.2)
+    assert slurm.jobs()[0].step == stalled  # NCCL hangs: no more steps
+    checkpoint = slurm.jobs()[0].checkpoint_step
+    result = slurm.cancel("3001", "TERM", 10)
+    assert "hung" in result.detail
+    assert slurm.jobs()[0].state == "RUNNING"  # still inside its grace period
+    time.sleep(0.1)  # 10 s grace / 200
+    job = slurm.jobs()[0]
+    assert job.state == "CANCELLED"
+    assert job.checkpoint_step == checkpoint  # SIGTERM could not write a new one
+
+
+def test_healthy_job_checkpoints_on_sigterm_and_resumes_there(fleet: SimFleet) -> None:
+    slurm = SimSlurm(fleet)
+    time.sleep(0.3)
+    slurm.cancel("3002", "TERM", 120)
+    time.sleep(0.1)
+    job = next(j for j in slurm.jobs() if j.job_id == "3002")
+    assert job.state == "CANCELLED"
+    saved = job.checkpoint_step
+    assert saved == job.step  # written on SIGTERM, not rounded down to a periodic one
+    assert slurm.requeue("3002").changed
+    assert not slurm.requeue("3002").changed  # already pending or running: a retry is a no-op
+    job = next(j for j in slurm.jobs() if j.job_id == "3002")
+    assert job.state == "RUNNING" and job.restart_count == 1
+    assert job.resumed_from_step == saved
+
+
+def test_drain_is_idempotent_and_resume_respects_ownership(fleet: SimFleet) -> None:
+    slurm = SimSlurm(fleet)
+    assert slurm.drain("gpu-001", "fleetwatch: test").changed
+    assert not slurm.drain("gpu-001", "fleetwatch: test").changed
+    assert slurm.resume("gpu-001").changed
+    slurm.drain("gpu-002", "admin: bad DIMM")
+    with pytest.raises(ClientError, match="drained by someone else") as err:
+        slurm.resume("gpu-002")
+    assert err.value.permanent
+
+
+def test_cordon_evict_and_uncordon(fleet: SimFleet) -> None:
+    k8s = SimKubernetes(fleet)
+    assert k8s.cordon("gpu-004", "fleetwatch: test").changed
+    node = next(n for n in k8s.nodes() if n.name == "gpu-004")
+    assert node.unschedulable and node.annotations["fleetwatch.io/cordoned-by"] == "fleetwatch"
+    pods = {p.name: p for p in k8s.pods_on_node("gpu-004")}
+    assert pods["dcgm-exporter-gpu-004"].owner_kind == "DaemonSet"
+    with pytest.raises(ClientError, match="DaemonSet"):
+        k8s.evict("gpu-operator", "dcgm-exporter-gpu-004")
+    assert k8s.evict("slurm", "slurmd-gpu-004").changed
+    assert not k8s.evict("slurm", "slurmd-gpu-004").changed
+    assert k8s.uncordon("gpu-004").changed
+    assert not next(n for n in k8s.nodes() if n.name == "gpu-004").annotations
+
+
+def test_replacement_comes_from_the_spare_pool_once(fleet: SimFleet) -> None:
+    provider = SimProvider(fleet)
+    first = provider.replace("gpu-005")
+    again = provider.replace("gpu-005")
+    assert first.new_node == again.new_node == "gpu-017"
+    assert not first.ready
+    time.sleep(0.7)  # 120 s of provisioning at 200x
+    status = provider.replacement_status("gpu-005")
+    assert status is not None and status.ready
+    new = next(n for n in SimSlurm(fleet).nodes() if n.name == "gpu-017")
+    assert new.flags == ("DRAIN",) and new.reason.startswith("fleetwatch:")
+    assert any(n.name == "gpu-017" and n.ready for n in SimKubernetes(fleet).nodes())
+
+
+def test_xid_79_gpu_reports_no_utilisation(fleet: SimFleet) -> None:
+    with fleet.transaction() as state:
+        inject_xid(state, "gpu-009", 1, 79, time.time())
+    metrics = {(m.node, m.gpu): m for m in SimTelemetry(fleet).gpu_metrics()}
+    assert metrics[("gpu-009", 1)].last_xid == 79
+    assert metrics[("gpu-009", 1)].utilization is None
+    assert metrics[("gpu-001", 0)].utilization > 50
+
+
+def test_a_down_source_raises_instead_of_reporting_an_empty_fleet(fleet: SimFleet) -> None:
+    with fleet.transaction() as state:
+        state["down_sources"] = ["slurm"]
+    with pytest.raises(ClientError, match="unreachable"):
+        SimSlurm(fleet).nodes()
+    assert SimKubernetes(fleet).nodes()  # the others still answer
+
+
+def test_unknown_targets_are_clear_errors(fleet: SimFleet) -> None:
+    with pytest.raises(ClientError, match="unknown node 'gpu-999'"):
+        SimSlurm(fleet).drain("gpu-999", "fleetwatch: x")
+    with fleet.transaction() as state, pytest.raises(ClientError, match="has no GPU 9"):
+        inject_xid(state, "gpu-001", 9, 79, time.time())
