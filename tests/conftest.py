@@ -91,7 +91,7 @@ def celery_worker_process(
         "FLEETWATCH_DATA_DIR": str(tmp_path / "data"),
         "FLEETWATCH_SIM_STATE": str(settings.FLEETWATCH_SIM_STATE),
         "FLEETWATCH_SIM_SPEED": str(settings.FLEETWATCH_SIM_SPEED),
-        "FLEETWATCH_COLLECT_INTERVAL": "0.5",
+        "FLEETWATCH_COLLECT_INTERVAL": "1",
         "FLEETWATCH_STEP_POLL_SECONDS": "0.3",
         "FLEETWATCH_POLICY_MODE": settings.FLEETWATCH_POLICY_MODE,
     }

@@ -26,7 +26,7 @@ def _fleet_collected() -> bool:
         and Job.objects.filter(state="RUNNING").count() == 3
 
 
-def _incident(worker: Worker, status: str, timeout: float = 60) -> Incident:
+def _incident(worker: Worker, status: str, timeout: float = 120) -> Incident:
     def find() -> Incident | None:
         return Incident.objects.filter(status=status).first()
     try:

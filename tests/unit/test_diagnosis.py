@@ -11,7 +11,7 @@ from collectors.normalize import xid_changes
 from incidents.diagnosis import JobInfo, Observation, diagnose
 
 ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = ROOT.parent / "shared" / "scenarios"
+SCENARIOS = ROOT / "tests" / "scenarios"  # copies of shared/scenarios, so a clone is self-contained
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 JOB = JobInfo("4123", "alice", ("gpu-001", "gpu-002", "gpu-003", "gpu-004"))
 
