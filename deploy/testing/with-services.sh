@@ -3,6 +3,7 @@
 # Uses the ones answering on 127.0.0.1:5432 / :6379 when there are; otherwise starts private
 # instances (temporary data dir, a free loopback port) and stops them afterwards.
 # Exports DATABASE_URL and CELERY_BROKER_URL for the command.
+# FLEETWATCH_PRIVATE_SERVICES=1 skips the shared ones (to test this script's private path).
 set -euo pipefail
 tmp=$(mktemp -d /tmp/fleetwatch-services.XXXXXX)
 chmod 755 "$tmp"
@@ -31,7 +32,7 @@ run_as_pg() {
 }
 
 if [ -z "${DATABASE_URL:-}" ]; then
-  if psql -h 127.0.0.1 -p 5432 -U postgres -d postgres -tAc 'select 1' >/dev/null 2>&1; then
+  if [ -z "${FLEETWATCH_PRIVATE_SERVICES:-}" ] && psql -h 127.0.0.1 -p 5432 -U postgres -d postgres -tAc 'select 1' >/dev/null 2>&1; then
     export DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleetwatch
     echo "services: using PostgreSQL on 127.0.0.1:5432"
   else
@@ -48,7 +49,7 @@ if [ -z "${DATABASE_URL:-}" ]; then
 fi
 
 if [ -z "${CELERY_BROKER_URL:-}" ]; then
-  if [ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" = PONG ]; then
+  if [ -z "${FLEETWATCH_PRIVATE_SERVICES:-}" ] && [ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" = PONG ]; then
     export CELERY_BROKER_URL=redis://127.0.0.1:6379/9
     echo "services: using Redis on 127.0.0.1:6379 (db 9)"
   else
