@@ -48,6 +48,16 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def stop_process_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a process started with start_new_session=True and all its children."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 class Worker:
     def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
         self.proc, self.log = proc, log
@@ -107,9 +117,4 @@ def celery_worker_process(
     try:
         yield worker
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc)

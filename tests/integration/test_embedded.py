@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, stop_process_group, wait_for
 
 pytestmark = pytest.mark.embedded
 
@@ -84,8 +83,4 @@ def test_make_run_stack_heals_an_xid79(tmp_path: Path) -> None:
         assert [s["status"] for s in steps] == ["succeeded"] * 7
         assert incident["nodes"] == ["gpu-003"] and incident["root_cause"] == "gpu_hardware"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_process_group(proc)
