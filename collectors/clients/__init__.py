@@ -8,11 +8,15 @@ next) is configuration.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from collectors.clients.base import KubernetesClient, NodeProvider, SlurmClient, TelemetryClient
 from collectors.clients.notify import Notifier, WebhookNotifier
+
+if TYPE_CHECKING:
+    from collectors.clients.sim import SimFleet
 
 
 @dataclass(frozen=True)
@@ -24,10 +28,11 @@ class Clients:
     notifier: Notifier
 
 
-def sim_fleet():
-    from collectors.clients.sim import SimFleet
+def sim_fleet() -> SimFleet:
+    # Imported here: only the simulated fleet needs the simulator loaded.
+    from collectors.clients import sim
 
-    return SimFleet(settings.FLEETWATCH_SIM_STATE, settings.FLEETWATCH_SIM_SPEED)
+    return sim.SimFleet(settings.FLEETWATCH_SIM_STATE, settings.FLEETWATCH_SIM_SPEED)
 
 
 def get_clients() -> Clients:
