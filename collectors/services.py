@@ -117,11 +117,8 @@ def signals_store(
                message=d.message, data=d.data, observed_at=observed_at or now, ingested_at=now)
         for d in drafts
     ]
-    created = Signal.objects.bulk_create(rows)
-    if any(s.pk is None for s in created):  # backends without RETURNING
-        return list(Signal.objects.filter(ingested_at=now, cluster=cluster)
-                    .values_list("id", flat=True))
-    return [s.pk for s in created]
+    # PostgreSQL and SQLite >= 3.35 return the new primary keys from bulk_create.
+    return [s.pk for s in Signal.objects.bulk_create(rows)]
 
 
 def signals_announce(signal_ids: list[int]) -> None:

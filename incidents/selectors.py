@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from collectors.models import Cluster, Gpu, GpuSample, Job, Node, Signal
 from incidents.diagnosis import JobInfo, Observation
-from incidents.models import AuditEntry, Incident, Remediation
+from incidents.models import AuditEntry, Incident, Remediation, Step
 
 
 def observation_from_signal(s: Signal) -> Observation:
@@ -46,23 +46,27 @@ def remediation_current(incident: Incident) -> Remediation | None:
     return incident.remediations.prefetch_related("steps").order_by("-created_at").first()
 
 
+def replacement_nodes(incident: Incident) -> set[str]:
+    """The spares brought in for an incident (recorded by the replace_node step)."""
+    return {
+        step.result["new_node"]
+        for rem in incident.remediations.prefetch_related("steps")
+        for step in rem.steps.all()
+        if isinstance(step.result, dict) and step.result.get("new_node")
+    }
+
+
 def incident_timeline(incident: Incident) -> list[dict[str, Any]]:
     """Everything that happened around an incident, in one time-ordered list."""
     start = incident.detected_at - timedelta(minutes=2)
     end = (incident.resolved_at or timezone.now()) + timedelta(minutes=1)
-    nodes = set(incident.nodes)
-    items: list[dict[str, Any]] = []
-    replacement_nodes = set()
-    for rem in incident.remediations.prefetch_related("steps"):
-        for step in rem.steps.all():
-            new = step.result.get("new_node") if isinstance(step.result, dict) else None
-            if new:
-                replacement_nodes.add(new)
-            if step.started_at:
-                items.append({"at": step.started_at, "type": "step", "step": step,
-                              "title": f"Step {step.order}: {step.title}"})
+    items: list[dict[str, Any]] = [
+        {"at": step.started_at, "type": "step", "step": step,
+         "title": f"Step {step.order}: {step.title}"}
+        for step in Step.objects.filter(remediation__incident=incident, started_at__isnull=False)
+    ]
     signals = Signal.objects.filter(cluster=incident.cluster, observed_at__range=(start, end))
-    watched = nodes | replacement_nodes
+    watched = set(incident.nodes) | replacement_nodes(incident)
     for s in signals.order_by("observed_at"):
         if s.node_name in watched or (s.job_id and s.job_id in incident.jobs) or (
             s.source == "collector"
@@ -85,11 +89,7 @@ def incident_chart(incident: Incident) -> dict[str, Any]:
     nodes and the other nodes of the affected jobs."""
     start = incident.detected_at - timedelta(minutes=3)
     end = (incident.resolved_at or timezone.now()) + timedelta(minutes=2)
-    names = set(incident.nodes)
-    for rem in incident.remediations.prefetch_related("steps"):
-        for step in rem.steps.all():
-            if isinstance(step.result, dict) and step.result.get("new_node"):
-                names.add(step.result["new_node"])
+    names = set(incident.nodes) | replacement_nodes(incident)
     for job in Job.objects.filter(cluster=incident.cluster, slurm_id__in=incident.jobs):
         names.update(job.nodes)
     series: dict[str, dict[str, list[Any]]] = {}

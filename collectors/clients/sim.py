@@ -72,41 +72,46 @@ class SimFleet:
         self.speed = speed
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[State]:
+    def _locked(self) -> Iterator[None]:
+        """Hold the fleet's exclusive lock (a sibling ``.lock`` file, so the state file itself
+        can be replaced atomically while it is held)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_suffix(self.path.suffix + ".lock"), "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                if not self.path.exists():
-                    raise ClientError(
-                        f"simulated fleet not seeded at {self.path}: run `manage.py fleetwatch seed`",
-                        permanent=True,
-                    )
-                state = json.loads(self.path.read_text())
-                if state.get("format") != FORMAT:
-                    raise ClientError(f"{self.path} is not a {FORMAT} file", permanent=True)
-                advance(state, time.time(), self.speed)
-                yield state
-                tmp = self.path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(state, sort_keys=True))
-                os.replace(tmp, self.path)
+                yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
+    def _write(self, state: State) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, sort_keys=True))
+        os.replace(tmp, self.path)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[State]:
+        with self._locked():
+            if not self.path.exists():
+                raise ClientError(
+                    f"simulated fleet not seeded at {self.path}: run `manage.py fleetwatch seed`",
+                    permanent=True,
+                )
+            state = json.loads(self.path.read_text())
+            if state.get("format") != FORMAT:
+                raise ClientError(f"{self.path} is not a {FORMAT} file", permanent=True)
+            advance(state, time.time(), self.speed)
+            yield state
+            self._write(state)
+
     def seed(self, *, nodes: int = 16, spares: int = 3, reset: bool = False) -> bool:
         """Create the fleet unless it exists. Returns True when a new fleet was written."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(self.path.suffix + ".lock"), "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                if self.path.exists() and not reset:
-                    return False
-                state = new_fleet(time.time(), nodes=nodes, spares=spares)
-                advance(state, time.time(), self.speed)
-                self.path.write_text(json.dumps(state, sort_keys=True))
-                return True
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        with self._locked():
+            if self.path.exists() and not reset:
+                return False
+            state = new_fleet(time.time(), nodes=nodes, spares=spares)
+            advance(state, time.time(), self.speed)
+            self._write(state)
+            return True
 
     def snapshot(self) -> State:
         with self.transaction() as state:
@@ -177,7 +182,7 @@ def _new_job(job_id: str, name: str, user: str, num_nodes: int) -> dict[str, Any
         "state": "PENDING", "nodes": [], "restart_count": 0,
         "started_at": None, "start_step": 0, "final_step": 0, "checkpoint_step": 0,
         "resumed_from_step": None, "stalled_at": None, "stopped_at": None, "exit_at": None, "exit_state": None,
-        "requeue": True, "history": [],
+        "history": [],
     }
 
 
