@@ -82,7 +82,8 @@ def xid_changes(previous_xid: int | None, now: GpuMetric) -> list[SignalDraft]:
     return [SignalDraft("dcgm", "xid", node=now.node, gpu=now.gpu, code=now.last_xid,
                         value=str(now.last_xid),
                         message=f"DCGM_FI_DEV_XID_ERRORS={now.last_xid} on {now.node} GPU {now.gpu}",
-                        data={"metric": "DCGM_FI_DEV_XID_ERRORS", "uuid": now.uuid})]
+                        data={"metric": "DCGM_FI_DEV_XID_ERRORS", "value": now.last_xid,
+                              "uuid": now.uuid})]
 
 
 def nic_changes(previous: tuple[str, int] | None, now: NicPort) -> list[SignalDraft]:

@@ -14,9 +14,14 @@ from incidents.models import AuditEntry, Incident, Remediation, Step
 
 
 def observation_from_signal(s: Signal) -> Observation:
-    return Observation(at=s.observed_at, source=s.source, kind=s.kind, node=s.node_name,
-                       gpu=s.gpu_index, job=s.job_id, code=s.code, value=s.value,
-                       message=s.message, id=s.pk, data=s.data)
+    """A stored signal in the replay format's terms: the engine reads both the same way."""
+    record: dict[str, Any] = {**(s.data if isinstance(s.data, dict) else {}),
+                              "source": s.source, "node": s.node_name, "gpu": s.gpu_index,
+                              "job": s.job_id, "message": s.message}
+    if s.kind == "xid":
+        record.setdefault("metric", "DCGM_FI_DEV_XID_ERRORS")
+        record.setdefault("value", s.code)
+    return Observation.from_record(record, s.observed_at, id=s.pk)
 
 
 def observations_between(cluster: Cluster, start: datetime, end: datetime) -> list[Observation]:

@@ -1,15 +1,33 @@
-"""The diagnosis engine: pure functions from observations, topology and jobs to diagnoses."""
+"""The diagnosis engine: pure functions from observations, topology and jobs to diagnoses.
+
+No Django, no database, no network: the live pipeline, ``manage.py fleetwatch diagnose``,
+the scenario suite and the benchmark all call the same two functions.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from incidents.diagnosis.rules import rule_hardware_xid
-from incidents.diagnosis.types import Diagnosis, JobInfo, Observation
+from incidents.diagnosis import facts, rules
+from incidents.diagnosis.types import Diagnosis, JobInfo, Note, Observation, Result
 
-__all__ = ["Diagnosis", "JobInfo", "Observation", "diagnose"]
+__all__ = ["Diagnosis", "JobInfo", "Note", "Observation", "Result", "diagnose", "diagnose_window"]
 
-RULES = (rule_hardware_xid,)
+
+def diagnose_window(
+    observations: Sequence[Observation],
+    topology: Mapping[str, Sequence[str]] | None = None,
+    jobs: Sequence[JobInfo] = (),
+) -> Result:
+    """Diagnose a window of observations (any order): diagnoses, and notes on what was seen
+    but deliberately not called a fault (source outages, symptoms with no cause)."""
+    ordered = sorted(observations, key=_at)
+    found, notes = rules.run(facts.extract(ordered), topology or {}, jobs)
+    unique: dict[str, Diagnosis] = {}
+    for diagnosis in found:
+        unique.setdefault(diagnosis.fingerprint, diagnosis)
+    return Result(sorted(unique.values(), key=lambda d: (d.detected_at, d.fingerprint)),
+                  sorted(notes, key=lambda n: n.at))
 
 
 def diagnose(
@@ -17,10 +35,9 @@ def diagnose(
     topology: Mapping[str, Sequence[str]] | None = None,
     jobs: Sequence[JobInfo] = (),
 ) -> list[Diagnosis]:
-    """Diagnose a window of observations (any order). One diagnosis per blamed target."""
-    ordered = sorted(observations, key=lambda o: o.at)
-    found: dict[str, Diagnosis] = {}
-    for rule in RULES:
-        for diagnosis in rule(ordered, jobs):
-            found.setdefault(diagnosis.fingerprint, diagnosis)
-    return sorted(found.values(), key=lambda d: (d.detected_at, d.fingerprint))
+    """One diagnosis per blamed target (node, switch or job)."""
+    return diagnose_window(observations, topology, jobs).diagnoses
+
+
+def _at(o: Observation) -> object:
+    return o.at

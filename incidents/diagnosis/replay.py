@@ -1,7 +1,8 @@
 """Replay files (``shared/REPLAY.md``, format ``fleetwatch-replay/1``) in and out of diagnosis.
 
-Pure: reads a file, returns plain data. Gauges are turned into change events the same way the
-live collectors do, so a replay and the live fleet reach the same verdicts.
+Pure: reads a file, returns plain data. Each signal becomes the same ``Observation`` the live
+pipeline builds from a Signal row, so a replay and the live fleet reach the same verdicts.
+A bad file raises ``ReplayError`` with a message that names the problem.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from incidents.diagnosis import diagnose
+from incidents.diagnosis import diagnose_window
 from incidents.diagnosis.types import JobInfo, Observation
 
 FORMAT = "fleetwatch-replay/1"
@@ -25,33 +26,45 @@ def _at(value: Any, index: int) -> datetime:
     if not isinstance(value, str):
         raise ReplayError(f"signal {index}: 'at' must be an RFC 3339 string")
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        at = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError as exc:
         raise ReplayError(f"signal {index}: bad time {value!r}") from exc
+    if at.tzinfo is None:
+        raise ReplayError(f"signal {index}: time {value!r} has no UTC offset")
+    return at
 
 
-def observations_from_replay(signals: list[dict[str, Any]]) -> list[Observation]:
-    last_xid: dict[tuple[str, int], int] = {}
+def observations_from_replay(signals: list[Any]) -> list[Observation]:
     out = []
     for i, raw in enumerate(signals):
-        if not isinstance(raw, dict) or "source" not in raw:
+        if not isinstance(raw, dict) or not isinstance(raw.get("source"), str):
             raise ReplayError(f"signal {i}: not an object with a 'source'")
-        at, source, node = _at(raw.get("at"), i), str(raw["source"]), str(raw.get("node", ""))
-        gpu = raw.get("gpu")
-        if source == "dcgm" and raw.get("metric") == "DCGM_FI_DEV_XID_ERRORS":
-            value = int(raw.get("value") or 0)
-            key = (node, int(gpu or 0))
-            previous = last_xid.get(key, 0)
-            last_xid[key] = value
-            if value and value != previous:  # a gauge: act on changes only
-                out.append(Observation(at, "dcgm", "xid", node, gpu, code=value,
-                                       value=str(value), id=i))
-            continue
-        kind = {"kernel": "kernel_log", "job_log": "job_log"}.get(source, source)
-        out.append(Observation(at, source, kind, node, gpu, job=str(raw.get("job", "")),
-                               message=str(raw.get("message", "")), id=i,
-                               value=str(raw.get("value", raw.get("state", ""))), data=raw))
+        out.append(Observation.from_record(raw, _at(raw.get("at"), i), id=i))
     return out
+
+
+def _jobs(raw: Any) -> list[JobInfo]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ReplayError("'jobs' must be a list")
+    jobs = []
+    for i, j in enumerate(raw):
+        if not isinstance(j, dict) or "id" not in j:
+            raise ReplayError(f"job {i}: not an object with an 'id'")
+        nodes = j.get("nodes") or []
+        if not isinstance(nodes, list):
+            raise ReplayError(f"job {i}: 'nodes' must be a list")
+        jobs.append(JobInfo(str(j["id"]), str(j.get("user", "")), tuple(str(n) for n in nodes)))
+    return jobs
+
+
+def _topology(raw: Any) -> dict[str, list[str]]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(v, list) for v in raw.values()):
+        raise ReplayError("'topology' must map each switch to a list of nodes")
+    return {str(k): [str(n) for n in v] for k, v in raw.items()}
 
 
 def diagnose_document(doc: Any) -> dict[str, Any]:
@@ -60,17 +73,18 @@ def diagnose_document(doc: Any) -> dict[str, Any]:
     signals = doc.get("signals")
     if not isinstance(signals, list):
         raise ReplayError("'signals' must be a list")
-    jobs = [JobInfo(str(j["id"]), str(j.get("user", "")), tuple(j.get("nodes", [])))
-            for j in doc.get("jobs") or []]
-    found = diagnose(observations_from_replay(signals), doc.get("topology") or {}, jobs)
+    result = diagnose_window(observations_from_replay(signals), _topology(doc.get("topology")),
+                             _jobs(doc.get("jobs")))
     return {
         "scenario": doc.get("name", ""),
         "incidents": [
             {"root_cause": d.root_cause, "nodes": list(d.nodes), "switch": d.switch,
              "job": d.job, "confidence": d.confidence, "playbook": d.playbook,
              "explanation": d.explanation}
-            for d in found
+            for d in result.diagnoses
         ],
+        "notes": [{"kind": n.kind, "at": n.at.isoformat().replace("+00:00", "Z"),
+                   "text": n.text} for n in result.notes],
     }
 
 

@@ -1,66 +1,633 @@
-"""Diagnosis rules: each takes the observations in a window and returns diagnoses.
+"""The rule catalogue: from a window's facts to root causes.
 
-Rules are pure. A rule that sees something it cannot explain returns nothing rather than a
-guess; symptoms that an earlier fault explains (NCCL timeouts on a job's other ranks after
-one rank's GPU fell off the bus) never blame their own nodes.
+Rules run in causal order, and each later rule sees what the earlier ones explained:
+
+1. sources: a collector that says it is unhealthy, or one source alone claiming a large part
+   of the fleet stopped answering at once, is a source outage; its node-state evidence is set
+   aside (a missing source is never a failed node);
+2. GPUs: hardware, memory and NVLink XIDs (and DCGM's row-remap and ECC fields) blame the node
+   that logged them; application-class XIDs blame the job unless they follow one GPU across
+   jobs; XID 45 and 154 follow the XID before them;
+3. links: most of a leaf's nodes losing their link within seconds is the switch; one node's
+   link going down and up is that node;
+4. thermal: sustained thermal clock slowdown at high temperature;
+5. reachability: a node that stops answering with no GPU or NIC evidence of its own;
+6. jobs: application failures (CUDA OOM, exceptions, non-zero exits) of jobs that no fault
+   above explains. NCCL timeouts and IB errors never blame the node that prints them.
+
+Every diagnosis cites its evidence (lines, nodes, times) in plain words.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
-from incidents.diagnosis.types import Diagnosis, JobInfo, Observation
-from incidents.diagnosis.xid import xid_info
+from incidents.diagnosis import parsers as p
+from incidents.diagnosis import xid as x
+from incidents.diagnosis.facts import (
+    COLLECTOR_SOURCES,
+    Facts,
+    JobFact,
+    LinkFact,
+    ReachFact,
+    ThermalRun,
+    XidFact,
+)
+from incidents.diagnosis.types import Diagnosis, JobInfo, Note
 
-# NVRM: Xid (PCI:0000:9b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
-KERNEL_XID = re.compile(r"NVRM: Xid \((?P<pci>PCI:[0-9a-fA-F:.]+)\): (?P<code>\d+),")
-
+# Root-cause labels (DESIGN.md) and the playbook each recommends.
+GPU_HARDWARE, GPU_MEMORY, NVLINK = "gpu_hardware", "gpu_memory", "nvlink"
+NETWORK_FLAP, SWITCH_FAILURE, THERMAL = "network_flap", "switch_failure", "thermal"
+NODE_UNREACHABLE, APPLICATION_ERROR = "node_unreachable", "application_error"
 PLAYBOOK_FOR = {
-    "gpu_hardware": "replace_node",
-    "gpu_memory": "reset_gpu",
-    "nvlink": "reboot_node",
+    GPU_HARDWARE: "replace_node",
+    GPU_MEMORY: "reset_gpu",
+    NVLINK: "reboot_node",
+    NETWORK_FLAP: "hold_flapping_link",
+    SWITCH_FAILURE: "hold_switch",
+    THERMAL: "cool_down",
+    NODE_UNREACHABLE: "recover_node",
+    APPLICATION_ERROR: "notify_owner",
 }
 
+# Thresholds, in seconds unless named otherwise. Each is the smallest value that still tells
+# the fault from the noise around it in the scenario suite; see the comments where used.
+SWITCH_BURST_S = 15.0        # link losses this close together are one event
+SWITCH_MAJORITY = 0.5        # more than this share of a leaf's nodes: the leaf, not the nodes
+SWITCH_SPREAD_S = 60.0       # a leaf node losing its link this close to the burst is in it
+OUTAGE_GRACE_S = 120.0       # states just after a collector recovers are still catching up
+MASS_SPAN_S = 120.0          # "at once", for one source claiming many nodes stopped answering
+MASS_FRACTION = 0.5          # ... this share of the fleet ...
+MASS_MIN_NODES = 3           # ... and at least this many nodes
+CORROBORATE_S = 300.0        # another source agreeing within this long makes it real
+RECOVERED_S = 60.0           # a node that answers again this soon did not stop answering
+NIC_EXPLAINS_S = 300.0       # a link loss this long before a node stops answering explains it
+THERMAL_SUSTAIN_S = 60.0     # thermal slowdown shorter than this is normal GPU boost behaviour
+THERMAL_TEMP_SLACK_S = 30.0  # a temperature sample this close to the slowdown belongs to it
+RECOVERY_TICKS = 5           # link_error_recovery ticks that make a link bad without a down
+APP_BEFORE_FAULT_S = 5.0     # an app failure this long before a fault in its job is its own
+ABSORB_APP_XID_S = 60.0      # application XIDs this close to a hardware XID are its echo
 
-def xid_code(obs: Observation) -> int | None:
-    if obs.kind == "xid" and obs.code:
-        return obs.code
-    if obs.source == "kernel":
-        match = KERNEL_XID.search(obs.message)
-        if match:
-            return int(match.group("code"))
-    return None
+
+def _when(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%H:%M:%S")
 
 
-def rule_hardware_xid(
-    observations: Sequence[Observation], jobs: Sequence[JobInfo]
-) -> list[Diagnosis]:
-    """A hardware-class XID blames the node that reported it, and only that node."""
-    first: dict[str, tuple[Observation, int]] = {}
-    evidence: dict[str, list[int]] = {}
-    for obs in observations:
-        code = xid_code(obs)
-        info = xid_info(code) if code is not None else None
-        if info is None or info.klass != "gpu_hardware" or not obs.node:
-            continue
-        first.setdefault(obs.node, (obs, code))
-        if obs.id is not None:
-            evidence.setdefault(obs.node, []).append(obs.id)
-    diagnoses = []
-    for node, (obs, code) in first.items():
-        info = xid_info(code)
-        assert info is not None
-        affected = tuple(sorted(j.id for j in jobs if node in j.nodes))
-        gpu = f" GPU {obs.gpu}" if obs.gpu is not None else ""
-        peers = sorted({n for j in jobs if node in j.nodes for n in j.nodes} - {node})
-        explanation = f"XID {code} ({info.meaning}) on {node}{gpu}; NVIDIA: {info.action}."
-        if peers:
-            explanation += (f" Its job's other nodes ({', '.join(peers)}) are victims, "
-                            "not faulty.")
-        diagnoses.append(Diagnosis(
-            root_cause="gpu_hardware", nodes=(node,), confidence=0.97,
-            playbook=PLAYBOOK_FOR["gpu_hardware"], explanation=explanation,
-            detected_at=obs.at, jobs=affected, evidence=tuple(evidence.get(node, ())),
-        ))
-    return diagnoses
+def _names(items: Iterable[str], limit: int = 6) -> str:
+    ordered = sorted(set(items))
+    if len(ordered) > limit:
+        return ", ".join(ordered[:limit]) + f" and {len(ordered) - limit} more"
+    return ", ".join(ordered)
+
+
+def _ids(items: Iterable[object]) -> list[int]:
+    return [i for i in (getattr(item, "id", None) for item in items) if i is not None]
+
+
+@dataclass
+class _Cause:
+    """A node-level fault found so far: later rules must not blame its symptoms elsewhere."""
+
+    t: float
+    nodes: frozenset[str]
+    diagnosis: Diagnosis
+
+
+@dataclass
+class Engine:
+    facts: Facts
+    topology: Mapping[str, Sequence[str]]
+    jobs: Sequence[JobInfo]
+    diagnoses: list[Diagnosis] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
+    causes: list[_Cause] = field(default_factory=list)
+    gpu_nodes: dict[str, float] = field(default_factory=dict)   # node -> first GPU fault
+    nic_nodes: dict[str, list[float]] = field(default_factory=dict)  # node -> link-loss times
+
+    def __post_init__(self) -> None:
+        self.job_nodes: dict[str, set[str]] = defaultdict(set)
+        self.job_user: dict[str, str] = {}
+        for job in self.jobs:
+            self.job_nodes[job.id].update(job.nodes)
+            self.job_user[job.id] = job.user
+        for job_id, nodes in self.facts.job_nodes.items():
+            self.job_nodes[job_id].update(nodes)
+        self.jobs_of: dict[str, set[str]] = defaultdict(set)
+        for job_id, nodes in self.job_nodes.items():
+            for node in nodes:
+                self.jobs_of[node].add(job_id)
+        self.fleet = set(self.facts.nodes_seen) | {n for ns in self.topology.values() for n in ns}
+        self.fleet |= {n for ns in self.job_nodes.values() for n in ns}
+        self.last_t = self.facts.last.timestamp() if self.facts.last else 0.0
+        self.admin_drained: dict[str, tuple[float, str]] = {}
+        for at, node, reason in self.facts.admin_drains:
+            self.admin_drained.setdefault(node, (at.timestamp(), reason))
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def add(self, diagnosis: Diagnosis, t: float) -> None:
+        self.diagnoses.append(diagnosis)
+        self.causes.append(_Cause(t, frozenset(diagnosis.nodes), diagnosis))
+
+    def note(self, kind: str, text: str, at: datetime, **kw: object) -> None:
+        self.notes.append(Note(kind, text, at, **kw))  # type: ignore[arg-type]
+
+    def job_at(self, node: str, t: float) -> str | None:
+        """The job running on a node at a time, when the window says so unambiguously."""
+        candidates = self.jobs_of.get(node, set())
+        if len(candidates) <= 1:
+            return next(iter(candidates), None)
+        spans = self.facts.job_spans
+        timed = [
+            j for j in candidates
+            if j in spans and (spans[j].first_running is None or spans[j].first_running <= t)
+            and (spans[j].ended is None or spans[j].ended >= t)
+        ]
+        if len(timed) == 1:
+            return timed[0]
+        return None
+
+    def symptoms_after(self, jobs: Iterable[str], t: float, exclude: set[str]) -> list[JobFact]:
+        wanted = set(jobs)
+        return [f for f in self.facts.job_lines
+                if f.kind in p.SYMPTOMS and f.job in wanted and f.t >= t - 1
+                and f.node not in exclude]
+
+    def victims_text(self, jobs: Sequence[str], t: float, blamed: set[str]) -> tuple[str, list[int]]:
+        symptoms = self.symptoms_after(jobs, t, blamed)
+        peers = {f.node for f in symptoms if f.node}
+        if not symptoms:
+            others = {n for j in jobs for n in self.job_nodes.get(j, ())} - blamed
+            if others:
+                return (f" Job {_names(jobs)} also ran on {_names(others)}: those nodes are "
+                        "victims, not faulty."), []
+            return "", []
+        kinds = sorted({f.kind.replace("nccl_", "NCCL ").replace("_", " ") for f in symptoms})
+        return (f" The {', '.join(kinds)} lines on {_names(peers) or 'the other ranks'} "
+                f"(job {_names(jobs)}, from {_when(symptoms[0].at)}) came after it and name no "
+                "other fault: symptoms, not causes."), _ids(symptoms)
+
+    # --- 1. sources ------------------------------------------------------------------------
+
+    def source_outages(self) -> list[ReachFact]:
+        """Node-state evidence that can be trusted; the rest is set aside with a note."""
+        windows: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        down_since: dict[str, tuple[float, str]] = {}
+        for c in self.facts.collectors:
+            sources = COLLECTOR_SOURCES.get(c.name.lower(), (c.name.lower(),))
+            for source in sources:
+                if not c.healthy and source not in down_since:
+                    down_since[source] = (c.t, c.error)
+                    self.note("source_outage", f"collector {c.name} unhealthy since "
+                              f"{_when(c.at)}: {c.error or 'no detail'}; its node states are "
+                              "not read as node failures", c.at, source=source)
+                elif c.healthy and source in down_since:
+                    start, _ = down_since.pop(source)
+                    windows[source].append((start, c.t + OUTAGE_GRACE_S))
+        for source, (start, _) in down_since.items():
+            windows[source].append((start, math.inf))
+
+        trusted: list[ReachFact] = []
+        set_aside = 0
+        for r in self.facts.reach:
+            if not r.reachable and any(a <= r.t <= b for a, b in windows.get(r.source, ())):
+                set_aside += 1
+                continue
+            trusted.append(r)
+        if set_aside:
+            self.note("suppressed", f"{set_aside} node-state report(s) during a collector "
+                      "outage set aside", self.facts.last or datetime.now(UTC))
+        return self._mass_claims(trusted)
+
+    def _mass_claims(self, reach: list[ReachFact]) -> list[ReachFact]:
+        """One source alone saying a large part of the fleet stopped answering at once is
+        that source (slurmctld restarting, the API server lagging), not the fleet."""
+        threshold = max(MASS_MIN_NODES, math.ceil(MASS_FRACTION * len(self.fleet)))
+        down = [r for r in reach if not r.reachable]
+        by_source: dict[str, list[ReachFact]] = defaultdict(list)
+        for r in down:
+            by_source[r.source].append(r)
+        dropped: set[int] = set()
+        for source, events in by_source.items():
+            events.sort(key=lambda r: r.t)
+            start = 0
+            for end in range(len(events)):
+                while events[end].t - events[start].t > MASS_SPAN_S:
+                    start += 1
+                burst = events[start:end + 1]
+                nodes = {r.node for r in burst}
+                if len(nodes) < threshold:
+                    continue
+                corroborated = {
+                    r.node for r in down if r.source != source and r.node in nodes
+                    and any(abs(r.t - b.t) <= CORROBORATE_S for b in burst if b.node == r.node)
+                }
+                lonely = [r for r in burst if r.node not in corroborated]
+                if lonely and not any(id(r) in dropped for r in lonely):
+                    self.note("source_outage",
+                              f"{source} alone reported {len(nodes)} of {len(self.fleet)} nodes "
+                              f"not responding within {MASS_SPAN_S:.0f} s from "
+                              f"{_when(burst[0].at)}, with no other source agreeing: treated as "
+                              f"a {source} outage, not {len(nodes)} failed nodes",
+                              burst[0].at, source=source,
+                              nodes=tuple(sorted({r.node for r in lonely})))
+                dropped.update(id(r) for r in lonely)
+        return [r for r in reach if id(r) not in dropped]
+
+    # --- 2. GPUs ---------------------------------------------------------------------------
+
+    def gpu_faults(self) -> None:
+        by_node: dict[str, list[XidFact]] = defaultdict(list)
+        for f in self.facts.xids:
+            by_node[f.node].append(f)
+        memory_by_node: dict[str, list] = defaultdict(list)
+        for m in self.facts.memory:
+            memory_by_node[m.node].append(m)
+        app_xids: list[XidFact] = []
+        for node in sorted(set(by_node) | set(memory_by_node)):
+            app_xids += self._node_gpu(node, by_node.get(node, []), memory_by_node.get(node, []))
+        self._application_xids(app_xids)
+
+    def _node_gpu(self, node: str, xids: list[XidFact], memory: list) -> list[XidFact]:
+        counts: dict[tuple[str, int], int] = defaultdict(int)
+        cause: XidFact | None = None
+        supporting: list[XidFact] = []
+        recovery: list[XidFact] = []
+        app: list[XidFact] = []
+        for f in xids:
+            info = x.xid_info(f.code)
+            if info is None:
+                self.note("symptom", f"XID {f.code} on {node} {f.gpu} at {_when(f.at)} is not in "
+                          "the catalogue; shown, not acted on", f.at, nodes=(node,))
+                continue
+            if info.klass in (x.HARDWARE, x.MEMORY, x.NVLINK, x.DRIVER):
+                counts[(f.gpu, f.code)] += 1
+                if cause is None and info.opens and counts[(f.gpu, f.code)] >= info.repeat:
+                    cause = f
+                else:
+                    supporting.append(f)
+            elif info.klass == x.RECOVERY:
+                recovery.append(f)
+            elif info.klass == x.APPLICATION:
+                app.append(f)
+            else:
+                supporting.append(f)  # XID 45: follows whatever came before it
+
+        label: str | None = None
+        confidence = 0.0
+        lead_text = ""
+        evidence = _ids(xids) + _ids(memory)
+        first_at = None
+        if cause is not None:
+            info = x.xid_info(cause.code)
+            assert info is not None
+            label = GPU_HARDWARE if info.klass == x.DRIVER else info.klass
+            confidence = {x.HARDWARE: 0.97, x.MEMORY: 0.95, x.NVLINK: 0.93, x.DRIVER: 0.6}[
+                info.klass]
+            if info.repeat > 1:
+                confidence = 0.9
+                lead_text = (f"XID {cause.code} ({info.meaning}) {counts[(cause.gpu, cause.code)]}"
+                             f" times on {node} {cause.gpu}, from {_when(xids[0].at)}")
+            else:
+                lead_text = f"XID {cause.code} ({info.meaning}) on {node} {cause.gpu} at " \
+                            f"{_when(cause.at)}"
+            if info.klass == x.DRIVER:
+                lead_text += " (a driver or firmware fault: check before acting)"
+            lead_text += f"; NVIDIA: {info.action}"
+            first_at = cause.at
+        faults = [r for r in recovery if r.recovery_action in x.RECOVERY_FAULTS]
+        if label is None and faults:
+            r = faults[0]
+            label, confidence, first_at = GPU_HARDWARE, 0.88, r.at
+            earlier = [s for s in supporting if s.t <= r.t]
+            after = f", after XID {earlier[0].code} at {_when(earlier[0].at)}" if earlier else ""
+            lead_text = (f"XID 154 on {node} {r.gpu} at {_when(r.at)}: the driver now asks for "
+                         f"'{p.recovery_action_name(r.recovery_action)}'{after}")
+        if label is None and memory:
+            m = memory[0]
+            label, confidence, first_at = GPU_MEMORY, 0.9, m.at
+            lead_text = f"{m.text} at {_when(m.at)}: uncorrectable GPU memory error"
+        if label is None:
+            for s in supporting:
+                self.note("symptom", f"XID {s.code} on {node} {s.gpu} at {_when(s.at)} alone is "
+                          "not a fault (it needs repeating or follows another error)", s.at,
+                          nodes=(node,))
+            return app
+
+        assert first_at is not None
+        extras = []
+        later = [s for s in supporting if s is not cause and s.t >= first_at.timestamp()]
+        if later:
+            extras.append("then " + ", ".join(f"XID {s.code} at {_when(s.at)}" for s in later[:4]))
+        for r in recovery:
+            if r.recovery_action is not None:
+                extras.append(f"XID 154 asks for '{p.recovery_action_name(r.recovery_action)}'")
+                break
+        if memory and label == GPU_MEMORY and cause is not None:
+            extras.append(f"DCGM agrees: {memory[0].text}")
+        t = first_at.timestamp()
+        jobs = tuple(sorted(j for j in self.jobs_of.get(node, ()) if self._job_alive(j, t)))
+        victims, victim_ids = self.victims_text(jobs, t, {node})
+        explanation = lead_text + (f" ({'; '.join(extras)})" if extras else "") + "." + victims
+        self.gpu_nodes[node] = min(self.gpu_nodes.get(node, t), t)
+        self.add(Diagnosis(label, (node,), confidence, PLAYBOOK_FOR[label], explanation,
+                           first_at, jobs=jobs, evidence=tuple(evidence + victim_ids)), t)
+        # Application XIDs right around a hardware fault on the same node are its echo.
+        return [a for a in app if abs(a.t - t) > ABSORB_APP_XID_S]
+
+    def _job_alive(self, job: str, t: float) -> bool:
+        span = self.facts.job_spans.get(job)
+        if span is None:
+            return True
+        if span.ended is not None and span.ended < t - 1 and span.state in (
+                "COMPLETED", "CANCELLED"):
+            return False
+        return span.first_running is None or span.first_running <= t + 60
+
+    def _application_xids(self, app: list[XidFact]) -> None:
+        """An application XID blames its job, unless it follows one GPU across jobs."""
+        by_gpu: dict[tuple[str, str, int], list[tuple[XidFact, str | None]]] = defaultdict(list)
+        for f in app:
+            by_gpu[(f.node, f.gpu, f.code)].append((f, self.job_at(f.node, f.t)))
+        self.app_xid_jobs: dict[str, list[XidFact]] = defaultdict(list)
+        for (node, gpu, code), seen in sorted(by_gpu.items()):
+            jobs = {j for _, j in seen if j}
+            if len(jobs) >= 2:
+                if node in self.gpu_nodes:
+                    continue
+                info = x.xid_info(code)
+                first = seen[0][0]
+                t = first.t
+                self.gpu_nodes[node] = t
+                self.add(Diagnosis(
+                    GPU_HARDWARE, (node,), 0.8, PLAYBOOK_FOR[GPU_HARDWARE],
+                    f"XID {code} ({info.meaning if info else ''}) on {node} {gpu} under "
+                    f"{len(jobs)} different jobs ({_names(jobs)}) from {_when(first.at)}: an "
+                    "application XID that follows one GPU from job to job points at the GPU.",
+                    first.at, jobs=tuple(sorted(jobs)), evidence=tuple(_ids(f for f, _ in seen))),
+                    t)
+                continue
+            for f, job in seen:
+                if job:
+                    self.app_xid_jobs[job].append(f)
+                else:
+                    self.note("symptom", f"XID {code} on {node} {gpu} at {_when(f.at)}: an "
+                              "application XID with no known job; shown, not acted on", f.at,
+                              nodes=(node,))
+
+    # --- 3. links --------------------------------------------------------------------------
+
+    def link_faults(self) -> None:
+        losses = [f for f in self.facts.links if f.kind in ("down", "downed")]
+        losses.sort(key=lambda f: f.t)
+        absorbed: set[int] = set()
+        for leaf in sorted(self.topology):
+            members = set(self.topology[leaf])
+            if len(members) < 2:
+                continue
+            mine = [f for f in losses if f.node in members]
+            burst = self._burst(mine, len(members))
+            if burst is None:
+                continue
+            b0, b1 = burst[0].t, burst[-1].t
+            hit = [f for f in mine if b0 - SWITCH_SPREAD_S <= f.t <= b1 + SWITCH_SPREAD_S]
+            nodes = sorted({f.node for f in hit})
+            related = [f for f in self.facts.links if f.node in members
+                       and b0 - SWITCH_SPREAD_S <= f.t <= b1 + 10 * SWITCH_SPREAD_S]
+            absorbed.update(id(f) for f in related)
+            ups = [f for f in related if f.kind == "up"]
+            back = f"; links back from {_when(ups[0].at)}" if ups else "; links still down"
+            clean = [other for other, nodes2 in self.topology.items() if other != leaf
+                     and not any(f.node in nodes2 and abs(f.t - b0) <= SWITCH_SPREAD_S
+                                 for f in losses)]
+            jobs = tuple(sorted({j for n in nodes for j in self.jobs_of.get(n, ())}))
+            for n in nodes:
+                self.nic_nodes.setdefault(n, []).append(b0)
+            explanation = (
+                f"{len(nodes)} of the {len(members)} nodes under {leaf} ({_names(nodes)}) lost "
+                f"their link within {max(b1 - b0, 1):.0f} s from {_when(burst[0].at)}{back}"
+                + (f", while {_names(clean)} stayed clean" if clean else "")
+                + ": the switch, not the nodes, is at fault; no node is blamed."
+            )
+            self.add(Diagnosis(SWITCH_FAILURE, tuple(nodes), 0.9, PLAYBOOK_FOR[SWITCH_FAILURE],
+                               explanation, burst[0].at, switch=leaf, jobs=jobs,
+                               evidence=tuple(_ids(related))), b0)
+        by_node: dict[str, list[LinkFact]] = defaultdict(list)
+        for f in self.facts.links:
+            if id(f) not in absorbed:
+                by_node[f.node].append(f)
+        for node in sorted(by_node):
+            self._node_link(node, by_node[node])
+
+    def _burst(self, losses: list[LinkFact], size: int) -> list[LinkFact] | None:
+        """The largest set of this leaf's nodes losing their link within SWITCH_BURST_S,
+        if it is most of the leaf."""
+        best: list[LinkFact] = []
+        best_nodes = 0
+        start = 0
+        for end in range(len(losses)):
+            while losses[end].t - losses[start].t > SWITCH_BURST_S:
+                start += 1
+            count = len({f.node for f in losses[start:end + 1]})
+            if count > best_nodes:
+                best, best_nodes = losses[start:end + 1], count
+        if best_nodes >= 2 and best_nodes > SWITCH_MAJORITY * size:
+            return best
+        return None
+
+    def _node_link(self, node: str, links: list[LinkFact]) -> None:
+        drained = self.admin_drained.get(node)
+        losses = [f for f in links if f.kind in ("down", "downed")]
+        ticks = sum(f.amount for f in links if f.kind == "recovery")
+        if drained and losses and drained[0] <= losses[0].t:
+            self.note("suppressed", f"{node}'s link went down after an administrator drained it "
+                      f"({drained[1]}): maintenance, not a fault", losses[0].at, nodes=(node,))
+            return
+        if not losses:
+            if ticks >= RECOVERY_TICKS:
+                first = next(f for f in links if f.kind == "recovery")
+                self._flap(node, links, first, 0.6,
+                           f"{node}'s link recovered from errors {ticks} times from "
+                           f"{_when(first.at)} (link_error_recovery) without going down")
+            elif ticks:
+                first = links[0]
+                self.note("symptom", f"{node}: link_error_recovery rose by {ticks} at "
+                          f"{_when(first.at)}; a single recovery is not an incident", first.at,
+                          nodes=(node,))
+            return
+        ups = [f for f in links if f.kind == "up"]
+        first = losses[0]
+        downs = sum(f.amount for f in losses if f.kind == "downed") or len(
+            [f for f in losses if f.kind == "down"])
+        how = "; ".join(dict.fromkeys(f.text for f in (losses[:2] + ups[:1])))
+        text = (f"{node}'s link went down at {_when(first.at)}" +
+                (f" and came back at {_when(ups[0].at)}" if ups else " and stayed down") +
+                f" ({downs} time(s): {how})")
+        self._flap(node, links, first, 0.9 if ups or downs > 1 else 0.8, text)
+
+    def _flap(self, node: str, links: list[LinkFact], first: LinkFact, confidence: float,
+              text: str) -> None:
+        t = first.t
+        jobs = tuple(sorted(j for j in self.jobs_of.get(node, ()) if self._job_alive(j, t)))
+        others = [leaf for leaf, members in self.topology.items() if node not in members]
+        victims, victim_ids = self.victims_text(jobs, t, {node})
+        clean = " Its leaf's other nodes show no link loss." if others else ""
+        self.nic_nodes.setdefault(node, []).append(t)
+        self.add(Diagnosis(NETWORK_FLAP, (node,), confidence, PLAYBOOK_FOR[NETWORK_FLAP],
+                           text + "." + clean + victims, first.at, jobs=jobs,
+                           evidence=tuple(_ids(links) + victim_ids)), t)
+
+    # --- 4. thermal ------------------------------------------------------------------------
+
+    def thermal_faults(self) -> None:
+        by_node: dict[str, list[tuple[ThermalRun, float, float]]] = defaultdict(list)
+        for run in self.facts.thermal_runs:
+            end = run.t_end if run.closed else max(run.t_end, self.last_t)
+            if end - run.t_start < THERMAL_SUSTAIN_S:
+                continue  # GPUs touch their thermal limit briefly all the time
+            temps = self.facts.hot.get((run.node, run.gpu), [])
+            near = [c for t, c in temps
+                    if run.t_start - THERMAL_TEMP_SLACK_S <= t <= end + THERMAL_TEMP_SLACK_S]
+            if not near:
+                continue  # held back but not hot: a power or clock setting, not heat
+            by_node[run.node].append((run, end - run.t_start, max(near)))
+        for node in sorted(by_node):
+            if node in self.gpu_nodes:
+                continue
+            runs = sorted(by_node[node], key=lambda r: r[0].t_start)
+            first = runs[0][0]
+            reasons = sorted({n for r, _, _ in runs for n in p.clock_event_reasons(r.mask)
+                              if "thermal" in n or "slowdown" in n})
+            explanation = (
+                f"{node} {_names({r.gpu for r, _, _ in runs})}: clocks held back "
+                f"({', '.join(reasons)}) for {max(d for _, d, _ in runs):.0f} s from "
+                f"{_when(first.start)} at up to {max(c for _, _, c in runs):.0f} C: sustained "
+                "thermal slowdown, not a warm GPU at full speed."
+            )
+            jobs = tuple(sorted(self.jobs_of.get(node, ())))
+            ids = [i for r, _, _ in runs for i in r.ids][:50]
+            self.gpu_nodes.setdefault(node, first.t_start)
+            self.add(Diagnosis(THERMAL, (node,), 0.85, PLAYBOOK_FOR[THERMAL], explanation,
+                               first.start, jobs=jobs, evidence=tuple(ids)), first.t_start)
+
+    # --- 5. reachability -------------------------------------------------------------------
+
+    def unreachable_nodes(self, reach: list[ReachFact]) -> None:
+        by_node: dict[str, list[ReachFact]] = defaultdict(list)
+        for r in reach:
+            by_node[r.node].append(r)
+        for node in sorted(by_node):
+            events = sorted(by_node[node], key=lambda r: r.t)
+            down = [r for r in events if not r.reachable]
+            if not down:
+                continue
+            first = down[0]
+            back = [r for r in events if r.reachable and r.source == first.source
+                    and first.t < r.t <= first.t + RECOVERED_S]
+            if back:
+                self.note("symptom", f"{node} stopped answering {first.source} at "
+                          f"{_when(first.at)} and answered again at {_when(back[0].at)}",
+                          first.at, nodes=(node,))
+                continue
+            if node in self.gpu_nodes:
+                continue  # the GPU fault is the cause; its diagnosis says so
+            if any(first.t - NIC_EXPLAINS_S <= t <= first.t + RECOVERED_S
+                   for t in self.nic_nodes.get(node, ())):
+                continue
+            drained = self.admin_drained.get(node)
+            if drained and drained[0] <= first.t:
+                self.note("suppressed", f"{node} stopped answering after an administrator "
+                          f"drained it ({drained[1]})", first.at, nodes=(node,))
+                continue
+            sources = sorted({r.source for r in down})
+            t = first.t
+            jobs = tuple(sorted(j for j in self.jobs_of.get(node, ()) if self._job_alive(j, t)))
+            victims, victim_ids = self.victims_text(jobs, t, {node})
+            said = "; ".join(dict.fromkeys(r.text for r in down[:3]))
+            explanation = (f"{node} stopped answering at {_when(first.at)} ({said}) and shows no "
+                           f"GPU or NIC fault of its own." + victims)
+            self.add(Diagnosis(NODE_UNREACHABLE, (node,), 0.85 if len(sources) > 1 else 0.75,
+                               PLAYBOOK_FOR[NODE_UNREACHABLE], explanation, first.at, jobs=jobs,
+                               evidence=tuple(_ids(down) + victim_ids)), t)
+
+    # --- 6. jobs ---------------------------------------------------------------------------
+
+    def job_failures(self) -> None:
+        per_job: dict[str, list[JobFact]] = defaultdict(list)
+        for f in self.facts.job_lines:
+            if f.job:
+                per_job[f.job].append(f)
+        app_xid_jobs = getattr(self, "app_xid_jobs", {})
+        for job in sorted(set(per_job) | set(app_xid_jobs)):
+            lines = per_job.get(job, [])
+            xids = app_xid_jobs.get(job, [])
+            span = self.facts.job_spans.get(job)
+            if span is not None and span.state in ("COMPLETED", "CANCELLED", "PREEMPTED",
+                                                   "TIMEOUT") and not xids:
+                continue  # it ended the way jobs end; its last words are not a fault
+            failures = [f for f in lines if f.kind not in p.SYMPTOMS]
+            strong = [f for f in failures if f.kind in p.APP_STRONG]
+            symptoms = [f for f in lines if f.kind in p.SYMPTOMS]
+            nodes = self.job_nodes.get(job, set())
+            touching = [c for c in self.causes
+                        if c.diagnosis.root_cause != APPLICATION_ERROR
+                        and (c.nodes & nodes or job in c.diagnosis.jobs)]
+            if not failures and not xids:
+                if symptoms and not touching:
+                    self.note("symptom", f"job {job}: {len(symptoms)} NCCL/network error line(s) "
+                              f"from {_when(symptoms[0].at)} with no fault found behind them",
+                              symptoms[0].at, job=job)
+                continue
+            first_own = min((f.t for f in strong), default=None)
+            first_xid = min((f.t for f in xids), default=None)
+            own = min((t for t in (first_own, first_xid) if t is not None), default=None)
+            if touching:
+                fault_t = min(c.t for c in touching)
+                if own is None or own >= fault_t - APP_BEFORE_FAULT_S:
+                    continue  # the job died of the fault above, not of its own bug
+            self._application_error(job, failures, strong, xids, symptoms)
+
+    def _application_error(self, job: str, failures: list[JobFact], strong: list[JobFact],
+                           xids: list[XidFact], symptoms: list[JobFact]) -> None:
+        parts = []
+        ids: list[int] = []
+        if xids:
+            gpus = {f"{f.node} {f.gpu}" for f in xids}
+            codes = sorted({f.code for f in xids})
+            names = [f"{c} ({x.XID_TABLE[c].meaning})" for c in codes]
+            scope = (" on every GPU reported" if len(gpus) > 1 else "")
+            parts.append(f"application XID {', '.join(names)} on {_names(gpus, 4)}{scope}")
+            ids += _ids(xids)
+        if strong:
+            parts.append(f"'{strong[0].text.strip()[:120]}' at {_when(strong[0].at)}")
+        elif failures:
+            parts.append(f"{failures[0].text.strip()[:120]} at {_when(failures[0].at)}")
+        ids += _ids(failures)
+        confidence = 0.9 if (strong or xids) else (0.6 if symptoms else 0.75)
+        first = min([f.at for f in failures] + [f.at for f in xids])
+        user = self.job_user.get(job)
+        explanation = (f"Job {job}" + (f" ({user})" if user else "") + " failed in its own "
+                       "code: " + "; ".join(parts) + ". No GPU, link or node fault explains it, "
+                       "so no node is blamed; its owner is told.")
+        self.diagnoses.append(Diagnosis(
+            APPLICATION_ERROR, (), confidence, PLAYBOOK_FOR[APPLICATION_ERROR], explanation,
+            first, job=job, jobs=(job,), evidence=tuple(ids)))
+
+
+def run(facts: Facts, topology: Mapping[str, Sequence[str]],
+        jobs: Sequence[JobInfo]) -> tuple[list[Diagnosis], list[Note]]:
+    engine = Engine(facts, topology, jobs)
+    reach = engine.source_outages()
+    engine.gpu_faults()
+    engine.link_faults()
+    engine.thermal_faults()
+    engine.unreachable_nodes(reach)
+    engine.job_failures()
+    for at, node, reason in facts.admin_drains:
+        engine.note("suppressed", f"{node} drained by an administrator ({reason}): not a fault",
+                    at, nodes=(node,))
+    return engine.diagnoses, engine.notes

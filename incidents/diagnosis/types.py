@@ -2,25 +2,50 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
+from typing import Any
+
+_NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Observation:
-    """A normalized signal as diagnosis sees it (a Signal row, or a replay file entry)."""
+    """One raw signal as a source reported it, in the replay format's terms.
+
+    The live pipeline builds these from Signal rows, replay files from their ``signals``:
+    both carry the same fields, so both reach the same verdicts. ``metric`` is the dcgm-exporter
+    field or the NIC counter name and ``value`` its reading; everything else a source says
+    (``node_state``, ``condition``, ``job_state``, ``state``, ...) is in ``fields``.
+    """
 
     at: datetime
     source: str
-    kind: str
     node: str = ""
     gpu: int | None = None
     job: str = ""
-    code: int | None = None
-    value: str = ""
+    metric: str = ""
+    value: float | None = None
     message: str = ""
+    fields: Mapping[str, Any] = field(default_factory=lambda: _NO_FIELDS, compare=False,
+                                      hash=False)
     id: int | None = None
-    data: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], at: datetime,
+                    id: int | None = None) -> Observation:
+        source = str(record.get("source", ""))
+        metric = record.get("metric") or record.get("counter") or ""
+        raw_value = record.get("value")
+        value = float(raw_value) if isinstance(raw_value, int | float) and not isinstance(
+            raw_value, bool) else None
+        gpu = record.get("gpu")
+        return cls(at=at, source=source, node=str(record.get("node") or ""),
+                   gpu=gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None,
+                   job=str(record.get("job") or ""), metric=str(metric), value=value,
+                   message=str(record.get("message") or ""), fields=record, id=id)
 
 
 @dataclass(frozen=True)
@@ -48,3 +73,26 @@ class Diagnosis:
         """What is blamed, for dedupe: the same fault seen twice is one incident."""
         target = self.switch or self.job or ",".join(sorted(self.nodes))
         return f"{self.root_cause}:{target}"
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something diagnosis saw and deliberately did not turn into an incident.
+
+    ``kind`` is ``source_outage`` (a collector down, or one source alone claiming the whole
+    fleet changed), ``symptom`` (errors with no fault behind them in the window) or
+    ``suppressed`` (evidence that could not be trusted). Shown, never acted on.
+    """
+
+    kind: str
+    text: str
+    at: datetime
+    source: str = ""
+    nodes: tuple[str, ...] = ()
+    job: str | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    diagnoses: list[Diagnosis]
+    notes: list[Note]

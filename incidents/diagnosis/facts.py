@@ -1,0 +1,366 @@
+"""One pass over a window's observations: raw signals in, the facts rules reason about out.
+
+This is where gauges and counters are read correctly. dcgm-exporter's XID field is the value
+of the *last* XID, so only a change is a new XID; NIC counters are running totals, so only a
+rise is an event (the first reading is the baseline, whatever its value); a port that reads
+DOWN is one event, not one per scrape. Everything downstream sees events, not samples.
+
+The pass is linear in the number of observations and keeps telemetry cheap: a utilisation
+sample is skipped at once, a temperature is kept only if it is hot, a clock-event sample only
+while it shows or ends a thermal slowdown. That is what lets one cycle cover 100,000 GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from incidents.diagnosis import parsers as p
+from incidents.diagnosis.types import Observation
+
+# A GPU this hot while its clocks are held back for thermal reasons is overheating; a GPU this
+# hot at full clocks is only warm. Data-centre GPUs slow down at about 85-90 C (H100: 87 C).
+HOT_C = 80.0
+
+XID_GAUGE = "DCGM_FI_DEV_XID_ERRORS"
+CLOCK_REASONS = ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
+TEMPERATURES = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP")
+ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
+# Running totals whose rise means an uncorrectable memory error happened.
+MEMORY_COUNTERS = ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+                   "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS")
+LINK_DOWNED = "link_downed"
+LINK_RECOVERY = "link_error_recovery"
+PORT_DOWN = frozenset({"DOWN", "POLLING", "DISABLED"})
+PORT_UP = frozenset({"ACTIVE", "LINKUP", "ACTIVE_DEFER"})
+TERMINAL_JOB_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL",
+                                 "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
+NODE_LOST_JOB_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
+# Collector names as they appear in collector signals -> the sources they read.
+COLLECTOR_SOURCES = {
+    "slurm": ("slurm",), "slurmctld": ("slurm",), "slurmrestd": ("slurm",),
+    "kubernetes": ("kubernetes",), "k8s": ("kubernetes",),
+    "dcgm": ("dcgm",), "prometheus": ("dcgm",), "telemetry": ("dcgm",),
+    "agent": ("kernel", "nic"), "node_agent": ("kernel", "nic"), "nvml": ("kernel", "nic"),
+    "kernel": ("kernel",), "nic": ("nic",),
+}
+
+
+@dataclass(slots=True)
+class XidFact:
+    at: datetime
+    t: float
+    node: str
+    gpu: str  # "GPU 5" (dcgm index) or "PCI 0000:9b:00" (kernel line)
+    code: int
+    text: str
+    source: str
+    id: int | None
+    recovery_action: int | None = None
+
+
+@dataclass(slots=True)
+class LinkFact:
+    at: datetime
+    t: float
+    node: str
+    port: str
+    kind: str  # down, up, downed (link_downed rose), recovery (link_error_recovery rose)
+    amount: int
+    text: str
+    id: int | None
+
+
+@dataclass(slots=True)
+class ReachFact:
+    at: datetime
+    t: float
+    node: str
+    source: str
+    reachable: bool
+    text: str
+    id: int | None
+
+
+@dataclass(slots=True)
+class JobFact:
+    at: datetime
+    t: float
+    job: str
+    node: str
+    kind: str  # a parsers.NCCL_* symptom or a parsers.APP_* failure
+    text: str
+    id: int | None
+
+
+@dataclass(slots=True)
+class MemFact:
+    at: datetime
+    t: float
+    node: str
+    gpu: str
+    text: str
+    id: int | None
+
+
+@dataclass(slots=True)
+class CollectorFact:
+    at: datetime
+    t: float
+    name: str
+    healthy: bool
+    error: str
+    id: int | None
+
+
+@dataclass(slots=True)
+class ThermalRun:
+    """A stretch of samples in which one GPU's clocks were held back for thermal reasons."""
+
+    node: str
+    gpu: str
+    start: datetime
+    t_start: float
+    t_end: float
+    mask: int
+    closed: bool = False
+    ids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class JobSpan:
+    first_running: float | None = None
+    ended: float | None = None
+    state: str = ""
+
+
+@dataclass(slots=True)
+class Facts:
+    xids: list[XidFact] = field(default_factory=list)
+    links: list[LinkFact] = field(default_factory=list)
+    reach: list[ReachFact] = field(default_factory=list)
+    job_lines: list[JobFact] = field(default_factory=list)
+    memory: list[MemFact] = field(default_factory=list)
+    collectors: list[CollectorFact] = field(default_factory=list)
+    thermal_runs: list[ThermalRun] = field(default_factory=list)
+    hot: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
+    job_spans: dict[str, JobSpan] = field(default_factory=dict)
+    job_nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    admin_drains: list[tuple[datetime, str, str]] = field(default_factory=list)
+    nodes_seen: set[str] = field(default_factory=set)
+    first: datetime | None = None
+    last: datetime | None = None
+
+
+def _nodes(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        if "[" in value:
+            import hostlist  # python-hostlist, Slurm's own hostlist syntax
+
+            return tuple(hostlist.expand_hostlist(value))
+        return tuple(n for n in value.replace(" ", ",").split(",") if n)
+    if isinstance(value, list | tuple):
+        return tuple(str(n) for n in value)
+    return ()
+
+
+def _port_state(value: Any) -> str:
+    # sysfs prints "4: ACTIVE"; the replay format and the NIC collector say "ACTIVE".
+    return str(value).rpartition(":")[2].strip().upper().replace(" ", "_")
+
+
+def extract(observations: Sequence[Observation]) -> Facts:
+    """Read a time-ordered window once. Observations need not have ids."""
+    facts = Facts()
+    if not observations:
+        return facts
+    facts.first, facts.last = observations[0].at, observations[-1].at
+    seen = facts.nodes_seen
+    xid_last: dict[tuple[str, int], int] = {}
+    gauges: dict[tuple[str, int, str], float] = {}
+    counters: dict[tuple[str, str, str], float] = {}
+    ports: dict[tuple[str, str], str] = {}
+    runs: dict[tuple[str, int], ThermalRun] = {}
+    hot = facts.hot
+
+    for obs in observations:
+        source, node = obs.source, obs.node
+        if node:
+            seen.add(node)
+        if source == "dcgm":
+            metric, value = obs.metric, obs.value
+            if value is None:
+                continue
+            gpu = obs.gpu if obs.gpu is not None else -1
+            if metric == XID_GAUGE:
+                code = int(value)
+                key = (node, gpu)
+                if code != xid_last.get(key, 0):
+                    xid_last[key] = code
+                    if code:
+                        facts.xids.append(XidFact(
+                            obs.at, obs.at.timestamp(), node, f"GPU {gpu}", code,
+                            f"{XID_GAUGE}={code} on {node} GPU {gpu}", "dcgm", obs.id))
+            elif metric in CLOCK_REASONS:
+                mask = int(value)
+                key = (node, gpu)
+                run = runs.get(key)
+                if mask & p.THERMAL_BITS or (mask & p.HW_SLOWDOWN and run is not None):
+                    t = obs.at.timestamp()
+                    if run is None:
+                        run = runs[key] = ThermalRun(node, f"GPU {gpu}", obs.at, t, t, mask)
+                        facts.thermal_runs.append(run)
+                    run.t_end, run.mask = t, run.mask | mask
+                    if obs.id is not None:
+                        run.ids.append(obs.id)
+                elif run is not None:
+                    run.t_end, run.closed = obs.at.timestamp(), True
+                    del runs[key]
+            elif metric in TEMPERATURES:
+                if value >= HOT_C:
+                    hot.setdefault((node, f"GPU {gpu}"), []).append((obs.at.timestamp(), value))
+            elif metric == ROW_REMAP_FAILURE or metric in MEMORY_COUNTERS:
+                key3 = (node, gpu, metric)
+                previous = gauges.get(key3)
+                gauges[key3] = value
+                if metric == ROW_REMAP_FAILURE:  # a flag: 0 -> 1 (or first seen at 1)
+                    rose = value > 0 and not previous
+                else:  # a running total: the first reading is the baseline
+                    rose = previous is not None and value > previous
+                if rose:
+                    facts.memory.append(MemFact(obs.at, obs.at.timestamp(), node, f"GPU {gpu}",
+                                                f"{metric}={value:g} on {node} GPU {gpu}", obs.id))
+            continue
+        if source == "kernel":
+            parsed = p.parse_kernel(obs.message)
+            if isinstance(parsed, p.KernelXid):
+                facts.xids.append(XidFact(obs.at, obs.at.timestamp(), node, f"PCI {parsed.pci}",
+                                          parsed.code, obs.message, "kernel", obs.id,
+                                          parsed.recovery_action))
+            elif isinstance(parsed, p.NetdevLink):
+                facts.links.append(LinkFact(
+                    obs.at, obs.at.timestamp(), node, parsed.device, "up" if parsed.up else "down",
+                    1, obs.message, obs.id))
+            continue
+        if source == "nic":
+            _nic(obs, facts, counters, ports)
+            continue
+        if source == "job_log":
+            line = p.parse_job_line(obs.message)
+            if line is not None:
+                facts.job_lines.append(JobFact(obs.at, obs.at.timestamp(), obs.job, node,
+                                               line.kind, obs.message, obs.id))
+            continue
+        if source == "slurm":
+            _slurm(obs, facts)
+            continue
+        if source == "kubernetes":
+            _kubernetes(obs, facts)
+            continue
+        if source == "collector":
+            f = obs.fields
+            healthy = f.get("healthy")
+            if isinstance(healthy, str):
+                healthy = healthy.strip().lower() in ("true", "1", "yes")
+            facts.collectors.append(CollectorFact(
+                obs.at, obs.at.timestamp(), str(f.get("name") or ""), bool(healthy),
+                str(f.get("error") or ""), obs.id))
+    return facts
+
+
+def _nic(obs: Observation, facts: Facts, counters: dict[tuple[str, str, str], float],
+         ports: dict[tuple[str, str], str]) -> None:
+    f = obs.fields
+    port = f"{f.get('device', '')}/{f.get('port', '')}"
+    if "state" in f:
+        state = _port_state(f["state"])
+        previous = ports.get((obs.node, port))
+        ports[(obs.node, port)] = state
+        if state in PORT_DOWN and previous not in PORT_DOWN:
+            facts.links.append(LinkFact(obs.at, obs.at.timestamp(), obs.node, port, "down", 1,
+                                        f"{port} state {previous or '?'} -> {state}", obs.id))
+        elif state in PORT_UP and previous in PORT_DOWN:
+            facts.links.append(LinkFact(obs.at, obs.at.timestamp(), obs.node, port, "up", 1,
+                                        f"{port} state {previous} -> {state}", obs.id))
+        return
+    if obs.value is None or obs.metric not in (LINK_DOWNED, LINK_RECOVERY):
+        return
+    key = (obs.node, port, obs.metric)
+    previous_total = counters.get(key)
+    counters[key] = obs.value
+    if previous_total is None or obs.value <= previous_total:
+        return  # the first reading is a baseline; a drop is a counter reset
+    kind = "downed" if obs.metric == LINK_DOWNED else "recovery"
+    facts.links.append(LinkFact(
+        obs.at, obs.at.timestamp(), obs.node, port, kind, int(obs.value - previous_total),
+        f"{port} {obs.metric} {previous_total:g} -> {obs.value:g}", obs.id))
+
+
+def _slurm(obs: Observation, facts: Facts) -> None:
+    f = obs.fields
+    if obs.job:
+        state = p.slurm_job_state(f.get("job_state"))
+        nodes = _nodes(f.get("nodes")) or facts.job_nodes.get(obs.job, ())
+        if nodes:
+            facts.job_nodes[obs.job] = nodes
+            facts.nodes_seen.update(nodes)
+        t = obs.at.timestamp()
+        span = facts.job_spans.setdefault(obs.job, JobSpan())
+        span.state = state
+        if state == "RUNNING" and span.first_running is None:
+            span.first_running = t
+        if state in TERMINAL_JOB_STATES:
+            span.ended = t
+        reason = str(f.get("state_reason") or "")
+        if state in NODE_LOST_JOB_STATES:
+            # A symptom: the record lists the job's nodes, and one of them (or none, if a
+            # switch died) failed. The node-level evidence says which.
+            facts.job_lines.append(JobFact(obs.at, t, obs.job, "", p.JOB_NODE_FAIL,
+                                           f"job {obs.job} {state}", obs.id))
+        elif state == "OUT_OF_MEMORY":
+            facts.job_lines.append(JobFact(obs.at, t, obs.job, "", p.APP_OOM,
+                                           f"job {obs.job} OUT_OF_MEMORY", obs.id))
+        elif state == "FAILED":
+            code = p.slurm_exit_code(f.get("exit_code"))
+            if code is None or code.failed:
+                shown = f"exit code {code.return_code}" if code else reason or "no exit code"
+                facts.job_lines.append(JobFact(obs.at, t, obs.job, "", p.APP_EXIT,
+                                               f"job {obs.job} FAILED ({shown})", obs.id))
+        return
+    if not obs.node:
+        return
+    tokens = p.slurm_node_state(f.get("node_state", f.get("state")))
+    tokens |= p.slurm_node_state(f.get("state_flags"))
+    reason = str(f.get("reason") or "")
+    t = obs.at.timestamp()
+    shown = "+".join(sorted(tokens))
+    if p.NOT_RESPONDING in tokens or ("DOWN" in tokens and reason.lower().startswith(
+            "not responding")):
+        facts.reach.append(ReachFact(obs.at, t, obs.node, "slurm", False,
+                                     f"Slurm: {obs.node} {shown} ({reason or 'no reason'})", obs.id))
+        return
+    if tokens & {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL"}:
+        if reason and not reason.startswith("fleetwatch:"):
+            facts.admin_drains.append((obs.at, obs.node, reason))
+        return
+    if tokens & {"IDLE", "ALLOCATED", "MIXED", "COMPLETING"}:
+        facts.reach.append(ReachFact(obs.at, t, obs.node, "slurm", True,
+                                     f"Slurm: {obs.node} {shown}", obs.id))
+
+
+def _kubernetes(obs: Observation, facts: Facts) -> None:
+    f = obs.fields
+    t = obs.at.timestamp()
+    ready = p.k8s_ready(f.get("condition"), f.get("status"))
+    if ready is not None:
+        facts.reach.append(ReachFact(
+            obs.at, t, obs.node, "kubernetes", ready,
+            f"Kubernetes: {obs.node} Ready={f.get('status')} ({f.get('reason', '')})", obs.id))
+        return
+    reason = str(f.get("event_reason") or f.get("reason") or "")
+    if reason in p.UNREACHABLE_EVENTS or reason in p.REACHABLE_EVENTS:
+        facts.reach.append(ReachFact(
+            obs.at, t, obs.node, "kubernetes", reason in p.REACHABLE_EVENTS,
+            f"Kubernetes event {reason} on {obs.node}: {obs.message}".rstrip(": "), obs.id))

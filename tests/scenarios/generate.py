@@ -1,0 +1,817 @@
+"""Write the public scenario suite: ``python tests/scenarios/generate.py``.
+
+Each scenario is a replay file (``fleetwatch-replay/1``, see ../shared/REPLAY.md) with a fault,
+the symptoms a naive rule would blame on healthy nodes (NCCL timeouts on the other ranks, jobs
+dying, nodes going NotReady under a dead switch), and background noise: GPU temperature and
+utilisation scrapes, NIC counters with non-zero baselines, Kubernetes heartbeats, Slurm node
+records. Seeds are fixed, so the files are reproducible; ``test_scenarios`` checks they match.
+The ``example-*`` files are copies of ../shared/scenarios and are not generated here.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+XID79 = "NVRM: Xid (PCI:0000:{bus}:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+WATCHDOG = ("[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, "
+            "OpType=ALLREDUCE, NumelIn=262144, NumelOut=262144, Timeout(ms)=600000) ran for "
+            "600{ms:03d} milliseconds before timing out.")
+IB_ERR = ("NET/IB : Got completion from peer 10.0.{a}.{b}<{port}> with error 12, opcode 0, len 0, "
+          "vendor err 129 (Recv) localGid ::ffff:10.0.{c}.{d} remoteGids ::ffff:10.0.{a}.{b}")
+IB_STATUS = ("NET/IB : Got completion from peer 10.0.{a}.{b}<{port}> with status=12 opcode=0 "
+             "len=0 vendor err 129 (Recv)")
+IB_STATUS_NAME = ("NET/IB : Got completion from peer 10.0.{a}.{b}<{port}> with "
+                  "status=IBV_WC_RETRY_EXC_ERR(12) opcode=0 len=0 vendor err 129 (Recv)")
+REMOTE = ("[Rank {rank}] NCCL WARN NET/IB : remote process exited or there was a network error "
+          "(ncclRemoteError)")
+
+
+class Scenario:
+    def __init__(self, name: str, description: str, *, seed: int, leaves: int = 2,
+                 per_leaf: int = 4, prefix: str = "gpu", minutes: int = 10) -> None:
+        self.name, self.description = name, description
+        self.rng = random.Random(seed)
+        self.start = datetime(2026, 11, 1 + seed % 27, 9 + seed % 10, 0, tzinfo=UTC)
+        self.minutes = minutes
+        width = 3 if prefix.endswith("-") else 4
+        base = self.rng.randrange(1, 400)
+        names = [f"{prefix}{base + i:0{width}d}" for i in range(leaves * per_leaf)]
+        letters = "abcdefgh"
+        self.topology = {f"leaf-{letters[i]}{self.rng.randrange(1, 9)}":
+                         names[i * per_leaf:(i + 1) * per_leaf] for i in range(leaves)}
+        self.nodes = names
+        self.jobs: list[dict[str, Any]] = []
+        self.signals: list[tuple[float, int, dict[str, Any]]] = []
+        self.expect: list[dict[str, Any]] = []
+        self._seq = 0
+        self.recovery_baseline: dict[str, int] = {}
+
+    # --- raw signals -----------------------------------------------------------------------
+
+    def add(self, t: float, source: str, **fields: Any) -> Scenario:
+        self._seq += 1
+        self.signals.append((t, self._seq, {"source": source, **fields}))
+        return self
+
+    def kernel(self, t: float, node: str, message: str) -> Scenario:
+        return self.add(t, "kernel", node=node, message=message)
+
+    def dcgm(self, t: float, node: str, gpu: int, metric: str, value: float) -> Scenario:
+        return self.add(t, "dcgm", node=node, gpu=gpu, metric=metric, value=value)
+
+    def nic_state(self, t: float, node: str, state: str, device: str = "mlx5_0") -> Scenario:
+        return self.add(t, "nic", node=node, device=device, port=1, state=state)
+
+    def nic_counter(self, t: float, node: str, counter: str, value: int,
+                    device: str = "mlx5_0") -> Scenario:
+        return self.add(t, "nic", node=node, device=device, port=1, counter=counter, value=value)
+
+    def slurm_node(self, t: float, node: str, state: Any, reason: str = "") -> Scenario:
+        fields: dict[str, Any] = {"node": node, "node_state": state}
+        if reason:
+            fields["reason"] = reason
+        return self.add(t, "slurm", **fields)
+
+    def slurm_job(self, t: float, job: str, state: Any, nodes: Iterable[str],
+                  **extra: Any) -> Scenario:
+        return self.add(t, "slurm", job=job, job_state=state, nodes=list(nodes), **extra)
+
+    def k8s_condition(self, t: float, node: str, status: str, reason: str) -> Scenario:
+        return self.add(t, "kubernetes", node=node, condition="Ready", status=status,
+                        reason=reason)
+
+    def k8s_event(self, t: float, node: str, reason: str, message: str) -> Scenario:
+        return self.add(t, "kubernetes", node=node, event_reason=reason, message=message)
+
+    def log(self, t: float, job: str, node: str, message: str) -> Scenario:
+        return self.add(t, "job_log", job=job, node=node, message=message)
+
+    def collector(self, t: float, name: str, healthy: bool, error: str = "") -> Scenario:
+        fields: dict[str, Any] = {"name": name, "healthy": healthy}
+        if error:
+            fields["error"] = error
+        return self.add(t, "collector", **fields)
+
+    # --- building blocks -------------------------------------------------------------------
+
+    def job(self, job_id: str, user: str, nodes: list[str], started: float | None = -600) -> str:
+        self.jobs.append({"id": job_id, "user": user, "nodes": nodes})
+        if started is not None and started >= 0:
+            self.slurm_job(started, job_id, "RUNNING", nodes)
+        return job_id
+
+    def noise(self, *, hot: dict[str, float] | None = None, idle_after: dict[str, float]
+              | None = None) -> Scenario:
+        """What a healthy fleet says all the time."""
+        rng, span = self.rng, self.minutes * 60
+        for node in self.nodes:
+            for gpu in rng.sample(range(8), 1):
+                t = rng.uniform(0, 15)
+                while t < span:
+                    idle = idle_after and node in idle_after and t > idle_after[node]
+                    temp = (hot or {}).get(node) or rng.uniform(48, 74)
+                    self.dcgm(t, node, gpu, "DCGM_FI_DEV_GPU_TEMP", round(temp))
+                    self.dcgm(t + 0.2, node, gpu, "DCGM_FI_DEV_GPU_UTIL",
+                              0 if idle else rng.randrange(86, 101))
+                    t += rng.choice((30, 45))
+            baseline = rng.choice((0, 0, 0, 1, 2, 5))
+            for t in (rng.uniform(0, 30), rng.uniform(span / 2, span / 2 + 30)):
+                self.nic_counter(t, node, "link_downed", baseline)
+            self.recovery_baseline[node] = rng.choice((0, 3, 11))
+            self.nic_counter(rng.uniform(0, 30), node, "link_error_recovery",
+                             self.recovery_baseline[node])
+            # Kubernetes reports condition transitions; a fresh watch lists each node once.
+            self.k8s_condition(rng.uniform(0, 40), node, "True", "KubeletReady")
+        for node in rng.sample(self.nodes, min(3, len(self.nodes))):
+            self.slurm_node(rng.uniform(0, 60), node, ["ALLOCATED"])
+        return self
+
+    def peers_time_out(self, t: float, job: str, culprit: str | None, *,
+                       style: str = "watchdog") -> Scenario:
+        """The other ranks of a job notice a peer is gone: the symptoms, not the fault."""
+        nodes = next(j["nodes"] for j in self.jobs if j["id"] == job)
+        seq = self.rng.randrange(1000, 90000)
+        for i, node in enumerate(nodes):
+            if node == culprit:
+                continue
+            rank = i * 8
+            a, b = self.rng.randrange(1, 9), self.rng.randrange(2, 250)
+            when = t + self.rng.uniform(0, 3)
+            if style == "watchdog":
+                self.log(when, job, node, WATCHDOG.format(rank=rank, seq=seq,
+                                                          ms=self.rng.randrange(999)))
+            elif style == "ib":
+                tpl = self.rng.choice((IB_ERR, IB_STATUS, IB_STATUS_NAME))
+                self.log(when, job, node, tpl.format(a=a, b=b, c=a, d=b + 1,
+                                                     port=self.rng.randrange(30000, 60000)))
+            else:
+                self.log(when, job, node, REMOTE.format(rank=rank))
+        return self
+
+    def job_dies(self, t: float, job: str, state: str = "FAILED", **extra: Any) -> Scenario:
+        nodes = next(j["nodes"] for j in self.jobs if j["id"] == job)
+        return self.slurm_job(t, job, state, nodes, **extra)
+
+    def expects(self, root_cause: str, nodes: Iterable[str] = (), *, switch: str | None = None,
+                job: str | None = None) -> Scenario:
+        item: dict[str, Any] = {"root_cause": root_cause, "nodes": sorted(nodes)}
+        if switch:
+            item["switch"] = switch
+        if job:
+            item["job"] = job
+        self.expect.append(item)
+        return self
+
+    def leaf(self, index: int) -> tuple[str, list[str]]:
+        name = list(self.topology)[index]
+        return name, self.topology[name]
+
+    def document(self) -> dict[str, Any]:
+        signals = []
+        for t, _, fields in sorted(self.signals, key=lambda s: (s[0], s[1])):
+            at = self.start + timedelta(seconds=round(t, 3))
+            signals.append({"at": at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                            **fields})
+        return {"format": "fleetwatch-replay/1", "name": self.name,
+                "description": self.description, "topology": self.topology, "jobs": self.jobs,
+                "signals": signals, "expect": self.expect}
+
+
+SCENARIOS: list[Callable[[], Scenario]] = []
+
+
+def scenario(fn: Callable[[], Scenario]) -> Callable[[], Scenario]:
+    SCENARIOS.append(fn)
+    return fn
+
+
+def _xid(code: int, bus: str, text: str, pid: str = "'<unknown>'", name: str = "<unknown>") -> str:
+    return f"NVRM: Xid (PCI:0000:{bus}:00): {code}, pid={pid}, name={name}, {text}"
+
+
+# --- rule 1: hardware XIDs blame the node that logged them ----------------------------------
+
+
+@scenario
+def xid79_kernel_peers_time_out() -> Scenario:
+    s = Scenario("xid79-kernel-peers-time-out", "XID 79 in one node's kernel log; the job's "
+                 "seven other ranks time out in NCCL ten minutes later and Slurm marks the job "
+                 "NODE_FAIL. Only the XID node is at fault.", seed=1, per_leaf=4)
+    j = s.job("71001", "alice", s.nodes[:8])
+    s.noise().kernel(120, s.nodes[5], XID79.format(bus="9b"))
+    s.peers_time_out(720, j, s.nodes[5]).job_dies(740, j, "NODE_FAIL", state_reason="NodeDown")
+    return s.expects("gpu_hardware", [s.nodes[5]])
+
+
+@scenario
+def xid79_dcgm_gauge_repeats() -> Scenario:
+    s = Scenario("xid79-dcgm-gauge-repeats", "DCGM_FI_DEV_XID_ERRORS reads 79 on every scrape "
+                 "after the fault (it is the last XID, not a count); the peers print IB "
+                 "completion errors. One fault on one node.", seed=2, prefix="dgx-a-")
+    j = s.job("88213", "bob", s.nodes[1:5])
+    s.noise()
+    for k in range(12):
+        s.dcgm(60 + 15 * k, s.nodes[2], 3, "DCGM_FI_DEV_XID_ERRORS", 0 if k < 2 else 79)
+    s.peers_time_out(200, j, s.nodes[2], style="ib")
+    return s.expects("gpu_hardware", [s.nodes[2]])
+
+
+@scenario
+def xid62_peers_remote_error() -> Scenario:
+    s = Scenario("xid62-peers-remote-error", "XID 62 (micro-controller halt); the other ranks "
+                 "report 'remote process exited or there was a network error'.", seed=3)
+    j = s.job("5521", "carol", s.nodes[:4])
+    s.noise().kernel(90, s.nodes[0], _xid(62, "1b", "Internal micro-controller halt"))
+    s.peers_time_out(150, j, s.nodes[0], style="remote")
+    return s.expects("gpu_hardware", [s.nodes[0]])
+
+
+@scenario
+def xid143_init_failure() -> Scenario:
+    s = Scenario("xid143-gpu-init-failure", "A GPU fails to initialize (XID 143) on one node; "
+                 "its Kubernetes node stays Ready.", seed=4, leaves=3, per_leaf=3)
+    s.noise().kernel(200, s.nodes[7], _xid(143, "c3", "GPU Initialization Failure"))
+    return s.expects("gpu_hardware", [s.nodes[7]])
+
+
+@scenario
+def xid119_repeated() -> Scenario:
+    s = Scenario("xid119-gsp-timeouts-repeat", "GSP RPC timeouts (XID 119) three times on one "
+                 "GPU: the GPU is failing. The job's peers time out.", seed=5)
+    j = s.job("612", "dan", s.nodes[4:8])
+    s.noise()
+    for t in (60, 180, 300):
+        s.kernel(t, s.nodes[6], _xid(119, "4e", "Timeout after 6s of waiting for RPC response "
+                                     "from GPU0 GSP!", pid="2231", name="python"))
+    s.peers_time_out(320, j, s.nodes[6])
+    return s.expects("gpu_hardware", [s.nodes[6]])
+
+
+@scenario
+def xid119_once() -> Scenario:
+    s = Scenario("xid119-once-recovers", "One GSP RPC timeout (XID 119) that the driver recovers "
+                 "from; the job keeps running. Not an incident.", seed=6)
+    s.job("613", "dan", s.nodes[:4])
+    s.noise().kernel(240, s.nodes[1], _xid(119, "4e", "Timeout after 6s of waiting for RPC "
+                                           "response from GPU2 GSP!", pid="991", name="python"))
+    return s
+
+
+@scenario
+def xid154_reboot_required() -> Scenario:
+    s = Scenario("xid154-node-reboot-required", "XID 154: the driver now asks for a node "
+                 "reboot. The node is at fault.", seed=7, prefix="h100-rc-")
+    j = s.job("90001", "erin", s.nodes[2:6])
+    s.noise().kernel(300, s.nodes[3], _xid(154, "3b", "GPU recovery action changed from 0x0 "
+                                           "(None) to 0x2 (Node Reboot Required)"))
+    s.peers_time_out(420, j, s.nodes[3])
+    return s.expects("gpu_hardware", [s.nodes[3]])
+
+
+@scenario
+def xid154_back_to_none() -> Scenario:
+    s = Scenario("xid154-recovered-to-none", "XID 154 saying the recovery action went back to "
+                 "None after a GPU reset that an operator did: nothing to do.", seed=8)
+    s.noise().kernel(100, s.nodes[2], _xid(154, "3b", "GPU recovery action changed from 0x1 "
+                                           "(GPU Reset Required) to 0x0 (None)"))
+    return s
+
+
+@scenario
+def xid79_then_unreachable() -> Scenario:
+    s = Scenario("xid79-then-node-not-ready", "XID 79, then the node stops answering Kubernetes "
+                 "and Slurm. The GPU fault is the cause, not an unreachable node.", seed=9)
+    j = s.job("7702", "frank", s.nodes[:6])
+    n = s.nodes[4]
+    s.noise().kernel(60, n, XID79.format(bus="ab"))
+    s.k8s_condition(110, n, "Unknown", "NodeStatusUnknown")
+    s.k8s_event(111, n, "NodeNotReady", f"Node {n} status is now: NodeNotReady")
+    s.slurm_node(130, n, ["DOWN", "NOT_RESPONDING"], "Not responding")
+    s.peers_time_out(200, j, n).job_dies(230, j, "NODE_FAIL")
+    return s.expects("gpu_hardware", [n])
+
+
+# --- rule 2: memory and NVLink XIDs ------------------------------------------------------
+
+
+@scenario
+def xid48_then_45() -> Scenario:
+    s = Scenario("xid48-dbe-then-xid45", "A double-bit ECC error (XID 48), then XID 45 "
+                 "(preemptive cleanup) on the same GPU; the peers time out.", seed=10)
+    j = s.job("3100", "gina", s.nodes[:4])
+    n = s.nodes[1]
+    s.noise().kernel(100, n, _xid(48, "3b", "An uncorrectable double bit error (DBE) has been "
+                                  "detected on GPU in the framebuffer at partition 1, subpartition "
+                                  "0.", pid="1234", name="python3"))
+    s.kernel(101, n, _xid(45, "3b", "Ch 00000010, engmask 00000101, intr 10000000",
+                          pid="1234", name="python3"))
+    s.peers_time_out(400, j, n)
+    return s.expects("gpu_memory", [n])
+
+
+@scenario
+def xid95_uncontained() -> Scenario:
+    s = Scenario("xid95-uncontained-ecc", "Uncontained ECC error (XID 95) reported through "
+                 "DCGM; the job's ranks on other nodes print IB errors.", seed=11, per_leaf=3)
+    j = s.job("3101", "hank", s.nodes[:6])
+    s.noise()
+    for k in range(6):
+        s.dcgm(200 + 15 * k, s.nodes[4], 6, "DCGM_FI_DEV_XID_ERRORS", 95)
+    s.peers_time_out(260, j, s.nodes[4], style="ib")
+    return s.expects("gpu_memory", [s.nodes[4]])
+
+
+@scenario
+def row_remap_failure() -> Scenario:
+    s = Scenario("dcgm-row-remap-failure", "DCGM reports a row-remap failure on one GPU: its "
+                 "memory cannot be repaired in place.", seed=12)
+    s.noise()
+    for k in range(8):
+        s.dcgm(30 * k, s.nodes[3], 2, "DCGM_FI_DEV_ROW_REMAP_FAILURE", 0 if k < 3 else 1)
+    return s.expects("gpu_memory", [s.nodes[3]])
+
+
+@scenario
+def xid63_remap_recorded() -> Scenario:
+    s = Scenario("xid63-row-remap-recorded", "XID 63: a row was marked for remapping; the GPU "
+                 "needs a reset for it to take effect.", seed=13)
+    s.noise().kernel(50, s.nodes[6], _xid(63, "10", "Row Remapper: New row marked for remapping, "
+                                          "reset gpu to activate.", pid="1896", name="python"))
+    return s.expects("gpu_memory", [s.nodes[6]])
+
+
+@scenario
+def xid74_nvlink() -> Scenario:
+    s = Scenario("xid74-nvlink-error", "An NVLink error (XID 74) on one node; its job's other "
+                 "ranks time out.", seed=14)
+    j = s.job("4410", "ivan", s.nodes[:8])
+    s.noise().kernel(150, s.nodes[7], _xid(74, "c3", "NVLINK: Link 4 (0x00000000 0x00000000 "
+                                           "0x00000000 0x00000000 0x00000000)"))
+    s.peers_time_out(300, j, s.nodes[7])
+    return s.expects("nvlink", [s.nodes[7]])
+
+
+@scenario
+def xid145_nvlink5() -> Scenario:
+    s = Scenario("xid145-nvlink-rlw", "NVLink5 RLW error (XID 145) on a Blackwell node, through "
+                 "the DCGM XID gauge.", seed=15, prefix="gb200-")
+    s.noise()
+    for k in range(5):
+        s.dcgm(90 + 15 * k, s.nodes[0], 1, "DCGM_FI_DEV_XID_ERRORS", 145)
+    return s.expects("nvlink", [s.nodes[0]])
+
+
+# --- rule 3: application XIDs blame the job -----------------------------------------------
+
+
+@scenario
+def xid13_in_one_job() -> Scenario:
+    s = Scenario("xid13-one-job", "XID 13 (graphics engine exception) from a job's own kernel; "
+                 "the job fails. The job, not the node.", seed=16)
+    j = s.job("2201", "judy", s.nodes[2:4])
+    s.noise().kernel(200, s.nodes[2], _xid(13, "9b", "Graphics Exception: ESR 0x404600=0x80000002",
+                                          pid="4411", name="python3"))
+    s.log(205, j, s.nodes[2], "RuntimeError: CUDA error: an illegal instruction was encountered")
+    s.job_dies(230, j, exit_code={"status": ["FAILED"], "return_code": {"set": True,
+                                  "infinite": False, "number": 1}})
+    return s.expects("application_error", job=j)
+
+
+@scenario
+def xid31_every_gpu_of_a_job() -> Scenario:
+    s = Scenario("xid31-every-gpu-of-job", "XID 31 on every GPU of a four-node job at once: the "
+                 "job's code faults, not 32 GPUs.", seed=17)
+    j = s.job("2202", "ken", s.nodes[:4])
+    s.noise()
+    for node in s.nodes[:4]:
+        for gpu in range(8):
+            s.dcgm(300 + gpu * 0.1, node, gpu, "DCGM_FI_DEV_XID_ERRORS", 31)
+    s.job_dies(320, j, exit_code=1)
+    return s.expects("application_error", job=j)
+
+
+@scenario
+def xid43_then_45() -> Scenario:
+    s = Scenario("xid43-and-45-one-job", "XID 43 then XID 45 from one job's process: a user "
+                 "fault and its cleanup.", seed=18)
+    j = s.job("2203", "lena", s.nodes[5:7])
+    s.noise().kernel(100, s.nodes[5], _xid(43, "1b", "Ch 00000008", pid="7781", name="train.py"))
+    s.kernel(100.5, s.nodes[5], _xid(45, "1b", "Ch 00000008", pid="7781", name="train.py"))
+    return s.expects("application_error", job=j)
+
+
+@scenario
+def xid13_same_gpu_two_jobs() -> Scenario:
+    s = Scenario("xid13-same-gpu-two-jobs", "The same GPU logs XID 13 under two different jobs: "
+                 "the GPU, not the code.", seed=19)
+    n = s.nodes[3]
+    a = s.job("3301", "mike", [n], started=None)
+    b = s.job("3302", "nina", [n], started=None)
+    s.noise()
+    s.slurm_job(10, a, "RUNNING", [n])
+    s.kernel(100, n, _xid(13, "86", "Graphics Exception: ESR 0x405840=0x1", pid="111",
+                          name="python"))
+    s.slurm_job(110, a, "FAILED", [n], exit_code=1)
+    s.slurm_job(200, b, "RUNNING", [n])
+    s.kernel(400, n, _xid(13, "86", "Graphics Exception: ESR 0x405840=0x1", pid="222",
+                          name="python"))
+    s.slurm_job(410, b, "FAILED", [n], exit_code=1)
+    return s.expects("gpu_hardware", [n])
+
+
+# --- rule 4: one node's link flapping -----------------------------------------------------
+
+
+@scenario
+def link_flap_one_node() -> Scenario:
+    s = Scenario("link-flap-one-node", "One node's HCA port goes DOWN and back ACTIVE, "
+                 "link_downed rises; the job's other ranks print IB errors.", seed=20)
+    j = s.job("6001", "omar", s.nodes[:8])
+    n = s.nodes[2]
+    s.noise()
+    s.nic_counter(100, n, "link_downed", 7)
+    s.nic_state(200, n, "DOWN").nic_counter(200.5, n, "link_downed", 8)
+    s.nic_state(212, n, "ACTIVE")
+    s.peers_time_out(215, j, n, style="ib")
+    return s.expects("network_flap", [n])
+
+
+@scenario
+def netdev_link_down_up() -> Scenario:
+    s = Scenario("netdev-link-down-up", "mlx5_core prints Link down / Link up on one node; the "
+                 "job's other ranks time out.", seed=21, prefix="node")
+    j = s.job("6002", "pia", s.nodes[3:7])
+    n = s.nodes[4]
+    s.noise().kernel(300, n, "mlx5_core 0000:0c:00.0 ibp12s0: Link down")
+    s.kernel(309, n, "mlx5_core 0000:0c:00.0 ibp12s0: Link up")
+    s.peers_time_out(320, j, n, style="remote")
+    return s.expects("network_flap", [n])
+
+
+@scenario
+def link_error_recovery_tick() -> Scenario:
+    s = Scenario("link-error-recovery-single-tick", "link_error_recovery rises by one on one "
+                 "node and nothing else happens: not an incident.", seed=22)
+    n = s.nodes[1]
+    s.noise().nic_counter(400, n, "link_error_recovery", s.recovery_baseline[n] + 1)
+    return s
+
+
+@scenario
+def quiet_fleet() -> Scenario:
+    s = Scenario("quiet-fleet-non-zero-counters", "A healthy fleet whose NIC counters have "
+                 "non-zero totals from long ago. Nothing happens.", seed=23, leaves=3)
+    s.job("6003", "quinn", s.nodes[:6])
+    return s.noise()
+
+
+@scenario
+def flap_while_other_job_ooms() -> Scenario:
+    s = Scenario("flap-and-oom-at-once", "A link flaps on one node while an unrelated job dies "
+                 "of CUDA OOM: two diagnoses.", seed=24)
+    a = s.job("6101", "rosa", s.nodes[:4])
+    b = s.job("6102", "sam", s.nodes[4:8])
+    n = s.nodes[1]
+    s.noise().nic_state(100, n, "DOWN").nic_state(104, n, "ACTIVE")
+    s.peers_time_out(110, a, n, style="ib")
+    s.log(130, b, s.nodes[6], "Traceback (most recent call last):")
+    s.log(130.1, b, s.nodes[6], "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+          "2.00 GiB. GPU 3 has a total capacity of 79.10 GiB of which 1.21 GiB is free.")
+    s.job_dies(140, b, exit_code={"status": "FAILED", "return_code": 1})
+    return s.expects("network_flap", [n]).expects("application_error", job=b)
+
+
+# --- rule 5: a leaf switch ------------------------------------------------------------
+
+
+@scenario
+def leaf_down_three_of_four() -> Scenario:
+    s = Scenario("leaf-down-three-of-four", "Three of four nodes under one leaf lose their link "
+                 "within two seconds; jobs on them print NCCL errors. The switch.", seed=25)
+    leaf, members = s.leaf(0)
+    j = s.job("7001", "tara", members + s.leaf(1)[1][:2])
+    s.noise()
+    for k, n in enumerate(members[:3]):
+        s.nic_state(300 + k * 0.7, n, "DOWN")
+        s.nic_state(340 + k, n, "ACTIVE")
+    s.peers_time_out(330, j, None, style="ib")
+    s.job_dies(360, j, "FAILED", exit_code=1)
+    return s.expects("switch_failure", members[:3], switch=leaf)
+
+
+@scenario
+def leaf_down_nodes_not_ready() -> Scenario:
+    s = Scenario("leaf-down-nodes-not-ready", "A leaf dies: its nodes lose their links and then "
+                 "Kubernetes marks them NotReady. The switch, not the nodes.", seed=26,
+                 per_leaf=5)
+    leaf, members = s.leaf(1)
+    s.noise()
+    for k, n in enumerate(members):
+        s.kernel(200 + k * 0.3, n, f"mlx5_core 0000:{k + 12:02x}:00.0 ibp{k}s0: Link down")
+        s.k8s_condition(245 + k, n, "False", "NodeNotReady")
+    return s.expects("switch_failure", members, switch=leaf)
+
+
+@scenario
+def two_nodes_different_leaves() -> Scenario:
+    s = Scenario("two-flaps-different-leaves", "Two nodes on different leaves flap at the same "
+                 "time: two node faults, not a switch.", seed=27)
+    a, b = s.leaf(0)[1][0], s.leaf(1)[1][2]
+    s.noise()
+    for n in (a, b):
+        s.nic_state(120, n, "DOWN").nic_state(125, n, "ACTIVE")
+    return s.expects("network_flap", [a]).expects("network_flap", [b])
+
+
+@scenario
+def two_of_six_on_a_leaf() -> Scenario:
+    s = Scenario("two-of-six-on-a-leaf", "Two of six nodes under one leaf flap together: a "
+                 "minority, so the nodes, not the switch.", seed=28, per_leaf=6)
+    members = s.leaf(0)[1]
+    s.noise()
+    for n in members[:2]:
+        s.nic_counter(10, n, "link_downed", 1)
+        s.nic_counter(130, n, "link_downed", 2)
+    return s.expects("network_flap", members[:2])
+
+
+# --- rule 6: thermal -------------------------------------------------------------------
+
+
+def _thermal(s: Scenario, node: str, gpu: int, start: float, samples: int, mask: int,
+             temp: float) -> None:
+    for k in range(samples):
+        t = start + 15 * k
+        s.dcgm(t, node, gpu, "DCGM_FI_DEV_GPU_TEMP", temp + s.rng.uniform(-1, 1))
+        s.dcgm(t + 0.1, node, gpu, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", mask)
+
+
+@scenario
+def thermal_sustained() -> Scenario:
+    s = Scenario("thermal-sustained-hw-slowdown", "Two GPUs of one node held back by hardware "
+                 "thermal slowdown for five minutes at 91-93 C.", seed=29)
+    s.noise()
+    _thermal(s, s.nodes[5], 2, 60, 20, 0x40 | 0x8, 92)
+    _thermal(s, s.nodes[5], 3, 65, 20, 0x20, 91)
+    return s.expects("thermal", [s.nodes[5]])
+
+
+@scenario
+def warm_not_throttling() -> Scenario:
+    s = Scenario("warm-gpu-not-throttling", "A GPU runs at 83 C for ten minutes at full clocks: "
+                 "warm, not a fault.", seed=30)
+    s.noise()
+    _thermal(s, s.nodes[0], 4, 0, 40, 0x0, 83)
+    return s
+
+
+@scenario
+def power_brake_normal_temp() -> Scenario:
+    s = Scenario("power-brake-normal-temperature", "Power brake slowdown (0x80) at 60 C: a "
+                 "power event, not heat.", seed=31)
+    s.noise()
+    _thermal(s, s.nodes[2], 1, 100, 20, 0x80, 60)
+    return s
+
+
+@scenario
+def thermal_blip() -> Scenario:
+    s = Scenario("thermal-blip-one-scrape", "One scrape shows software thermal slowdown at 86 C, "
+                 "the next ones are normal.", seed=32)
+    s.noise()
+    _thermal(s, s.nodes[3], 0, 100, 1, 0x20, 86)
+    _thermal(s, s.nodes[3], 0, 115, 10, 0x0, 75)
+    return s
+
+
+# --- rule 7: a node stops answering ----------------------------------------------------
+
+
+@scenario
+def node_unreachable_both_sources() -> Scenario:
+    s = Scenario("node-unreachable-k8s-and-slurm", "A node stops answering: Kubernetes Ready "
+                 "goes Unknown and Slurm marks it DOWN, Not responding. No GPU or NIC "
+                 "evidence.", seed=33)
+    j = s.job("8001", "uma", s.nodes[:4])
+    n = s.nodes[3]
+    s.noise()
+    s.k8s_condition(300, n, "Unknown", "NodeStatusUnknown")
+    s.slurm_node(330, n, ["DOWN", "NOT_RESPONDING"], "Not responding")
+    s.peers_time_out(360, j, n).job_dies(380, j, "NODE_FAIL")
+    return s.expects("node_unreachable", [n])
+
+
+@scenario
+def node_unreachable_slurm_22_05() -> Scenario:
+    s = Scenario("node-unreachable-slurm-22-05", "Slurm 22.05 shape: the node state is a string "
+                 "with state_flags; the node stopped responding.", seed=34)
+    n = s.nodes[6]
+    s.noise().add(200, "slurm", node=n, node_state="down", state_flags=["NOT_RESPONDING"],
+                  reason="Not responding")
+    return s.expects("node_unreachable", [n])
+
+
+@scenario
+def unreachable_after_link_loss() -> Scenario:
+    s = Scenario("unreachable-after-link-loss", "A node's link goes down and stays down; then "
+                 "Slurm says it is not responding. The link, not an unreachable node.", seed=35)
+    n = s.nodes[0]
+    s.noise().nic_state(100, n, "DOWN").slurm_node(160, n, ["DOWN", "NOT_RESPONDING"],
+                                                   "Not responding")
+    return s.expects("network_flap", [n])
+
+
+# --- rule 8: a source outage is not a fleet failure ------------------------------------
+
+
+@scenario
+def slurmctld_restart() -> Scenario:
+    s = Scenario("slurmctld-restart-all-not-responding", "slurmctld restarts: Slurm briefly says "
+                 "every node is NOT_RESPONDING, while Kubernetes and DCGM carry on.", seed=36)
+    s.job("9001", "vic", s.nodes[:8])
+    s.noise()
+    for k, n in enumerate(s.nodes):
+        s.slurm_node(200 + k * 0.2, n, ["ALLOCATED", "NOT_RESPONDING"])
+        s.slurm_node(290 + k * 0.2, n, ["ALLOCATED"])
+    return s
+
+
+@scenario
+def collector_unhealthy() -> Scenario:
+    s = Scenario("slurm-collector-unhealthy", "The Slurm collector cannot reach slurmctld and "
+                 "says so; the node states it read around the outage are stale.", seed=37)
+    s.noise().collector(100, "slurm", False, "slurmctld unreachable: connection refused")
+    for n in s.nodes[:3]:
+        s.slurm_node(130, n, ["DOWN"], "Not responding")
+    s.collector(400, "slurm", True)
+    return s
+
+
+@scenario
+def kubernetes_alone_says_all_unknown() -> Scenario:
+    s = Scenario("kubernetes-alone-all-unknown", "The Kubernetes API server lags and every node "
+                 "goes Ready=Unknown at once; Slurm and DCGM see the nodes working.", seed=38,
+                 leaves=3, per_leaf=3)
+    s.noise()
+    for k, n in enumerate(s.nodes):
+        s.k8s_condition(250 + k * 0.5, n, "Unknown", "NodeStatusUnknown")
+    return s
+
+
+# --- rule 9: things that are not incidents ---------------------------------------------
+
+
+@scenario
+def admin_down_with_reason() -> Scenario:
+    s = Scenario("admin-down-for-maintenance", "An administrator drains a node and later takes "
+                 "it down for a firmware flash; its link and Kubernetes status drop as it "
+                 "reboots. Maintenance, not a fault.", seed=39)
+    n = s.nodes[4]
+    s.noise().slurm_node(60, n, ["IDLE", "DRAIN"], "maint: BMC firmware (ticket OPS-4411)")
+    s.slurm_node(300, n, ["DOWN", "DRAIN"], "maint: BMC firmware (ticket OPS-4411)")
+    s.nic_state(320, n, "DOWN").k8s_condition(360, n, "Unknown", "NodeStatusUnknown")
+    return s
+
+
+@scenario
+def job_completes_gpus_idle() -> Scenario:
+    s = Scenario("job-completes-gpus-idle", "A job completes; its GPUs go to 0% utilisation. "
+                 "Nothing failed.", seed=40)
+    j = s.job("9101", "wes", s.nodes[:4])
+    s.noise(idle_after={n: 300 for n in s.nodes[:4]}).job_dies(300, j, "COMPLETED", exit_code=0)
+    return s
+
+
+@scenario
+def job_cancelled_prints_traceback() -> Scenario:
+    s = Scenario("job-cancelled-with-traceback", "A user cancels a job; its ranks print "
+                 "KeyboardInterrupt tracebacks as they stop.", seed=41)
+    j = s.job("9102", "xena", s.nodes[2:6])
+    s.noise().slurm_job(200, j, "CANCELLED", s.nodes[2:6])
+    for n in s.nodes[2:6]:
+        s.log(201, j, n, "Traceback (most recent call last):")
+        s.log(201.1, j, n, "KeyboardInterrupt")
+    return s
+
+
+# --- rule 10: several faults at once ---------------------------------------------------
+
+
+@scenario
+def leaf_and_xid79_elsewhere() -> Scenario:
+    s = Scenario("leaf-down-and-xid79-elsewhere", "A leaf fails while a GPU on the other leaf "
+                 "falls off the bus: two diagnoses.", seed=42)
+    leaf, members = s.leaf(0)
+    other = s.leaf(1)[1][1]
+    j = s.job("9201", "yuri", s.leaf(1)[1])
+    s.noise()
+    for k, n in enumerate(members):
+        s.nic_state(150 + k * 0.2, n, "DOWN").nic_state(185 + k * 0.2, n, "ACTIVE")
+    s.kernel(160, other, XID79.format(bus="9b"))
+    s.peers_time_out(300, j, other)
+    return s.expects("switch_failure", members, switch=leaf).expects("gpu_hardware", [other])
+
+
+@scenario
+def xid48_and_oom_elsewhere() -> Scenario:
+    s = Scenario("xid48-and-oom-elsewhere", "A DBE in one job's node while another job dies of "
+                 "CUDA OOM: two diagnoses.", seed=43)
+    a = s.job("9301", "zoe", s.nodes[:4])
+    b = s.job("9302", "al", s.nodes[4:6])
+    s.noise()
+    for k in range(6):
+        s.dcgm(100 + 15 * k, s.nodes[2], 5, "DCGM_FI_DEV_XID_ERRORS", 48)
+    s.peers_time_out(150, a, s.nodes[2])
+    s.log(200, b, s.nodes[5], "RuntimeError: CUDA out of memory. Tried to allocate 512.00 MiB")
+    s.job_dies(210, b, exit_code=256)
+    return s.expects("gpu_memory", [s.nodes[2]]).expects("application_error", job=b)
+
+
+# --- application failures ----------------------------------------------------------------
+
+
+@scenario
+def cuda_oom() -> Scenario:
+    s = Scenario("cuda-oom-job", "A job runs out of GPU memory and fails; its other ranks then "
+                 "time out. The job's own bug.", seed=44)
+    j = s.job("9401", "bea", s.nodes[:4])
+    s.noise().log(120, j, s.nodes[0], "torch.OutOfMemoryError: CUDA out of memory. Tried to "
+                  "allocate 20.00 GiB.")
+    s.peers_time_out(200, j, s.nodes[0])
+    s.job_dies(220, j, exit_code={"status": ["FAILED"], "return_code": {"set": True,
+                                  "infinite": False, "number": 1}})
+    return s.expects("application_error", job=j)
+
+
+@scenario
+def traceback_exit_code() -> Scenario:
+    s = Scenario("python-exception-exit-1", "A training script raises ValueError and exits 1.",
+                 seed=45)
+    j = s.job("9402", "cy", s.nodes[6:8])
+    s.noise().log(60, j, s.nodes[6], "Traceback (most recent call last):")
+    s.log(60.1, j, s.nodes[6], "ValueError: Expected input batch_size (32) to match target "
+          "batch_size (16).")
+    s.log(61, j, s.nodes[6], "srun: error: " + s.nodes[6] + ": task 0: Exited with exit code 1")
+    s.job_dies(62, j, exit_code="1:0")
+    return s.expects("application_error", job=j)
+
+
+@scenario
+def xid79_job_tracebacks() -> Scenario:
+    s = Scenario("xid79-ranks-crash-with-tracebacks", "XID 79; the job's ranks crash with "
+                 "NCCL tracebacks and the job FAILS. The GPU, not the job's code.", seed=46)
+    j = s.job("9403", "di", s.nodes[:4])
+    n = s.nodes[1]
+    s.noise().kernel(100, n, XID79.format(bus="1d"))
+    for node in s.nodes[:4]:
+        if node != n:
+            s.log(180, j, node, "Traceback (most recent call last):")
+            s.log(180.1, j, node, "torch.distributed.DistBackendError: NCCL error in: "
+                  "ProcessGroupNCCL.cpp:1970, remote process exited or there was a network error")
+    s.job_dies(200, j, exit_code=1)
+    return s.expects("gpu_hardware", [n])
+
+
+@scenario
+def hostlist_job_nodes() -> Scenario:
+    s = Scenario("node-fail-hostlist-22-05", "Slurm 22.05 reports a job NODE_FAIL with a "
+                 "hostlist and an integer exit code, after the node stopped answering "
+                 "Kubernetes.", seed=47, prefix="gpu-")
+    j = s.job("9404", "ed", s.nodes[:4])
+    n = s.nodes[2]
+    s.noise().k8s_condition(100, n, "Unknown", "NodeStatusUnknown")
+    s.k8s_event(101, n, "NodeNotReady", f"Node {n} status is now: NodeNotReady")
+    lo, hi = s.nodes[0].split("-")[1], s.nodes[3].split("-")[1]
+    s.add(200, "slurm", job=j, job_state="NODE_FAIL", nodes=f"gpu-[{lo}-{hi}]", exit_code=0)
+    s.peers_time_out(210, j, n)
+    return s.expects("node_unreachable", [n])
+
+
+def dump(doc: dict[str, Any]) -> str:
+    """Readable and diff-friendly: the header indented, one signal per line."""
+    head = {k: v for k, v in doc.items() if k != "signals"}
+    text = json.dumps(head, indent=1)[:-2]
+    signals = ",\n  ".join(json.dumps(sig) for sig in doc["signals"])
+    return f'{text},\n "signals": [\n  {signals}\n ]\n}}\n'
+
+
+def main(out: Path = HERE) -> list[Path]:
+    written = []
+    for build in SCENARIOS:
+        s = build()
+        path = out / f"{s.name}.json"
+        path.write_text(dump(s.document()))
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    files = main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)
+    print(f"wrote {len(files)} scenarios")
