@@ -8,6 +8,7 @@ A bad file raises ``ReplayError`` with a message that names the problem.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -88,11 +89,50 @@ def diagnose_document(doc: Any) -> dict[str, Any]:
     }
 
 
-def diagnose_file(path: str | Path) -> dict[str, Any]:
+def blame(incidents: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
+    """What a list of incidents holds responsible, as REPLAY.md scores it: (cause, node)
+    pairs, plus (switch_failure, switch) and (application_error, job)."""
+    out: set[tuple[str, str]] = set()
+    for item in incidents:
+        cause = str(item.get("root_cause", ""))
+        if cause == "switch_failure":
+            out.add((cause, str(item.get("switch"))))
+        elif cause == "application_error":
+            out.add((cause, str(item.get("job"))))
+        else:
+            out.update((cause, str(node)) for node in item.get("nodes") or [])
+    return out
+
+
+def check(doc: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
+    """Compare a diagnosis with the file's ``expect``: what is missing, what is extra."""
+    expected = doc.get("expect")
+    if not isinstance(expected, list):
+        raise ReplayError("'expect' must be a list to check against")
+    want, got = blame(expected), blame(result["incidents"])
+    return {"ok": want == got, "missing": sorted(map(list, want - got)),
+            "unexpected": sorted(map(list, got - want))}
+
+
+def load(path: str | Path) -> Any:
     try:
         doc = json.loads(Path(path).read_text())
     except OSError as exc:
         raise ReplayError(f"cannot read: {exc.strerror}") from exc
     except json.JSONDecodeError as exc:
         raise ReplayError(f"not valid JSON: {exc}") from exc
-    return diagnose_document(doc)
+    return doc
+
+
+def diagnose_file(path: str | Path, *, with_check: bool = False) -> dict[str, Any]:
+    doc = load(path)
+    try:
+        result = diagnose_document(doc)
+    except ReplayError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        # A field of the wrong type deep in a signal: name the file, do not dump a traceback.
+        raise ReplayError(f"cannot diagnose: {type(exc).__name__}: {exc}") from exc
+    if with_check:
+        result["check"] = check(doc, result)
+    return result

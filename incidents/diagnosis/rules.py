@@ -214,28 +214,37 @@ class Engine:
         dropped: set[int] = set()
         for source, events in by_source.items():
             events.sort(key=lambda r: r.t)
+            # Mark every report that sits in some MASS_SPAN_S window naming enough nodes ...
+            marked: set[int] = set()
             start = 0
             for end in range(len(events)):
                 while events[end].t - events[start].t > MASS_SPAN_S:
                     start += 1
-                burst = events[start:end + 1]
+                if len({r.node for r in events[start:end + 1]}) >= threshold:
+                    marked.update(range(start, end + 1))
+            # ... then treat each run of marked reports as one claim, and one note.
+            bursts: list[list[ReachFact]] = []
+            for i in sorted(marked):
+                if bursts and events[i].t - bursts[-1][-1].t <= MASS_SPAN_S:
+                    bursts[-1].append(events[i])
+                else:
+                    bursts.append([events[i]])
+            for burst in bursts:
                 nodes = {r.node for r in burst}
-                if len(nodes) < threshold:
-                    continue
                 corroborated = {
                     r.node for r in down if r.source != source and r.node in nodes
                     and any(abs(r.t - b.t) <= CORROBORATE_S for b in burst if b.node == r.node)
                 }
                 lonely = [r for r in burst if r.node not in corroborated]
-                if lonely and not any(id(r) in dropped for r in lonely):
-                    self.note("source_outage",
-                              f"{source} alone reported {len(nodes)} of {len(self.fleet)} nodes "
-                              f"not responding within {MASS_SPAN_S:.0f} s from "
-                              f"{_when(burst[0].at)}, with no other source agreeing: treated as "
-                              f"a {source} outage, not {len(nodes)} failed nodes",
-                              burst[0].at, source=source,
-                              nodes=tuple(sorted({r.node for r in lonely})))
+                if not lonely:
+                    continue
                 dropped.update(id(r) for r in lonely)
+                self.note("source_outage",
+                          f"{source} alone reported {len(nodes)} of {len(self.fleet)} nodes not "
+                          f"responding from {_when(burst[0].at)} to {_when(burst[-1].at)}, with "
+                          f"no other source agreeing: treated as a {source} outage, not "
+                          f"{len(nodes)} failed nodes", burst[0].at, source=source,
+                          nodes=tuple(sorted({r.node for r in lonely})))
         return [r for r in reach if id(r) not in dropped]
 
     # --- 2. GPUs ---------------------------------------------------------------------------

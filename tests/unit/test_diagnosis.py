@@ -1,3 +1,5 @@
+"""The engine on small hand-made windows, and the ``diagnose`` command on files."""
+
 from __future__ import annotations
 
 import json
@@ -5,81 +7,186 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from collectors.clients.base import GpuMetric
 from collectors.normalize import xid_changes
-from incidents.diagnosis import JobInfo, Observation, diagnose
+from incidents.diagnosis import JobInfo, Observation, diagnose, diagnose_window
 
 ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = ROOT / "tests" / "scenarios"  # copies of shared/scenarios, so a clone is self-contained
+SCENARIOS = ROOT / "tests" / "scenarios"
 T0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
-JOB = JobInfo("4123", "alice", ("gpu-001", "gpu-002", "gpu-003", "gpu-004"))
+NODES = ("gpu-001", "gpu-002", "gpu-003", "gpu-004")
+JOB = JobInfo("4123", "alice", NODES)
+TOPOLOGY = {"leaf-a": list(NODES), "leaf-b": ["gpu-005", "gpu-006", "gpu-007", "gpu-008"]}
+XID79 = "NVRM: Xid (PCI:0000:9b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+WATCHDOG = "[Rank 8] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=88) ran for 600013 ms"
+
+
+def obs(seconds: float, source: str, ident: int | None = None, **fields: Any) -> Observation:
+    return Observation.from_record({"source": source, **fields}, T0 + timedelta(seconds=seconds),
+                                   id=ident)
 
 
 def test_xid79_blames_only_the_node_that_reported_it() -> None:
-    observations = [
-        Observation(T0, "dcgm", "xid", "gpu-002", 5, code=79, id=1),
-        *[Observation(T0 + timedelta(minutes=10), "job_log", "job_log", n, job="4123",
-                      message="Watchdog caught collective operation timeout", id=10 + i)
+    window = [
+        obs(0, "dcgm", 1, node="gpu-002", gpu=5, metric="DCGM_FI_DEV_XID_ERRORS", value=79),
+        *[obs(600, "job_log", 10 + i, job="4123", node=n, message=WATCHDOG)
           for i, n in enumerate(["gpu-001", "gpu-003", "gpu-004"])],
+        obs(610, "slurm", 20, job="4123", job_state="NODE_FAIL", nodes=list(NODES)),
     ]
-    [d] = diagnose(observations, {"leaf-a": list(JOB.nodes)}, [JOB])
+    [d] = diagnose(window, TOPOLOGY, [JOB])
     assert (d.root_cause, d.nodes, d.playbook) == ("gpu_hardware", ("gpu-002",), "replace_node")
-    assert d.jobs == ("4123",)
-    assert d.evidence == (1,)
-    assert d.confidence > 0.9
-    assert "GPU has fallen off the bus" in d.explanation and "GPU 5" in d.explanation
+    assert d.jobs == ("4123",) and d.confidence > 0.9
+    assert set(d.evidence) >= {1, 10, 11, 12}
+    # The explanation cites the line, the GPU, the time and the victims.
+    for words in ("XID 79", "GPU has fallen off the bus", "GPU 5", "10:00:00", "gpu-001",
+                  "symptoms, not causes"):
+        assert words in d.explanation
 
 
-def test_a_kernel_xid_line_is_read_too() -> None:
-    line = ("NVRM: Xid (PCI:0000:9b:00): 79, pid='<unknown>', name=<unknown>, "
-            "GPU has fallen off the bus.")
-    [d] = diagnose([Observation(T0, "kernel", "kernel_log", "gpu-007", message=line)])
-    assert d.nodes == ("gpu-007",)
+def test_a_gauge_that_keeps_reading_79_is_one_fault_and_a_new_code_is_news() -> None:
+    window = [obs(15 * k, "dcgm", k, node="gpu-002", gpu=5, metric="DCGM_FI_DEV_XID_ERRORS",
+                  value=79) for k in range(20)]
+    [d] = diagnose(window)
+    assert d.evidence == (0,)
+    assert diagnose([obs(0, "dcgm", node="gpu-003", gpu=1, metric="DCGM_FI_DEV_XID_ERRORS",
+                         value=0)]) == []
 
 
-def test_application_and_memory_xids_do_not_open_a_hardware_incident() -> None:
-    observations = [Observation(T0, "dcgm", "xid", "gpu-001", 0, code=13),
-                    Observation(T0, "dcgm", "xid", "gpu-001", 0, code=31)]
-    assert diagnose(observations) == []
-
-
-def test_the_same_fault_seen_twice_is_one_diagnosis() -> None:
-    observations = [Observation(T0, "dcgm", "xid", "gpu-002", 5, code=79, id=1),
-                    Observation(T0 + timedelta(seconds=5), "kernel", "kernel_log", "gpu-002",
-                                message="NVRM: Xid (PCI:0000:ab:00): 79, pid=1, name=x", id=2)]
-    [d] = diagnose(observations)
+def test_the_same_fault_from_dcgm_and_the_kernel_log_is_one_diagnosis() -> None:
+    window = [obs(0, "dcgm", 1, node="gpu-002", gpu=5, metric="DCGM_FI_DEV_XID_ERRORS", value=79),
+              obs(5, "kernel", 2, node="gpu-002", message=XID79)]
+    [d] = diagnose(window)
     assert d.evidence == (1, 2)
     assert d.fingerprint == "gpu_hardware:gpu-002"
 
 
-def test_xid_gauge_fires_on_change_only() -> None:
+def test_application_xids_blame_the_job_not_the_node() -> None:
+    window = [obs(0, "dcgm", node=n, gpu=g, metric="DCGM_FI_DEV_XID_ERRORS", value=13)
+              for n in NODES for g in range(8)]
+    [d] = diagnose(window, TOPOLOGY, [JOB])
+    assert (d.root_cause, d.nodes, d.job) == ("application_error", (), "4123")
+
+
+def test_a_leaf_losing_its_links_blames_the_switch_and_a_lone_flap_blames_its_node() -> None:
+    window = [obs(k * 0.3, "nic", node=n, device="mlx5_0", port=1, state="DOWN")
+              for k, n in enumerate(NODES)]
+    window += [obs(300, "nic", node="gpu-006", device="mlx5_0", port=1, state="DOWN"),
+               obs(305, "nic", node="gpu-006", device="mlx5_0", port=1, state="ACTIVE")]
+    found = {(d.root_cause, d.switch, d.nodes) for d in diagnose(window, TOPOLOGY)}
+    assert found == {("switch_failure", "leaf-a", NODES), ("network_flap", None, ("gpu-006",))}
+
+
+def test_one_source_saying_the_whole_fleet_went_away_is_a_source_outage() -> None:
+    nodes = [*NODES, *TOPOLOGY["leaf-b"]]
+    window = [obs(i * 0.2, "slurm", node=n, node_state=["IDLE", "NOT_RESPONDING"])
+              for i, n in enumerate(nodes)]
+    result = diagnose_window(window, TOPOLOGY)
+    assert result.diagnoses == []
+    [note] = [n for n in result.notes if n.kind == "source_outage"]
+    assert note.source == "slurm" and "8 of 8 nodes" in note.text
+    # The same report for one node, with nothing else to explain it, is that node.
+    [d] = diagnose(window[:1], TOPOLOGY)
+    assert (d.root_cause, d.nodes) == ("node_unreachable", ("gpu-001",))
+
+
+def test_a_collector_reporting_itself_down_mutes_its_node_states() -> None:
+    window = [obs(0, "collector", name="kubernetes", healthy=False, error="apiserver timeout"),
+              obs(10, "kubernetes", node="gpu-003", condition="Ready", status="Unknown",
+                  reason="NodeStatusUnknown")]
+    result = diagnose_window(window, TOPOLOGY)
+    assert result.diagnoses == []
+    assert any(n.kind == "source_outage" and "apiserver timeout" in n.text for n in result.notes)
+
+
+def test_sustained_thermal_slowdown_when_hot_but_not_when_only_warm() -> None:
+    def gpu(temp: float, mask: int) -> list[Observation]:
+        out = []
+        for k in range(10):
+            out.append(obs(15 * k, "dcgm", node="gpu-004", gpu=2, metric="DCGM_FI_DEV_GPU_TEMP",
+                           value=temp))
+            out.append(obs(15 * k, "dcgm", node="gpu-004", gpu=2,
+                           metric="DCGM_FI_DEV_CLOCKS_EVENT_REASONS", value=mask))
+        return out
+
+    [d] = diagnose(gpu(93, 0x40))
+    assert (d.root_cause, d.nodes) == ("thermal", ("gpu-004",))
+    assert "hw thermal slowdown" in d.explanation and "93 C" in d.explanation
+    assert diagnose(gpu(84, 0)) == []          # warm at full clocks
+    assert diagnose(gpu(60, 0x80)) == []       # power brake, not heat
+    assert diagnose(gpu(93, 0x40)[:4]) == []   # two scrapes are a blip, not sustained
+
+
+def test_oom_in_one_job_and_a_flap_in_another_are_two_diagnoses() -> None:
+    other = JobInfo("5000", "bob", ("gpu-005", "gpu-006"))
+    window = [obs(0, "nic", node="gpu-002", device="mlx5_0", port=1, state="DOWN"),
+              obs(4, "nic", node="gpu-002", device="mlx5_0", port=1, state="ACTIVE"),
+              obs(10, "job_log", job="4123", node="gpu-003",
+                  message="NET/IB : Got completion from peer 10.0.0.2<4000> with status=12"),
+              obs(20, "job_log", job="5000", node="gpu-006",
+                  message="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"),
+              obs(21, "slurm", job="5000", job_state=["FAILED"], nodes=["gpu-005", "gpu-006"],
+                  exit_code={"status": ["FAILED"], "return_code": 1})]
+    found = {(d.root_cause, d.nodes, d.job) for d in diagnose(window, TOPOLOGY, [JOB, other])}
+    assert found == {("network_flap", ("gpu-002",), None), ("application_error", (), "5000")}
+
+
+def test_xid_gauge_collector_fires_on_change_only() -> None:
     m = GpuMetric("gpu-001", 3, "GPU-x", 0.0, None, 79)
     assert len(xid_changes(0, m)) == 1
     assert xid_changes(79, m) == []  # the next scrape of the same gauge is not a new fault
     assert xid_changes(0, GpuMetric("gpu-001", 3, "GPU-x", 90.0, 50.0, 0)) == []
 
 
-def _diagnose_cli(*files: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "manage.py", "fleetwatch", "diagnose", *files],
+def _diagnose_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "manage.py", "fleetwatch", "diagnose", *args],
                           cwd=ROOT, capture_output=True, text=True, check=False,
                           env={"PATH": "/usr/bin:/bin", "FLEETWATCH_DATA_DIR": "/tmp/fw-cli"})
 
 
-def test_replay_of_the_xid79_example_blames_the_right_node(tmp_path: Path) -> None:
+def test_replay_of_the_xid79_example_blames_the_right_node() -> None:
     result = _diagnose_cli(str(SCENARIOS / "example-xid79-peers-timeout.json"))
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["scenario"] == "example-xid79-peers-timeout"
-    assert [(i["root_cause"], i["nodes"]) for i in out["incidents"]] == [
-        ("gpu_hardware", ["node0204"])]
+    [incident] = out["incidents"]
+    assert (incident["root_cause"], incident["nodes"], incident["playbook"]) == (
+        "gpu_hardware", ["node0204"], "replace_node")
+    assert 0 < incident["confidence"] <= 1 and "node0204" in incident["explanation"]
 
 
-def test_replay_of_a_bad_file_names_it_and_still_diagnoses_the_rest(tmp_path: Path) -> None:
-    bad = tmp_path / "broken.json"
-    bad.write_text("{not json")
+def test_replay_of_bad_files_names_each_and_still_diagnoses_the_rest(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    other_format = tmp_path / "other.json"
+    other_format.write_text('{"format": "something-else/2", "signals": []}')
+    naive_time = tmp_path / "naive.json"
+    naive_time.write_text(json.dumps({"format": "fleetwatch-replay/1", "signals": [
+        {"at": "2026-12-02T10:00:00", "source": "kernel", "node": "n1", "message": XID79}]}))
+    wrong_type = tmp_path / "wrong.json"
+    wrong_type.write_text(json.dumps({"format": "fleetwatch-replay/1", "jobs": {"id": 1},
+                                      "signals": []}))
     good = SCENARIOS / "example-maintenance-drain.json"
-    result = _diagnose_cli(str(bad), str(good))
+    result = _diagnose_cli(str(broken), str(other_format), str(naive_time), str(wrong_type),
+                           str(good), "--pretty")
     assert result.returncode == 2
-    assert f"{bad}: not valid JSON" in result.stderr
-    assert json.loads(result.stdout)["incidents"] == []
+    errors = result.stderr.strip().splitlines()
+    assert len(errors) == 4
+    assert errors[0].startswith(f"{broken}: not valid JSON")
+    assert errors[1] == f"{other_format}: not a fleetwatch-replay/1 document"
+    assert errors[2].startswith(f"{naive_time}: signal 0: time") and "UTC offset" in errors[2]
+    assert errors[3] == f"{wrong_type}: 'jobs' must be a list"
+    [only] = json.loads(result.stdout)
+    assert only["scenario"] == "example-maintenance-drain" and only["incidents"] == []
+
+
+def test_check_mode_exits_1_when_a_verdict_differs_from_expect(tmp_path: Path) -> None:
+    doc = json.loads((SCENARIOS / "example-xid79-peers-timeout.json").read_text())
+    doc["expect"] = [{"root_cause": "gpu_hardware", "nodes": ["node0203"]}]
+    wrong = tmp_path / "wrong-expect.json"
+    wrong.write_text(json.dumps(doc))
+    result = _diagnose_cli("--check", str(wrong))
+    assert result.returncode == 1
+    assert "missing [['gpu_hardware', 'node0203']]" in result.stderr
+    assert "unexpected [['gpu_hardware', 'node0204']]" in result.stderr

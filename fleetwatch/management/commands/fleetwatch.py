@@ -47,6 +47,8 @@ class Command(BaseCommand):
         diag = sub.add_parser("diagnose", help="diagnose replay files, print JSON lines")
         diag.add_argument("files", nargs="+")
         diag.add_argument("--pretty", action="store_true")
+        diag.add_argument("--check", action="store_true",
+                          help="compare with each file's 'expect'; exit 1 if any differs")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
@@ -89,13 +91,20 @@ class Command(BaseCommand):
     def _diagnose(self, opts: dict[str, Any]) -> None:
         from incidents.diagnosis.replay import ReplayError, diagnose_file
 
-        results, failed = [], False
+        results, failed, differs = [], False, False
         for path in opts["files"]:
             try:
-                results.append(diagnose_file(path))
+                result = diagnose_file(path, with_check=opts["check"])
             except ReplayError as exc:
                 failed = True
                 self.stderr.write(f"{path}: {exc}")
+                continue
+            results.append(result)
+            if opts["check"] and not result["check"]["ok"]:
+                differs = True
+                self.stderr.write(f"{path}: diagnosis differs from 'expect': missing "
+                                  f"{result['check']['missing']}, unexpected "
+                                  f"{result['check']['unexpected']}")
         if opts["pretty"]:
             self.stdout.write(json.dumps(results, indent=2))
         else:
@@ -103,3 +112,5 @@ class Command(BaseCommand):
                 self.stdout.write(json.dumps(result))
         if failed:
             sys.exit(2)
+        if differs:
+            sys.exit(1)
