@@ -23,9 +23,13 @@ test: install
 	deploy/bootstrap.sh test
 	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Benchmarks: figures in reports/, never timed assertions in tests (the machines are shared).
+bench: install
+	$(BIN)/python -m tests.bench.diagnosis --out reports
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/python manage.py makemigrations --check --dry-run
 
 clean:
-	rm -rf data .pytest_cache
+	rm -rf data reports .pytest_cache

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -22,6 +23,56 @@ def observation_from_signal(s: Signal) -> Observation:
         record.setdefault("metric", "DCGM_FI_DEV_XID_ERRORS")
         record.setdefault("value", s.code)
     return Observation.from_record(record, s.observed_at, id=s.pk)
+
+
+# Signal.data keys that are bookkeeping, not what the source said.
+_EXPORT_SKIP = {"previous", "uuid", "annotations", "restart_count"}
+
+
+def signal_as_replay(s: Signal) -> dict[str, Any]:
+    """A stored signal as a replay file's ``signals`` entry (shared/REPLAY.md)."""
+    out: dict[str, Any] = {"at": s.observed_at.astimezone(UTC).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z"), "source": s.source}
+    if s.node_name:
+        out["node"] = s.node_name
+    if s.gpu_index is not None:
+        out["gpu"] = s.gpu_index
+    if s.job_id:
+        out["job"] = s.job_id
+    data = s.data if isinstance(s.data, dict) else {}
+    out.update({k: v for k, v in data.items() if k not in _EXPORT_SKIP})
+    if s.kind == "xid":
+        out.setdefault("metric", "DCGM_FI_DEV_XID_ERRORS")
+        out.setdefault("value", s.code)
+    if s.source in ("kernel", "job_log", "kubernetes") and s.message:
+        out["message"] = s.message
+    return out
+
+
+def incident_replay(incident: Incident) -> dict[str, Any]:
+    """The incident's window as a replay file, so a postmortem can rerun it after a rule
+    changes: ``manage.py fleetwatch diagnose --check`` compares with today's verdict."""
+    window = timedelta(minutes=settings.FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES)
+    start = incident.detected_at - window
+    end = (incident.resolved_at or timezone.now()) + timedelta(minutes=1)
+    rows = Signal.objects.filter(cluster=incident.cluster, observed_at__range=(start, end))
+    expect: dict[str, Any] = {"root_cause": incident.root_cause, "nodes": list(incident.nodes)}
+    if incident.switch:
+        expect["switch"] = incident.switch
+    if incident.root_cause == "application_error":
+        expect.update(nodes=[], job=(incident.jobs or [""])[0])
+    return {
+        "format": "fleetwatch-replay/1",
+        "name": f"incident-{incident.pk}-{incident.root_cause}",
+        "description": f"Exported from FleetWatch incident #{incident.pk} "
+                       f"({incident.get_root_cause_display()}, detected "
+                       f"{incident.detected_at:%Y-%m-%d %H:%M:%S} UTC): {incident.explanation}",
+        "topology": topology(incident.cluster),
+        "jobs": [{"id": j.id, "user": j.user, "nodes": list(j.nodes)}
+                 for j in jobs_info(incident.cluster)],
+        "signals": [signal_as_replay(s) for s in rows.order_by("observed_at", "id")],
+        "expect": [expect],
+    }
 
 
 def observations_between(cluster: Cluster, start: datetime, end: datetime) -> list[Observation]:

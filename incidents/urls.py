@@ -12,6 +12,7 @@ urlpatterns = [
     path("incidents/<int:pk>/", views.incident_detail, name="incident-detail"),
     path("incidents/<int:pk>/live", views.incident_live, name="incident-live"),
     path("incidents/<int:pk>/chart.json", views.incident_chart, name="incident-chart"),
+    path("incidents/<int:pk>/replay.json", views.incident_replay, name="incident-replay"),
     path("incidents/<int:pk>/<str:action>", views.incident_action, name="incident-action"),
     path("demo/inject", views.inject_fault, name="inject-fault"),
 ]

@@ -92,6 +92,14 @@ def incident_chart(request: HttpRequest, pk: int) -> JsonResponse:
     return JsonResponse(selectors.incident_chart(incident))
 
 
+@login_required
+def incident_replay(request: HttpRequest, pk: int) -> JsonResponse:
+    incident = get_object_or_404(Incident, pk=pk)
+    response = JsonResponse(selectors.incident_replay(incident), json_dumps_params={"indent": 1})
+    response["Content-Disposition"] = f'attachment; filename="incident-{pk}.replay.json"'
+    return response
+
+
 ACTIONS = {
     "approve": services.remediation_approve,
     "continue": services.remediation_continue,

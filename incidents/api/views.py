@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from rest_framework import viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from collectors.models import Node
+from incidents import selectors
 from incidents.api.serializers import IncidentSerializer, NodeSerializer
 from incidents.models import Incident
 
@@ -15,6 +19,11 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
         "remediations__steps").order_by("-opened_at")
     filterset_fields = ["status", "root_cause"]
     ordering_fields = ["opened_at", "detected_at", "resolved_at"]
+
+    @action(detail=True, methods=["get"])
+    def replay(self, request: Request, pk: str | None = None) -> Response:
+        """The incident's signals as a replay file (shared/REPLAY.md)."""
+        return Response(selectors.incident_replay(self.get_object()))
 
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):

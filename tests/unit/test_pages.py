@@ -137,3 +137,35 @@ def test_healthz_reports_database_and_broker(client: Client) -> None:
     response = client.get("/healthz")
     assert response.status_code == 200
     assert response.json() == {"status": "ok", "database": "ok", "broker": "ok"}
+
+
+def test_an_incident_exports_as_a_replay_file_that_reaches_the_same_verdict(
+    client: Client, viewer: Any, sim_fleet: SimFleet, django_capture_on_commit_callbacks: Any
+) -> None:
+    from collectors.simulation import fault_inject
+    from incidents.diagnosis.replay import check, diagnose_document
+
+    for source in ("slurm", "kubernetes", "telemetry"):
+        collectors.collect_source(source)
+    fault_inject("xid", node="gpu-006", gpu=2, code=79)
+    with django_capture_on_commit_callbacks():
+        ids = collectors.collect_source("telemetry").signal_ids
+        [incident] = services.diagnose_signals(ids)
+    client.force_login(viewer)
+    page = client.get(f"/incidents/{incident.pk}/").content.decode()
+    assert f'href="/incidents/{incident.pk}/replay.json"' in page
+    response = client.get(f"/incidents/{incident.pk}/replay.json")
+    assert response.status_code == 200
+    assert "attachment" in response["Content-Disposition"]
+    doc = response.json()
+    assert doc["format"] == "fleetwatch-replay/1"
+    assert doc["expect"] == [{"root_cause": "gpu_hardware", "nodes": ["gpu-006"]}]
+    assert {"source": "dcgm", "node": "gpu-006", "gpu": 2, "metric": "DCGM_FI_DEV_XID_ERRORS",
+            "value": 79}.items() <= next(s for s in doc["signals"] if s["source"] == "dcgm").items()
+    assert doc["topology"]["leaf-a"][0] == "gpu-001"
+    # Replayed offline, the export reaches the verdict the live pipeline reached.
+    assert check(doc, diagnose_document(doc))["ok"]
+    token = Token.objects.create(user=viewer)
+    api = client.get(f"/api/v1/incidents/{incident.pk}/replay/",
+                     HTTP_AUTHORIZATION=f"Token {token.key}").json()
+    assert api["expect"] == doc["expect"] and len(api["signals"]) == len(doc["signals"])

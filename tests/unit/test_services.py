@@ -164,3 +164,26 @@ def test_the_audit_trail_is_append_only(cluster: Any) -> None:
         AuditEntry.objects.all().update(result="x")
     with pytest.raises(AppendOnlyError), transaction.atomic():
         AuditEntry.objects.all().delete()
+
+
+def test_the_live_pipeline_blames_a_dead_leaf_not_its_nodes(cluster: Any, sim_fleet: SimFleet,
+                                                            django_capture_on_commit_callbacks: Any
+                                                            ) -> None:
+    from collectors.simulation import fault_inject
+
+    for source in ("slurm", "kubernetes", "telemetry"):
+        collectors.collect_source(source)
+    fault_inject("switch-down", switch="leaf-a")
+    with django_capture_on_commit_callbacks():
+        ids = [i for source in ("telemetry", "kubernetes", "slurm")
+               for i in collectors.collect_source(source).signal_ids]
+    assert Signal.objects.filter(pk__in=ids, source="nic").count() >= 8
+    incidents = services.diagnose_signals(ids)
+    assert {(i.root_cause, i.switch) for i in incidents} == {("switch_failure", "leaf-a")}
+    [incident] = Incident.objects.all()
+    assert sorted(incident.nodes) == [f"gpu-{n:03d}" for n in range(1, 9)]
+    assert "no node is blamed" in incident.explanation
+    assert not incident.remediations.exists()  # no playbook touches nodes for a switch
+    # Diagnosing the same window again extends the incident; it does not open another.
+    assert [i.pk for i in services.diagnose_signals(ids)] == [incident.pk]
+    assert Incident.objects.count() == 1
