@@ -7,6 +7,11 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ "${1:-run}" = test ]; then
   command -v redis-server >/dev/null || need+=(redis-server)
   command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+  # The real sources the integration tests start: a Slurm cluster, Prometheus.
+  command -v slurmctld >/dev/null || need+=(slurm-wlm)
+  command -v munged >/dev/null || need+=(munge)
+  command -v prometheus >/dev/null || need+=(prometheus)
+  command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

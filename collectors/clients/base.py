@@ -50,6 +50,8 @@ class SlurmJob:
     checkpoint_step: int | None = None
     resumed_from_step: int | None = None
     started_at: float | None = None
+    exit_code: int | None = None  # the return code, once the job has ended
+    state_reason: str = ""  # Slurm's reason: NodeDown, Resources, JobHeldUser, ...
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,14 @@ class GpuMetric:
     utilization: float | None
     temperature: float | None
     last_xid: int  # DCGM_FI_DEV_XID_ERRORS: the value of the last XID, a gauge
+    power_w: float | None = None  # DCGM_FI_DEV_POWER_USAGE
+    clock_event_reasons: int = 0  # DCGM_FI_DEV_CLOCKS_EVENT_REASONS bitmask
+    memory_temperature: float | None = None  # DCGM_FI_DEV_MEMORY_TEMP
+    dbe_total: float | None = None  # DCGM_FI_DEV_ECC_DBE_VOL_TOTAL (a running total)
+    row_remap_failure: int = 0  # DCGM_FI_DEV_ROW_REMAP_FAILURE (0/1)
+    nvlink_errors: float | None = None  # DCGM_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL, summed
+    pcie_replays: float | None = None  # DCGM_FI_DEV_PCIE_REPLAY_COUNTER
+    model: str = ""  # the modelName label
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,21 @@ class NicPort:
     port: int
     state: str  # ACTIVE / DOWN
     link_downed: int
+    link_error_recovery: int = 0
+    symbol_error: int = 0
+
+
+@dataclass(frozen=True)
+class K8sEvent:
+    """A Kubernetes Event about a node (core/v1 or events.k8s.io/v1, normalized)."""
+
+    node: str
+    reason: str  # NodeNotReady, NodeReady, Rebooted, ...
+    message: str
+    type: str = "Normal"  # Normal / Warning
+    at: float | None = None  # epoch seconds (lastTimestamp / eventTime)
+    namespace: str = "default"
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -110,6 +135,10 @@ class SlurmClient(Protocol):
     def resume(self, node: str) -> ActionResult: ...
     def cancel(self, job_id: str, signal: str, grace_seconds: int) -> ActionResult: ...
     def requeue(self, job_id: str) -> ActionResult: ...
+    # Real clusters only, for now (the remediation engine brings them to the simulation):
+    # def down(self, node: str, reason: str) -> ActionResult
+    # def requeue_hold(self, job_id: str) -> ActionResult
+    # def reboot(self, node: str, reason: str) -> ActionResult  (ASAP nextstate=RESUME)
 
 
 class KubernetesClient(Protocol):
@@ -118,6 +147,7 @@ class KubernetesClient(Protocol):
     def cordon(self, node: str, reason: str) -> ActionResult: ...
     def uncordon(self, node: str) -> ActionResult: ...
     def evict(self, namespace: str, pod: str) -> ActionResult: ...
+    # Real clusters only, for now: def node_events(self) -> list[K8sEvent]
 
 
 class TelemetryClient(Protocol):
