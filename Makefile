@@ -26,6 +26,8 @@ test: install
 # Benchmarks: figures in reports/, never timed assertions in tests (the machines are shared).
 bench: install
 	$(BIN)/python -m tests.bench.diagnosis --out reports
+	deploy/bootstrap.sh test
+	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m tests.bench.collectors --out reports
 
 lint: install
 	$(BIN)/ruff check .

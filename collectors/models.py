@@ -34,8 +34,11 @@ class Node(models.Model):
     k8s_ready = models.BooleanField(null=True)
     k8s_unschedulable = models.BooleanField(default=False)
     k8s_annotations = models.JSONField(default=dict, blank=True)
+    # The NIC summary (worst port state, link_downed summed over ports) and, per port
+    # ("mlx5_0/1"), the last readings the change detection compares against.
     nic_state = models.CharField(max_length=16, blank=True)
     nic_link_downed = models.IntegerField(null=True)
+    nic_ports = models.JSONField(default=dict, blank=True)
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.UNKNOWN)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -63,6 +66,10 @@ class Gpu(models.Model):
     temperature = models.FloatField(null=True)
     last_xid = models.IntegerField(default=0)
     last_xid_at = models.DateTimeField(null=True)
+    # The last readings change detection compares against (dcgm-exporter fields).
+    clock_event_reasons = models.IntegerField(default=0)
+    dbe_total = models.FloatField(null=True)
+    row_remap_failure = models.BooleanField(default=False)
     health = models.CharField(
         max_length=16, choices=Node.Health.choices, default=Node.Health.UNKNOWN
     )
@@ -164,6 +171,8 @@ class SourceHealth(models.Model):
     last_duration_ms = models.FloatField(null=True)
     consecutive_failures = models.PositiveIntegerField(default=0)
     runs = models.PositiveIntegerField(default=0)
+    # Where the source's change feed was read up to (Kubernetes event resourceVersions, ...).
+    cursor = models.JSONField(default=dict, blank=True)
 
     class Meta:
         constraints = [
@@ -173,3 +182,27 @@ class SourceHealth(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}: {'up' if self.healthy else 'down'}"
+
+
+class CollectorRun(models.Model):
+    """One run of one collector: when, how long, what it read, what went wrong.
+
+    Pruned with the telemetry. ``warnings`` holds records the source sent that could not be
+    parsed (the error and an excerpt); the rest of that run's data was kept."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="collector_runs")
+    source = models.CharField(max_length=32)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    duration_ms = models.FloatField()
+    ok = models.BooleanField()
+    error = models.TextField(blank=True)
+    counts = models.JSONField(default=dict, blank=True)
+    warnings = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        indexes = [models.Index(fields=["source", "started_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.source} run at {self.started_at:%H:%M:%S}: {'ok' if self.ok else 'failed'}"

@@ -86,21 +86,71 @@ def xid_changes(previous_xid: int | None, now: GpuMetric) -> list[SignalDraft]:
                               "uuid": now.uuid})]
 
 
-def nic_changes(previous: tuple[str, int] | None, now: NicPort) -> list[SignalDraft]:
+THERMAL_BITS = 0x20 | 0x40  # DCGM clock-event reasons: sw and hw thermal slowdown
+
+
+@dataclass(frozen=True)
+class GpuSeen:
+    """What FleetWatch last stored for a GPU: what the next scrape is compared against."""
+
+    last_xid: int = 0
+    clock_event_reasons: int = 0
+    dbe_total: float | None = None
+    row_remap_failure: bool = False
+
+
+def _dcgm(now: GpuMetric, metric: str, value: float, message: str,
+          **extra: object) -> SignalDraft:
+    return SignalDraft("dcgm", "dcgm_field", node=now.node, gpu=now.gpu, value=f"{value:g}",
+                       message=message, data={"metric": metric, "value": value, **extra})
+
+
+def gpu_changes(previous: GpuSeen, now: GpuMetric) -> list[SignalDraft]:
+    """Telemetry that diagnosis needs, as events. A GPU held back for thermal reasons is
+    reported on every scrape while it lasts (with its temperature): "sustained" is exactly
+    what diagnosis must see. Everything else is reported when it changes."""
+    drafts = xid_changes(previous.last_xid, now)
+    where = f"{now.node} GPU {now.gpu}"
+    if now.clock_event_reasons & THERMAL_BITS or previous.clock_event_reasons & THERMAL_BITS:
+        drafts.append(_dcgm(now, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", now.clock_event_reasons,
+                            f"clock event reasons 0x{now.clock_event_reasons:x} on {where}"))
+        if now.temperature is not None:
+            drafts.append(_dcgm(now, "DCGM_FI_DEV_GPU_TEMP", now.temperature,
+                                f"{now.temperature:.0f} C on {where}"))
+    if (now.dbe_total is not None and previous.dbe_total is not None
+            and now.dbe_total > previous.dbe_total):
+        drafts.append(_dcgm(now, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", now.dbe_total,
+                            f"double-bit ECC errors {previous.dbe_total:g} -> "
+                            f"{now.dbe_total:g} on {where}", previous=previous.dbe_total))
+    if now.row_remap_failure and not previous.row_remap_failure:
+        drafts.append(_dcgm(now, "DCGM_FI_DEV_ROW_REMAP_FAILURE", 1,
+                            f"row remap failure on {where}"))
+    return drafts
+
+
+def nic_changes(previous: dict[str, object] | None, now: NicPort) -> list[SignalDraft]:
+    """One port's changes since its last reading (``None``: the first reading, a baseline)."""
     if previous is None:
         return []
     drafts = []
-    state, downed = previous
     where = f"{now.device} port {now.port}"
-    if now.link_downed > downed:
-        drafts.append(SignalDraft("nic", "nic_counter", node=now.node, code=now.link_downed,
-                                  value=str(now.link_downed),
-                                  message=f"{where} link_downed {downed} -> {now.link_downed}",
-                                  data={"device": now.device, "port": now.port,
-                                        "counter": "link_downed", "value": now.link_downed}))
+    base = {"device": now.device, "port": now.port}
+    for counter, value in (("link_downed", now.link_downed),
+                           ("link_error_recovery", now.link_error_recovery)):
+        before = previous.get(counter)
+        if isinstance(before, int) and value > before:
+            drafts.append(SignalDraft("nic", "nic_counter", node=now.node, code=value,
+                                      value=str(value), message=f"{where} {counter} {before} -> {value}",
+                                      data={**base, "counter": counter, "value": value,
+                                            "previous": before}))
+    state = previous.get("state")
     if now.state != state:
         drafts.append(SignalDraft("nic", "nic_state", node=now.node, value=now.state,
                                   message=f"{where} {state} -> {now.state}",
-                                  data={"device": now.device, "port": now.port,
-                                        "state": now.state}))
+                                  data={**base, "state": now.state}))
     return drafts
+
+
+def nic_reading(port: NicPort) -> dict[str, object]:
+    return {"state": port.state, "link_downed": port.link_downed,
+            "link_error_recovery": port.link_error_recovery}

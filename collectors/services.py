@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from celery import current_app
 from django.conf import settings
@@ -18,9 +19,19 @@ from django.db import transaction
 from django.utils import timezone
 
 from collectors import normalize
+from collectors.bulk import update_columns
 from collectors.clients import Clients, get_clients
-from collectors.clients.base import ClientError
-from collectors.models import Cluster, Gpu, GpuSample, Job, Node, Signal, SourceHealth
+from collectors.clients.base import ClientError, K8sEvent, NicPort
+from collectors.models import (
+    Cluster,
+    CollectorRun,
+    Gpu,
+    GpuSample,
+    Job,
+    Node,
+    Signal,
+    SourceHealth,
+)
 from collectors.normalize import SignalDraft
 
 log = logging.getLogger(__name__)
@@ -44,6 +55,14 @@ def cluster_default() -> Cluster:
     return cluster
 
 
+@dataclass
+class RunLog:
+    """What one collector run read, for its CollectorRun row."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
 def collect_source(source: str, *, clients: Clients | None = None) -> CollectResult:
     """Run one collector. A source that cannot be read marks itself unhealthy and changes no
     node: a missing source is never read as a failed node."""
@@ -52,16 +71,19 @@ def collect_source(source: str, *, clients: Clients | None = None) -> CollectRes
         raise ValueError(f"unknown source {source!r}; known: {', '.join(COLLECTORS)}")
     clients = clients or get_clients()
     cluster = cluster_default()
-    started = time.monotonic()
+    started, started_at = time.monotonic(), timezone.now()
+    run = RunLog()
     try:
         with transaction.atomic():
             # Lock this source's health row first: two runs of one collector (a slow scrape
             # overlapping the next beat) take turns, so a change is announced once.
             SourceHealth.objects.select_for_update().get_or_create(cluster=cluster, name=source)
-            drafts = collector(cluster, clients)
+            drafts = collector(cluster, clients, run)
             ids = signals_store(cluster, drafts)
             health_changes = source_health_record(cluster, source, None, started)
             ids += signals_store(cluster, health_changes)
+            run.counts["signals"] = len(ids)
+            _run_record(cluster, source, started_at, started, run, "")
             signals_announce(ids)
         return CollectResult(source, True, ids)
     except ClientError as exc:
@@ -69,8 +91,23 @@ def collect_source(source: str, *, clients: Clients | None = None) -> CollectRes
         with transaction.atomic():
             health_changes = source_health_record(cluster, source, str(exc), started)
             ids = signals_store(cluster, health_changes)
+            _run_record(cluster, source, started_at, started, RunLog(), str(exc))
             signals_announce(ids)
         return CollectResult(source, False, ids, str(exc))
+
+
+def _run_record(cluster: Cluster, source: str, started_at: datetime, started: float,
+                run: RunLog, error: str) -> None:
+    CollectorRun.objects.create(
+        cluster=cluster, source=source, started_at=started_at, finished_at=timezone.now(),
+        duration_ms=(time.monotonic() - started) * 1000, ok=not error, error=error[:2000],
+        counts=run.counts, warnings=run.warnings[:50])
+
+
+def _client_warnings(client: object, run: RunLog) -> None:
+    """Records a source sent that its client could not parse (kept out of the data)."""
+    for warning in getattr(client, "last_warnings", None) or []:
+        run.warnings.append(str(warning)[:500])
 
 
 def source_health_record(
@@ -128,123 +165,194 @@ def signals_announce(signal_ids: list[int]) -> None:
     transaction.on_commit(lambda: current_app.send_task(DIAGNOSE_TASK, args=[ids]))
 
 
-def _nodes_ensure(cluster: Cluster, names: Iterable[str]) -> dict[str, Node]:
-    """All of the cluster's nodes by name, creating the ones a source reports for the first
-    time. Collectors for different sources run at once and may meet new nodes together:
+def _nodes_ensure(cluster: Cluster, names: Iterable[str]) -> dict[str, int]:
+    """The ids of the cluster's nodes by name, creating the ones a source reports for the
+    first time. Collectors for different sources run at once and may meet new nodes together:
     inserting in name order makes them queue behind each other instead of deadlocking."""
-    Node.objects.bulk_create([Node(cluster=cluster, name=n) for n in sorted(set(names))],
-                             ignore_conflicts=True)
-    return {n.name: n for n in Node.objects.filter(cluster=cluster)}
+    ids = dict(Node.objects.filter(cluster=cluster).values_list("name", "id"))
+    new = sorted(set(names) - set(ids))
+    if new:
+        Node.objects.bulk_create([Node(cluster=cluster, name=n) for n in new],
+                                 ignore_conflicts=True, batch_size=5000)
+        ids = dict(Node.objects.filter(cluster=cluster).values_list("name", "id"))
+    return ids
 
 
-def collect_slurm(cluster: Cluster, clients: Clients) -> list[SignalDraft]:
+def collect_slurm(cluster: Cluster, clients: Clients, run: RunLog) -> list[SignalDraft]:
     topology = clients.slurm.topology()
     reported = clients.slurm.nodes()
     jobs = clients.slurm.jobs()
+    _client_warnings(clients.slurm, run)
+    run.counts.update(nodes=len(reported), jobs=len(jobs))
     leaf_of = {node: leaf for leaf, members in topology.items() for node in members}
-    nodes = _nodes_ensure(cluster, (s.name for s in reported))
+    ids = _nodes_ensure(cluster, (s.name for s in reported))
+    stored = {row[0]: row[1:] for row in Node.objects.filter(cluster=cluster).values_list(
+        "name", "slurm_state", "slurm_flags", "slurm_reason", "leaf_switch", "in_service")}
     drafts: list[SignalDraft] = []
     now = timezone.now()
+    changed = []
     for seen in reported:
-        node = nodes[seen.name]
-        previous = (normalize.SlurmNodeSeen(node.slurm_state, tuple(node.slurm_flags),
-                                            node.slurm_reason)
-                    if node.slurm_state else None)
+        state, flags, reason, leaf, in_service = stored[seen.name]
+        previous = normalize.SlurmNodeSeen(state, tuple(flags), reason) if state else None
         drafts += normalize.slurm_node_changes(previous, seen)
-        node.slurm_state, node.slurm_flags, node.slurm_reason = (
-            seen.state, list(seen.flags), seen.reason)
-        node.leaf_switch = leaf_of.get(seen.name, node.leaf_switch)
-        node.in_service = True
-        node.updated_at = now
-        # Only the fields this source owns: the other collectors write theirs concurrently.
-        node.save(update_fields=["slurm_state", "slurm_flags", "slurm_reason", "leaf_switch",
-                                 "in_service", "updated_at"])
+        new = (seen.state, list(seen.flags), seen.reason, leaf_of.get(seen.name, leaf), True)
+        if new != (state, flags, reason, leaf, in_service):
+            changed.append((ids[seen.name], *new, now))
+    # Only the columns this source owns: the other collectors write theirs concurrently, and
+    # an unchanged node is not rewritten (at 12,500 nodes that is most of the cost).
+    update_columns(Node, ["slurm_state", "slurm_flags", "slurm_reason", "leaf_switch",
+                          "in_service", "updated_at"], changed)
+    run.counts["nodes_changed"] = len(changed)
     in_slurm = {s.name for s in reported}
     Node.objects.filter(cluster=cluster, in_service=True).exclude(name__in=in_slurm).update(
         in_service=False, updated_at=now)
 
-    known = {j.slurm_id: j for j in Job.objects.filter(cluster=cluster)}
+    known = dict(Job.objects.filter(cluster=cluster).values_list("slurm_id", "state"))
+    rows = []
     for seen in jobs:
-        job = known.get(seen.job_id)
-        drafts += normalize.slurm_job_changes(job.state if job else None, seen)
-        if job is None:
-            job = Job(cluster=cluster, slurm_id=seen.job_id)
-        job.name, job.user, job.state = seen.name, seen.user, seen.state
-        job.nodes = list(seen.nodes) or job.nodes
-        job.restart_count = seen.restart_count
-        job.step, job.checkpoint_step = seen.step, seen.checkpoint_step
-        job.resumed_from_step = seen.resumed_from_step
-        job.started_at = (datetime.fromtimestamp(seen.started_at, tz=UTC)
-                          if seen.started_at else None)
-        job.updated_at = now
-        job.save()
+        drafts += normalize.slurm_job_changes(known.get(seen.job_id), seen)
+        rows.append(Job(
+            cluster=cluster, slurm_id=seen.job_id, name=seen.name, user=seen.user,
+            state=seen.state, nodes=list(seen.nodes), restart_count=seen.restart_count,
+            step=seen.step, checkpoint_step=seen.checkpoint_step,
+            resumed_from_step=seen.resumed_from_step,
+            started_at=datetime.fromtimestamp(seen.started_at, tz=UTC) if seen.started_at
+            else None, updated_at=now))
+    # One upsert (INSERT ... ON CONFLICT DO UPDATE) per batch instead of a query per job.
+    Job.objects.bulk_create(
+        rows, update_conflicts=True, unique_fields=["cluster", "slurm_id"],
+        update_fields=["name", "user", "state", "nodes", "restart_count", "step",
+                       "checkpoint_step", "resumed_from_step", "started_at", "updated_at"],
+        batch_size=2000)
     return drafts
 
 
-def collect_kubernetes(cluster: Cluster, clients: Clients) -> list[SignalDraft]:
+def collect_kubernetes(cluster: Cluster, clients: Clients, run: RunLog) -> list[SignalDraft]:
     reported = clients.kubernetes.nodes()
-    nodes = _nodes_ensure(cluster, (s.name for s in reported))
+    _client_warnings(clients.kubernetes, run)
+    run.counts["nodes"] = len(reported)
+    ids = _nodes_ensure(cluster, (s.name for s in reported))
+    stored = {row[0]: row[1:] for row in Node.objects.filter(cluster=cluster).values_list(
+        "name", "k8s_ready", "k8s_unschedulable", "k8s_annotations", "pool")}
     drafts: list[SignalDraft] = []
     now = timezone.now()
+    changed = []
     for seen in reported:
-        node = nodes[seen.name]
-        drafts += normalize.k8s_node_changes(node.k8s_ready, node.k8s_unschedulable, seen)
-        node.k8s_ready, node.k8s_unschedulable = seen.ready, seen.unschedulable
-        node.k8s_annotations = seen.annotations
-        node.pool = seen.labels.get("fleetwatch.io/pool", node.pool)
-        node.updated_at = now
-        node.save(update_fields=["k8s_ready", "k8s_unschedulable", "k8s_annotations", "pool",
-                                 "updated_at"])
+        ready, unschedulable, annotations, pool = stored[seen.name]
+        drafts += normalize.k8s_node_changes(ready, unschedulable, seen)
+        new = (seen.ready, seen.unschedulable, seen.annotations,
+               seen.labels.get("fleetwatch.io/pool", pool))
+        if new != (ready, unschedulable, annotations, pool):
+            changed.append((ids[seen.name], *new, now))
+    update_columns(Node, ["k8s_ready", "k8s_unschedulable", "k8s_annotations", "pool",
+                          "updated_at"], changed)
+    run.counts["nodes_changed"] = len(changed)
+    events = getattr(clients.kubernetes, "node_events", None)
+    if events is not None:
+        drafts += _k8s_events(cluster, events(), run)
     return drafts
 
 
-def collect_telemetry(cluster: Cluster, clients: Clients) -> list[SignalDraft]:
+def _k8s_events(cluster: Cluster, events: list[K8sEvent], run: RunLog) -> list[SignalDraft]:
+    """Node events not seen before. Kubernetes keeps events for an hour and lists them all
+    each time; the ones already announced are kept in the source's cursor."""
+    health = SourceHealth.objects.get(cluster=cluster, name="kubernetes")
+    seen = set(health.cursor.get("events", []))
+    drafts = []
+    for e in events:
+        key = f"{e.namespace}/{e.name}/{e.at or ''}"
+        if key in seen:
+            continue
+        seen.add(key)
+        drafts.append(SignalDraft("kubernetes", "k8s_event", node=e.node, value=e.reason,
+                                  message=e.message,
+                                  data={"event_reason": e.reason, "type": e.type}))
+    run.counts["events"] = len(drafts)
+    health.cursor = {**health.cursor, "events": sorted(seen)[-5000:]}
+    health.save(update_fields=["cursor"])
+    return drafts
+
+
+GPU_COLUMNS = ["uuid", "last_xid", "last_xid_at", "utilization", "temperature",
+               "clock_event_reasons", "dbe_total", "row_remap_failure", "health", "updated_at"]
+
+
+def collect_telemetry(cluster: Cluster, clients: Clients, run: RunLog) -> list[SignalDraft]:
     metrics = clients.telemetry.gpu_metrics()
     ports = clients.telemetry.nic_ports()
-    nodes = _nodes_ensure(cluster, [m.node for m in metrics] + [p.node for p in ports])
-    Gpu.objects.bulk_create(
-        [Gpu(node=nodes[m.node], index=m.gpu) for m in metrics], ignore_conflicts=True)
-    gpus = {(g.node_id, g.index): g for g in Gpu.objects.filter(node__cluster=cluster)}
-    previous_xid = {key: g.last_xid for key, g in gpus.items()}
+    _client_warnings(clients.telemetry, run)
+    run.counts.update(gpus=len(metrics), nic_ports=len(ports))
+    ids = _nodes_ensure(cluster, [m.node for m in metrics] + [p.node for p in ports])
+
+    def gpus_stored() -> dict[tuple[int, int], tuple[Any, ...]]:
+        return {(r[0], r[1]): r[2:] for r in Gpu.objects.filter(node__cluster=cluster)
+                .values_list("node_id", "index", "id", "last_xid", "last_xid_at",
+                             "clock_event_reasons", "dbe_total", "row_remap_failure")}
+
+    stored = gpus_stored()
+    missing = {(ids[m.node], m.gpu) for m in metrics} - set(stored)
+    if missing:
+        Gpu.objects.bulk_create([Gpu(node_id=n, index=i) for n, i in sorted(missing)],
+                                ignore_conflicts=True, batch_size=5000)
+        stored = gpus_stored()
     now = timezone.now()
     drafts: list[SignalDraft] = []
+    rows = []
     samples = []
     failing: dict[str, bool] = {}
+    keep_samples = settings.FLEETWATCH_STORE_GPU_SAMPLES
     for m in metrics:
-        node = nodes[m.node]
-        gpu = gpus[(node.id, m.gpu)]
-        drafts += normalize.xid_changes(previous_xid[(node.id, m.gpu)], m)
-        if m.last_xid != gpu.last_xid:
-            gpu.last_xid_at = now
-        gpu.uuid, gpu.last_xid = m.uuid, m.last_xid
-        gpu.utilization, gpu.temperature = m.utilization, m.temperature
-        failed = m.last_xid in FAILING_XIDS_FOR_HEALTH or m.utilization is None
-        gpu.health = Node.Health.FAILED if failed else Node.Health.HEALTHY
-        gpu.updated_at = now
+        node_id = ids[m.node]
+        pk, last_xid, last_xid_at, clocks, dbe, remap = stored[(node_id, m.gpu)]
+        if (m.last_xid != last_xid or (m.clock_event_reasons | clocks) & normalize.THERMAL_BITS
+                or m.dbe_total != dbe or bool(m.row_remap_failure) != remap):
+            drafts += normalize.gpu_changes(normalize.GpuSeen(last_xid, clocks, dbe, remap), m)
+        failed = (m.last_xid in FAILING_XIDS_FOR_HEALTH or m.utilization is None
+                  or bool(m.row_remap_failure))
         failing[m.node] = failing.get(m.node, False) or failed
-        samples.append(GpuSample(node=node, gpu_index=m.gpu, at=now,
-                                 utilization=m.utilization, temperature=m.temperature))
-    Gpu.objects.bulk_update(
-        list(gpus.values()),
-        ["uuid", "last_xid", "last_xid_at", "utilization", "temperature", "health",
-         "updated_at"],
-    )
-    GpuSample.objects.bulk_create(samples)
-    for name, bad in failing.items():
-        Node.objects.filter(pk=nodes[name].pk).update(
-            health=Node.Health.FAILED if bad else Node.Health.HEALTHY)
-
-    for port in ports:
-        node = nodes[port.node]
-        previous = ((node.nic_state, node.nic_link_downed)
-                    if node.nic_link_downed is not None else None)
-        drafts += normalize.nic_changes(previous, port)
-        Node.objects.filter(pk=node.pk).update(nic_state=port.state,
-                                               nic_link_downed=port.link_downed)
+        rows.append((pk, m.uuid, m.last_xid, now if m.last_xid != last_xid else last_xid_at,
+                     m.utilization, m.temperature, m.clock_event_reasons, m.dbe_total,
+                     bool(m.row_remap_failure),
+                     Node.Health.FAILED if failed else Node.Health.HEALTHY, now))
+        if keep_samples:
+            samples.append(GpuSample(node_id=node_id, gpu_index=m.gpu, at=now,
+                                     utilization=m.utilization, temperature=m.temperature))
+    update_columns(Gpu, GPU_COLUMNS, rows)
+    GpuSample.objects.bulk_create(samples, batch_size=5000)
+    for health in (Node.Health.FAILED, Node.Health.HEALTHY):
+        names = [n for n, bad in failing.items() if (health == Node.Health.FAILED) == bad]
+        Node.objects.filter(cluster=cluster, name__in=names).exclude(health=health).update(
+            health=health)
+    drafts += _nics(cluster, ids, ports, run)
     return drafts
 
 
-COLLECTORS: dict[str, Callable[[Cluster, Clients], list[SignalDraft]]] = {
+def _nics(cluster: Cluster, ids: dict[str, int], ports: list[NicPort],
+          run: RunLog) -> list[SignalDraft]:
+    stored = {r[0]: r[1:] for r in Node.objects.filter(cluster=cluster).values_list(
+        "name", "nic_ports", "nic_state", "nic_link_downed")}
+    by_node: dict[str, list[NicPort]] = {}
+    for port in ports:
+        by_node.setdefault(port.node, []).append(port)
+    drafts: list[SignalDraft] = []
+    changed = []
+    for name, node_ports in by_node.items():
+        before, state, downed = stored[name]
+        readings = dict(before)
+        for port in node_ports:
+            key = f"{port.device}/{port.port}"
+            drafts += normalize.nic_changes(readings.get(key), port)
+            readings[key] = normalize.nic_reading(port)
+        worst = next((p.state for p in node_ports if p.state != "ACTIVE"), "ACTIVE")
+        total = sum(p.link_downed for p in node_ports)
+        if (readings, worst, total) != (before, state, downed):
+            changed.append((ids[name], readings, worst, total))
+    update_columns(Node, ["nic_ports", "nic_state", "nic_link_downed"], changed)
+    run.counts["nic_nodes_changed"] = len(changed)
+    return drafts
+
+
+COLLECTORS: dict[str, Callable[[Cluster, Clients, RunLog], list[SignalDraft]]] = {
     "slurm": collect_slurm,
     "kubernetes": collect_kubernetes,
     "telemetry": collect_telemetry,
@@ -254,4 +362,5 @@ COLLECTORS: dict[str, Callable[[Cluster, Clients], list[SignalDraft]]] = {
 def telemetry_prune() -> int:
     cutoff = timezone.now() - timedelta(hours=settings.FLEETWATCH_TELEMETRY_RETENTION_HOURS)
     deleted, _ = GpuSample.objects.filter(at__lt=cutoff).delete()
+    CollectorRun.objects.filter(started_at__lt=cutoff).delete()
     return deleted

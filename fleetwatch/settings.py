@@ -167,7 +167,9 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
 # --- FleetWatch -----------------------------------------------------------------------------
-FLEETWATCH_FLEET = env_choice("FLEETWATCH_FLEET", "sim", ["sim"])
+# "sim": the simulated fleet (the default, needs nothing). "real": the Slurm CLI, the
+# Kubernetes API and Prometheus, configured by the variables below.
+FLEETWATCH_FLEET = env_choice("FLEETWATCH_FLEET", "sim", ["sim", "real"])
 FLEETWATCH_CLUSTER = env_str("FLEETWATCH_CLUSTER", "sim")
 FLEETWATCH_SOURCES = env_subset(
     "FLEETWATCH_SOURCES", ["slurm", "kubernetes", "telemetry"], ["slurm", "kubernetes", "telemetry"]
@@ -186,6 +188,16 @@ FLEETWATCH_HTTP_TIMEOUT = env_float("FLEETWATCH_HTTP_TIMEOUT", 5.0, minimum=0.1)
 FLEETWATCH_SIM_STATE = Path(env_str("FLEETWATCH_SIM_STATE", str(DATA_DIR / "sim-fleet.json")))
 FLEETWATCH_SIM_SPEED = env_float("FLEETWATCH_SIM_SPEED", 20.0, minimum=0.01)
 FLEETWATCH_DEMO_CONTROLS = env_bool("FLEETWATCH_DEMO_CONTROLS", FLEETWATCH_FLEET == "sim")
+# Real sources. Slurm: its CLI (squeue/sinfo/scontrol/scancel) from this directory ("" = PATH),
+# reading SLURM_CONF like any Slurm command. Kubernetes: this kubeconfig ("" = the in-cluster
+# service account). Prometheus: the server that scrapes dcgm-exporter and node-exporter.
+FLEETWATCH_SLURM_BIN_DIR = env_str("FLEETWATCH_SLURM_BIN_DIR")
+FLEETWATCH_SLURM_TIMEOUT = env_float("FLEETWATCH_SLURM_TIMEOUT", 20.0, minimum=0.5)
+FLEETWATCH_KUBECONFIG = env_str("FLEETWATCH_KUBECONFIG")
+FLEETWATCH_PROMETHEUS_URL = env_str("FLEETWATCH_PROMETHEUS_URL")
+# Per-scrape GPU samples in the database, for the charts. With Prometheus the charts use its
+# range queries instead, so a 100,000-GPU fleet does not write 100,000 rows every scrape.
+FLEETWATCH_STORE_GPU_SAMPLES = env_bool("FLEETWATCH_STORE_GPU_SAMPLES", FLEETWATCH_FLEET == "sim")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -223,7 +223,10 @@ def extract(observations: Sequence[Observation]) -> Facts:
                     hot.setdefault((node, f"GPU {gpu}"), []).append((obs.at.timestamp(), value))
             elif metric == ROW_REMAP_FAILURE or metric in MEMORY_COUNTERS:
                 key3 = (node, gpu, metric)
-                previous = gauges.get(key3)
+                # The live collector sends changes with the reading before them.
+                previous = gauges.get(key3, obs.fields.get("previous"))
+                if not isinstance(previous, int | float) or isinstance(previous, bool):
+                    previous = None
                 gauges[key3] = value
                 if metric == ROW_REMAP_FAILURE:  # a flag: 0 -> 1 (or first seen at 1)
                     rose = value > 0 and not previous
@@ -288,7 +291,11 @@ def _nic(obs: Observation, facts: Facts, counters: dict[tuple[str, str, str], fl
     if obs.value is None or obs.metric not in (LINK_DOWNED, LINK_RECOVERY):
         return
     key = (obs.node, port, obs.metric)
-    previous_total = counters.get(key)
+    # The first reading in the window is the baseline, unless the signal carries the reading
+    # before it (the live collector sends only changes, with what they changed from).
+    previous_total = counters.get(key, f.get("previous"))
+    if not isinstance(previous_total, int | float) or isinstance(previous_total, bool):
+        previous_total = None
     counters[key] = obs.value
     if previous_total is None or obs.value <= previous_total:
         return  # the first reading is a baseline; a drop is a counter reset
