@@ -8,6 +8,7 @@ still drained is not a new drain.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from collectors.clients.base import GpuMetric, K8sNode, NicPort, SlurmJob, SlurmNode
 
@@ -23,6 +24,7 @@ class SignalDraft:
     value: str = ""
     message: str = ""
     data: dict[str, object] = field(default_factory=dict)
+    observed_at: datetime | None = None  # when the source saw it, if not "now"
 
 
 @dataclass(frozen=True)

@@ -151,11 +151,49 @@ def signals_store(
     rows = [
         Signal(cluster=cluster, source=d.source, kind=d.kind, node=nodes.get(d.node),
                node_name=d.node, gpu_index=d.gpu, job_id=d.job, code=d.code, value=d.value,
-               message=d.message, data=d.data, observed_at=observed_at or now, ingested_at=now)
+               message=d.message, data=d.data, observed_at=d.observed_at or observed_at or now,
+               ingested_at=now)
         for d in drafts
     ]
     # PostgreSQL and SQLite >= 3.35 return the new primary keys from bulk_create.
     return [s.pk for s in Signal.objects.bulk_create(rows)]
+
+
+class IngestRejected(Exception):
+    """A pushed batch that cannot be stored; nothing of it was."""
+
+    def __init__(self, message: str, *, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+SIGNAL_FIELDS = ("at", "source", "node", "gpu", "job", "message")
+
+
+def signals_ingest(cluster: Cluster, batch: list[dict[str, Any]], *,
+                   only_node: str | None = None) -> list[int]:
+    """Store a batch of pushed signals (replay-format records, validated by the caller's
+    serializer) and announce them to diagnosis. All or nothing: one bad record rejects the
+    batch, so an agent that retries never leaves half a batch behind."""
+    names = {r["node"] for r in batch if r.get("node")}
+    if only_node is not None and names - {only_node}:
+        raise IngestRejected(f"this token may only push signals for {only_node}, not "
+                             f"{', '.join(sorted(names - {only_node}))}", status=403)
+    known = set(Node.objects.filter(cluster=cluster, name__in=names).values_list("name", flat=True))
+    if names - known:
+        raise IngestRejected(f"unknown node(s): {', '.join(sorted(names - known))}")
+    drafts = []
+    for record in batch:
+        data = {k: v for k, v in record.items() if k not in SIGNAL_FIELDS}
+        drafts.append(SignalDraft(
+            record["source"], f"pushed_{record['source']}", node=record.get("node") or "",
+            gpu=record.get("gpu"), job=record.get("job") or "",
+            value=str(data.get("value", data.get("state", "")))[:128],
+            message=record.get("message") or "", data=data, observed_at=record["at"]))
+    with transaction.atomic():
+        ids = signals_store(cluster, drafts)
+        signals_announce(ids)
+    return ids
 
 
 def signals_announce(signal_ids: list[int]) -> None:

@@ -7,6 +7,9 @@ import secrets
 from django.contrib.auth.models import Group, Permission, User
 
 VIEWER, OPERATOR, ADMIN = "viewer", "operator", "admin"
+# A node agent: may push signals, for its own node only (its user is "agent:<node>").
+AGENT = "agent"
+AGENT_PREFIX = "agent:"
 
 
 def roles_ensure() -> None:
@@ -16,6 +19,24 @@ def roles_ensure() -> None:
     operator.permissions.add(operate)
     admin, _ = Group.objects.get_or_create(name=ADMIN)
     admin.permissions.add(operate)
+    Group.objects.get_or_create(name=AGENT)
+
+
+def agent_user(node: str) -> User:
+    """The user a node agent's token belongs to; it has no password and no other role."""
+    roles_ensure()
+    user, _ = User.objects.get_or_create(username=f"{AGENT_PREFIX}{node}")
+    user.set_unusable_password()
+    user.save()
+    user.groups.set([Group.objects.get(name=AGENT)])
+    return user
+
+
+def agent_node(user: User) -> str | None:
+    """The node an agent user may push for; ``None`` for people."""
+    if user.username.startswith(AGENT_PREFIX) and user.groups.filter(name=AGENT).exists():
+        return user.username[len(AGENT_PREFIX):]
+    return None
 
 
 def user_with_role(username: str, role: str, password: str | None = None) -> tuple[User, str]:

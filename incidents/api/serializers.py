@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 from rest_framework import serializers
 
 from collectors.models import Gpu, Node
@@ -51,3 +53,37 @@ class NodeSerializer(serializers.ModelSerializer):
         fields = ["id", "cluster", "name", "pool", "leaf_switch", "in_service", "health",
                   "slurm_state", "slurm_flags", "slurm_reason", "k8s_ready",
                   "k8s_unschedulable", "k8s_annotations", "nic_state", "updated_at", "gpus"]
+
+
+class SignalInSerializer(serializers.Serializer):
+    """One pushed signal, in the replay format (shared/REPLAY.md): ``at`` and ``source``,
+    the source's fields, and any extra fields (kept as they are)."""
+
+    SOURCES = ["kernel", "dcgm", "nic", "slurm", "kubernetes", "job_log", "collector"]
+    at = serializers.DateTimeField()
+    source = serializers.ChoiceField(choices=SOURCES)
+    node = serializers.CharField(max_length=128, required=False, allow_blank=True)
+    gpu = serializers.IntegerField(min_value=0, max_value=255, required=False, allow_null=True)
+    job = serializers.CharField(max_length=32, required=False, allow_blank=True)
+    message = serializers.CharField(max_length=4000, required=False, allow_blank=True)
+    metric = serializers.CharField(max_length=128, required=False)
+    value = serializers.FloatField(required=False, allow_null=True)
+
+    def to_internal_value(self, data: object) -> dict[str, object]:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("each signal must be an object")
+        validated = super().to_internal_value(data)
+        # DRF would quietly read a naive time in the server's zone; a signal's time must say
+        # its offset, as RFC 3339 (and the replay format) require.
+        raw_at = str(data.get("at", ""))
+        if not re.search(r"(Z|[+-]\d\d:?\d\d)$", raw_at.strip(), re.I):
+            raise serializers.ValidationError({"at": "needs a UTC offset (RFC 3339)"})
+        extra = {k: v for k, v in data.items() if k not in self.fields}
+        for key, value in extra.items():
+            if not isinstance(value, str | int | float | bool | list | dict | type(None)):
+                raise serializers.ValidationError({key: "not a JSON value"})
+        return {**extra, **validated}
+
+
+class SignalBatchSerializer(serializers.Serializer):
+    signals = SignalInSerializer(many=True, allow_empty=False)

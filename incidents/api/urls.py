@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from incidents.api.views import IncidentViewSet, NodeViewSet
+from incidents.api.views import IncidentViewSet, NodeViewSet, SignalIngestView
 
 router = DefaultRouter()
 router.register("incidents", IncidentViewSet, basename="incident")
 router.register("nodes", NodeViewSet, basename="node")
-urlpatterns = router.urls
+urlpatterns = [path("signals/", SignalIngestView.as_view(), name="signal-ingest"),
+               *router.urls]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from argparse import ArgumentParser
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -44,6 +46,20 @@ class Command(BaseCommand):
         sim.add_argument("--source-up", default="", help="bring a source back")
         sim.add_argument("--show", action="store_true", help="print the fleet state as JSON")
 
+        agent = sub.add_parser("agent", help="run the node agent on this GPU node")
+        agent.add_argument("--node", default=os.uname().nodename)
+        agent.add_argument("--url", required=True, help="FleetWatch's base URL")
+        agent.add_argument("--token-file", default="",
+                           help="file holding the node's token (else $FLEETWATCH_AGENT_TOKEN)")
+        agent.add_argument("--interval", type=float, default=5.0)
+        agent.add_argument("--passes", type=int, default=None, help="stop after N passes")
+        agent.add_argument("--spool", default="/var/lib/fleetwatch-agent/spool.jsonl")
+        agent.add_argument("--kmsg", default="/dev/kmsg", help="kernel log: /dev/kmsg or a file")
+        agent.add_argument("--sysfs-root", default="/sys/class/infiniband")
+        agent.add_argument("--no-nvml", action="store_true", help="no GPUs to read here")
+        token = sub.add_parser("agent-token", help="create (or show) a node agent's token")
+        token.add_argument("--node", required=True)
+
         diag = sub.add_parser("diagnose", help="diagnose replay files, print JSON lines")
         diag.add_argument("files", nargs="+")
         diag.add_argument("--pretty", action="store_true")
@@ -52,7 +68,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
-            getattr(self, f"_{opts['action']}")(opts)
+            getattr(self, f"_{opts['action'].replace('-', '_')}")(opts)
         except ClientError as exc:
             raise CommandError(str(exc)) from exc
 
@@ -74,6 +90,35 @@ class Command(BaseCommand):
             switch=opts.get("switch", ""),
         )
         self.stdout.write(f"injected: {what}")
+
+    def _agent(self, opts: dict[str, Any]) -> None:
+        from collectors import agent
+
+        token = (Path(opts["token_file"]).read_text().strip() if opts["token_file"]
+                 else os.environ.get("FLEETWATCH_AGENT_TOKEN", ""))
+        if not token:
+            raise CommandError("no token: --token-file or FLEETWATCH_AGENT_TOKEN "
+                               "(create one with: manage.py fleetwatch agent-token --node NAME)")
+        node = opts["node"]
+        sources: list[Any] = [agent.KernelLogSource(node, opts["kmsg"]),
+                              agent.InfinibandSource(node, opts["sysfs_root"])]
+        if not opts["no_nvml"]:
+            import pynvml  # nvidia-ml-py: only the GPU nodes need the driver's library
+
+            sources.insert(0, agent.NvmlSource(node, pynvml))
+        runner = agent.Agent(node, agent.Spool(opts["spool"]), agent.Pusher(opts["url"], token),
+                             sources)
+        self.stdout.write(f"agent for {node}: pushing to {opts['url']} every "
+                          f"{opts['interval']} s")
+        runner.run(opts["interval"], opts["passes"])
+
+    def _agent_token(self, opts: dict[str, Any]) -> None:
+        from rest_framework.authtoken.models import Token
+
+        from fleetwatch.roles import agent_user
+
+        token, _ = Token.objects.get_or_create(user=agent_user(opts["node"]))
+        self.stdout.write(token.key)
 
     def _sim(self, opts: dict[str, Any]) -> None:
         if opts["no_auto_replace"]:
