@@ -64,7 +64,7 @@ def k8s_node_changes(
     drafts = []
     if previous_ready is not None and previous_ready != now.ready:
         status = {True: "True", False: "False", None: "Unknown"}[now.ready]
-        reason = "KubeletReady" if now.ready else "NodeNotReady"
+        reason = now.ready_reason or ("KubeletReady" if now.ready else "NodeNotReady")
         drafts.append(SignalDraft("kubernetes", "k8s_condition", node=now.name, value=status,
                                   message=f"Ready={status} ({reason})",
                                   data={"condition": "Ready", "status": status,

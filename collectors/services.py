@@ -266,8 +266,18 @@ def collect_slurm(cluster: Cluster, clients: Clients, run: RunLog) -> list[Signa
 
 
 def collect_kubernetes(cluster: Cluster, clients: Clients, run: RunLog) -> list[SignalDraft]:
-    reported = clients.kubernetes.nodes()
-    _client_warnings(clients.kubernetes, run)
+    """Node state and node events. A client with change feeds (the real API) is listed once
+    and then watched from the last resourceVersion, so a run reads only what changed and a
+    410 Gone relists; the cursors live in the source's health row."""
+    health = SourceHealth.objects.get(cluster=cluster, name="kubernetes")
+    cursor = dict(health.cursor)
+    k8s = clients.kubernetes
+    node_feed = getattr(k8s, "node_changes", None)
+    if node_feed is not None:
+        reported, cursor["nodes"], relisted = node_feed(cursor.get("nodes"), WATCH_SECONDS)
+        run.counts["relisted"] = int(relisted)
+    else:
+        reported = k8s.nodes()
     run.counts["nodes"] = len(reported)
     ids = _nodes_ensure(cluster, (s.name for s in reported))
     stored = {row[0]: row[1:] for row in Node.objects.filter(cluster=cluster).values_list(
@@ -285,30 +295,51 @@ def collect_kubernetes(cluster: Cluster, clients: Clients, run: RunLog) -> list[
     update_columns(Node, ["k8s_ready", "k8s_unschedulable", "k8s_annotations", "pool",
                           "updated_at"], changed)
     run.counts["nodes_changed"] = len(changed)
-    events = getattr(clients.kubernetes, "node_events", None)
-    if events is not None:
-        drafts += _k8s_events(cluster, events(), run)
-    return drafts
-
-
-def _k8s_events(cluster: Cluster, events: list[K8sEvent], run: RunLog) -> list[SignalDraft]:
-    """Node events not seen before. Kubernetes keeps events for an hour and lists them all
-    each time; the ones already announced are kept in the source's cursor."""
-    health = SourceHealth.objects.get(cluster=cluster, name="kubernetes")
-    seen = set(health.cursor.get("events", []))
-    drafts = []
-    for e in events:
-        key = f"{e.namespace}/{e.name}/{e.at or ''}"
-        if key in seen:
-            continue
-        seen.add(key)
-        drafts.append(SignalDraft("kubernetes", "k8s_event", node=e.node, value=e.reason,
-                                  message=e.message,
-                                  data={"event_reason": e.reason, "type": e.type}))
-    run.counts["events"] = len(drafts)
-    health.cursor = {**health.cursor, "events": sorted(seen)[-5000:]}
+    event_feed = getattr(k8s, "event_changes", None)
+    if event_feed is not None:
+        first = cursor.get("events") is None
+        events, cursor["events"] = event_feed(cursor.get("events"), WATCH_SECONDS)
+        if first:
+            # The first list holds up to an hour of old events: only the ones recent enough
+            # to matter to diagnosis are news.
+            since = time.time() - settings.FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES * 60
+            events = [e for e in events if e.at is not None and e.at >= since]
+        drafts += _k8s_event_drafts(events, run)
+    elif hasattr(k8s, "node_events"):
+        drafts += _k8s_events_unseen(k8s.node_events(), cursor, run)
+    _client_warnings(k8s, run)
+    health.cursor = cursor
     health.save(update_fields=["cursor"])
     return drafts
+
+
+# How long one collector run keeps a Kubernetes watch open for changes (whole seconds: the
+# API's timeoutSeconds). Short, so the beat interval stays the pace.
+WATCH_SECONDS = 1
+
+
+def _k8s_event_drafts(events: list[K8sEvent], run: RunLog) -> list[SignalDraft]:
+    drafts = [SignalDraft("kubernetes", "k8s_event", node=e.node, value=e.reason,
+                          message=e.message, data={"event_reason": e.reason, "type": e.type},
+                          observed_at=datetime.fromtimestamp(e.at, tz=UTC) if e.at else None)
+              for e in events]
+    run.counts["events"] = len(drafts)
+    return drafts
+
+
+def _k8s_events_unseen(events: list[K8sEvent], cursor: dict[str, Any],
+                       run: RunLog) -> list[SignalDraft]:
+    """Node events from a client that lists them all each time (the simulation): the ones
+    already announced are kept in the source's cursor."""
+    seen = set(cursor.get("seen_events", []))
+    fresh = []
+    for e in events:
+        key = f"{e.namespace}/{e.name}/{e.at or ''}"
+        if key not in seen:
+            seen.add(key)
+            fresh.append(e)
+    cursor["seen_events"] = sorted(seen)[-5000:]
+    return _k8s_event_drafts(fresh, run)
 
 
 GPU_COLUMNS = ["uuid", "last_xid", "last_xid_at", "utilization", "temperature",

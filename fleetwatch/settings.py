@@ -196,7 +196,12 @@ FLEETWATCH_DEMO_CONTROLS = env_bool("FLEETWATCH_DEMO_CONTROLS", FLEETWATCH_FLEET
 FLEETWATCH_SLURM_BIN_DIR = env_str("FLEETWATCH_SLURM_BIN_DIR")
 FLEETWATCH_SLURM_TIMEOUT = env_float("FLEETWATCH_SLURM_TIMEOUT", 20.0, minimum=0.5)
 FLEETWATCH_KUBECONFIG = env_str("FLEETWATCH_KUBECONFIG")
+FLEETWATCH_KUBE_CONTEXT = env_str("FLEETWATCH_KUBE_CONTEXT")
 FLEETWATCH_PROMETHEUS_URL = env_str("FLEETWATCH_PROMETHEUS_URL")
+if FLEETWATCH_FLEET == "real" and "telemetry" in FLEETWATCH_SOURCES and not FLEETWATCH_PROMETHEUS_URL:
+    raise ImproperlyConfigured(
+        "FLEETWATCH_FLEET=real collects telemetry from Prometheus: set FLEETWATCH_PROMETHEUS_URL "
+        "(or leave telemetry out of FLEETWATCH_SOURCES)")
 # Per-scrape GPU samples in the database, for the charts. With Prometheus the charts use its
 # range queries instead, so a 100,000-GPU fleet does not write 100,000 rows every scrape.
 FLEETWATCH_STORE_GPU_SAMPLES = env_bool("FLEETWATCH_STORE_GPU_SAMPLES", FLEETWATCH_FLEET == "sim")

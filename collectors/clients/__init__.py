@@ -1,8 +1,8 @@
 """One client per outside system, chosen by ``FLEETWATCH_FLEET``.
 
 Callers ask for ``get_clients()`` and use only the interfaces in ``base``; which
-implementation stands behind them (the simulated fleet now, real Slurm/Kubernetes/Prometheus
-next) is configuration.
+implementation stands behind them (the simulated fleet, or the real Slurm CLI, Kubernetes API
+and Prometheus) is configuration.
 """
 
 from __future__ import annotations
@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from collectors.clients.base import KubernetesClient, NodeProvider, SlurmClient, TelemetryClient
+from collectors.clients.base import (
+    KubernetesClient,
+    NodeProvider,
+    NoProvider,
+    SlurmClient,
+    TelemetryClient,
+)
 from collectors.clients.notify import Notifier, WebhookNotifier
 
 if TYPE_CHECKING:
@@ -44,4 +50,29 @@ def get_clients() -> Clients:
         fleet = sim_fleet()
         return Clients(SimSlurm(fleet), SimKubernetes(fleet), SimTelemetry(fleet),
                        SimProvider(fleet), notifier)
-    raise NotImplementedError(f"FLEETWATCH_FLEET={settings.FLEETWATCH_FLEET}")
+    return Clients(real_slurm(), real_kubernetes(), real_telemetry(), NoProvider(), notifier)
+
+
+# The real clients, imported on first use: the embedded demo needs none of their libraries.
+
+
+def real_slurm() -> SlurmClient:
+    from collectors.clients.slurm import SlurmCli
+
+    return SlurmCli(bin_dir=settings.FLEETWATCH_SLURM_BIN_DIR or None,
+                    timeout=settings.FLEETWATCH_SLURM_TIMEOUT)
+
+
+def real_kubernetes() -> KubernetesClient:
+    from collectors.clients.kubernetes import KubernetesApi
+
+    return KubernetesApi(kubeconfig=settings.FLEETWATCH_KUBECONFIG or None,
+                         context=settings.FLEETWATCH_KUBE_CONTEXT or None,
+                         timeout=settings.FLEETWATCH_HTTP_TIMEOUT * 2)
+
+
+def real_telemetry() -> TelemetryClient:
+    from collectors.clients.prometheus import PrometheusTelemetry
+
+    return PrometheusTelemetry(settings.FLEETWATCH_PROMETHEUS_URL,
+                               timeout=settings.FLEETWATCH_HTTP_TIMEOUT)

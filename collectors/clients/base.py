@@ -57,10 +57,11 @@ class SlurmJob:
 @dataclass(frozen=True)
 class K8sNode:
     name: str
-    ready: bool | None
+    ready: bool | None  # the Ready condition; None when its status is Unknown
     unschedulable: bool
     annotations: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    ready_reason: str = ""  # the condition's reason: KubeletReady, NodeStatusUnknown, ...
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,17 @@ class TelemetryClient(Protocol):
 class NodeProvider(Protocol):
     def replace(self, node: str) -> Replacement: ...
     def replacement_status(self, node: str) -> Replacement | None: ...
+
+
+class NoProvider:
+    """Real sources with no node provider configured: a replacement is refused, plainly,
+    and the remediation stops there for a person (the providers come with remediation)."""
+
+    def replace(self, node: str) -> Replacement:
+        raise ClientError(f"no node provider is configured to replace {node}", permanent=True)
+
+    def replacement_status(self, node: str) -> Replacement | None:
+        return None
 
 
 # FleetWatch's ownership markers (DESIGN.md, "Ownership").
