@@ -245,3 +245,31 @@ def test_viewer_may_not_push(fleet_nodes: None, client: Any, viewer: Any) -> Non
     r = _push(client, token, {"signals": [{"at": "2026-12-03T10:00:00Z", "source": "kernel",
                                            "node": "gpu-003", "message": XID79}]})
     assert r.status_code == 403
+
+
+def test_agent_command_runs_a_pass_with_a_token_file(fleet_nodes: None, live_server: Any,
+                                                     tmp_path: Path, monkeypatch: Any) -> None:
+    from django.core.management import call_command
+
+    token_file = tmp_path / "token"
+    call_command("fleetwatch", "agent-token", "--node", "gpu-006",
+                 stdout=token_file.open("w"))
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    sysfs = tmp_path / "ib"
+    _port(sysfs, "mlx5_0", 1, "4: ACTIVE", link_downed=0)
+
+    class AppendAfterStart(agent.KernelLogSource):
+        # The agent starts at the end of the log; the line arrives after it started.
+        def poll(self) -> list[dict[str, Any]]:
+            with kmsg.open("a") as fh:
+                fh.write("6,1,1,-;mlx5_core 0000:0c:00.0 enp12s0np0: Link down\n")
+            return super().poll()
+
+    monkeypatch.setattr(agent, "KernelLogSource", AppendAfterStart)
+    call_command("fleetwatch", "agent", "--node", "gpu-006", "--url", live_server.url,
+                 "--token-file", str(token_file), "--no-nvml", "--passes", "1",
+                 "--interval", "0", "--kmsg", str(kmsg), "--sysfs-root", str(sysfs),
+                 "--spool", str(tmp_path / "spool.jsonl"))
+    assert list(Signal.objects.filter(source="kernel").values_list("node_name", "message")) == [
+        ("gpu-006", "mlx5_core 0000:0c:00.0 enp12s0np0: Link down")]
