@@ -49,9 +49,9 @@ class CollectResult:
 
 
 def cluster_default() -> Cluster:
-    cluster, _ = Cluster.objects.get_or_create(
-        name=settings.FLEETWATCH_CLUSTER, defaults={"description": "the simulated fleet"}
-    )
+    what = "the simulated fleet" if settings.FLEETWATCH_FLEET == "sim" else "real sources"
+    cluster, _ = Cluster.objects.get_or_create(name=settings.FLEETWATCH_CLUSTER,
+                                               defaults={"description": what})
     return cluster
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Start FleetWatch on its embedded default: SQLite and a filesystem Celery broker in
-# FLEETWATCH_DATA_DIR (./data), the simulated fleet, the web UI on $HOST:$PORT.
+# FLEETWATCH_DATA_DIR (./data), the simulated fleet (or, with FLEETWATCH_FLEET=real, the
+# sources the environment names), the web UI on $HOST:$PORT.
 # Runs web (gunicorn), one Celery worker for all queues and Celery beat; Ctrl-C stops all three.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,10 @@ pids+=($!)
 
 echo
 echo "FleetWatch is starting on http://$HOST:$PORT/  (log in with the demo login above)"
-echo "Inject a fault:  $BIN/python manage.py fleetwatch inject xid --node gpu-003 --gpu 5 --code 79"
+if [ "${FLEETWATCH_FLEET:-sim}" = sim ]; then
+  echo "Inject a fault:  $BIN/python manage.py fleetwatch inject xid --node gpu-003 --gpu 5 --code 79"
+else
+  echo "Real sources: FLEETWATCH_FLEET=$FLEETWATCH_FLEET (see the README's \"Pointing FleetWatch at a cluster\")"
+fi
 echo
 wait -n "${pids[@]}"

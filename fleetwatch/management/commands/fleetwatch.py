@@ -73,10 +73,16 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
 
     def _seed(self, opts: dict[str, Any]) -> None:
+        from django.conf import settings
+
         from fleetwatch.roles import OPERATOR, roles_ensure, user_with_role
 
-        created = simulation.fleet_seed(reset=opts["reset"])
-        self.stdout.write("simulated fleet " + ("created" if created else "already there"))
+        if settings.FLEETWATCH_FLEET == "sim":
+            created = simulation.fleet_seed(reset=opts["reset"])
+            self.stdout.write("simulated fleet " + ("created" if created else "already there"))
+        else:
+            self.stdout.write("real sources: the fleet is whatever Slurm, Kubernetes and "
+                              "Prometheus report")
         roles_ensure()
         if opts["demo_user"]:
             _, password = user_with_role(opts["demo_user"], OPERATOR, opts["password"] or None)
