@@ -33,6 +33,9 @@ MEMORY_COUNTERS = ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_AGG_TOT
                    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS")
 LINK_DOWNED = "link_downed"
 LINK_RECOVERY = "link_error_recovery"
+# Thermal samples this close together belong to one slowdown even with normal scrapes between.
+THERMAL_GAP_S = 60.0
+SLOW_BITS = p.THERMAL_BITS | p.HW_SLOWDOWN
 PORT_DOWN = frozenset({"DOWN", "POLLING", "DISABLED"})
 PORT_UP = frozenset({"ACTIVE", "LINKUP", "ACTIVE_DEFER"})
 TERMINAL_JOB_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL",
@@ -46,6 +49,23 @@ COLLECTOR_SOURCES = {
     "agent": ("kernel", "nic"), "node_agent": ("kernel", "nic"), "nvml": ("kernel", "nic"),
     "kernel": ("kernel",), "nic": ("nic",),
 }
+# Collectors are named by whoever deploys them ("kube-apiserver", "slurmrestd-east",
+# "dcgm-exporter"): a name that is not above is matched on these words, in this order.
+COLLECTOR_WORDS = (("slurm", ("slurm",)), ("kube", ("kubernetes",)), ("k8s", ("kubernetes",)),
+                   ("dcgm", ("dcgm",)), ("prom", ("dcgm",)), ("nvml", ("kernel", "nic")),
+                   ("agent", ("kernel", "nic")), ("kernel", ("kernel",)), ("dmesg", ("kernel",)),
+                   ("journal", ("kernel",)), ("nic", ("nic",)))
+
+
+def collector_sources(name: str) -> tuple[str, ...]:
+    """The replay sources a collector reads, from its name."""
+    key = name.strip().lower()
+    if key in COLLECTOR_SOURCES:
+        return COLLECTOR_SOURCES[key]
+    for word, sources in COLLECTOR_WORDS:
+        if word in key:
+            return sources
+    return (key,)
 
 
 @dataclass(slots=True)
@@ -127,6 +147,8 @@ class ThermalRun:
     mask: int
     closed: bool = False
     ids: list[int] = field(default_factory=list)
+    samples: int = 0      # scrapes that showed the slowdown
+    t_last: float = 0.0   # the last of them
 
 
 @dataclass(slots=True)
@@ -149,6 +171,9 @@ class Facts:
     job_spans: dict[str, JobSpan] = field(default_factory=dict)
     job_nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     admin_drains: list[tuple[datetime, str, str]] = field(default_factory=list)
+    # (job, node) -> [first, last] time the job wrote any output line there: when Slurm says
+    # nothing about a job, this is when it ran.
+    job_activity: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     nodes_seen: set[str] = field(default_factory=set)
     first: datetime | None = None
     last: datetime | None = None
@@ -207,17 +232,22 @@ def extract(observations: Sequence[Observation]) -> Facts:
                 mask = int(value)
                 key = (node, gpu)
                 run = runs.get(key)
-                if mask & p.THERMAL_BITS or (mask & p.HW_SLOWDOWN and run is not None):
+                # Most samples read 0: test the bits inline before the full check.
+                if mask & SLOW_BITS and p.thermal_mask(mask, run is not None and not run.closed):
                     t = obs.at.timestamp()
-                    if run is None:
+                    # A GPU bouncing off its limit (slowed, released for a scrape, slowed
+                    # again) is one slowdown, not many blips.
+                    if run is None or (run.closed and t - run.t_last > THERMAL_GAP_S):
                         run = runs[key] = ThermalRun(node, f"GPU {gpu}", obs.at, t, t, mask)
                         facts.thermal_runs.append(run)
-                    run.t_end, run.mask = t, run.mask | mask
+                    run.t_end = run.t_last = t
+                    run.mask |= mask
+                    run.closed = False
+                    run.samples += 1
                     if obs.id is not None:
                         run.ids.append(obs.id)
-                elif run is not None:
+                elif run is not None and not run.closed:
                     run.t_end, run.closed = obs.at.timestamp(), True
-                    del runs[key]
             elif metric in TEMPERATURES:
                 if value >= HOT_C:
                     hot.setdefault((node, f"GPU {gpu}"), []).append((obs.at.timestamp(), value))
@@ -251,6 +281,12 @@ def extract(observations: Sequence[Observation]) -> Facts:
             _nic(obs, facts, counters, ports)
             continue
         if source == "job_log":
+            t = obs.at.timestamp()
+            seen_at = facts.job_activity.get((obs.job, node))
+            if seen_at is None:
+                facts.job_activity[(obs.job, node)] = [t, t]
+            else:
+                seen_at[1] = t
             line = p.parse_job_line(obs.message)
             if line is not None:
                 facts.job_lines.append(JobFact(obs.at, obs.at.timestamp(), obs.job, node,

@@ -24,8 +24,13 @@ _XID_LINE = re.compile(
     r"(?P<code>\d+)(?:, pid=(?P<pid>'[^']*'|[^,]*), name=(?P<name>[^,]*))?,?\s*(?P<text>.*)$"
 )
 # GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)
-_RECOVERY = re.compile(r"recovery action changed from (0x[0-9a-fA-F]+)[^t]*to (0x[0-9a-fA-F]+)",
+# The "from" action's name may itself contain "t" ("0x1 (GPU Reset Required)"), so the target
+# is found after the last " to "; some tools print only the names ("... from None to Drain and
+# Reset"), so a name alone is understood too.
+_RECOVERY = re.compile(r"recovery action changed from .*?\bto\s+(?P<to>\S.*?)\s*\.?$",
                        re.IGNORECASE)
+_RECOVERY_HEX = re.compile(r"^(0x[0-9a-fA-F]+|\d+)\b")
+_RECOVERY_BY_NAME = {name.lower(): code for code, name in RECOVERY_ACTIONS.items()}
 # mlx5_core 0000:0c:00.0 enp12s0np0: Link down   /   ice 0000:17:00.0 ens1f0: NIC Link is Down
 _NETDEV_LINK = re.compile(
     r"(?P<driver>[\w-]+) (?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d) "
@@ -59,7 +64,7 @@ def parse_kernel(message: str) -> KernelXid | NetdevLink | None:
             action = None
             r = _RECOVERY.search(text)
             if r:
-                action = int(r.group(2), 16)
+                action = _recovery_action(r.group("to"))
             return KernelXid(code, m.group("pci").lower(), (m.group("pid") or "").strip("'"),
                              (m.group("name") or "").strip(), text, action)
     if "ink" in message:
@@ -68,6 +73,15 @@ def parse_kernel(message: str) -> KernelXid | NetdevLink | None:
             return NetdevLink(m.group("dev"), m.group("pci").lower(),
                               m.group("state").lower() == "up")
     return None
+
+
+def _recovery_action(target: str) -> int | None:
+    """``0x2 (Node Reboot Required)``, ``0x2``, ``2`` or ``Node Reboot Required`` -> 2."""
+    m = _RECOVERY_HEX.match(target)
+    if m:
+        return int(m.group(1), 0)
+    name = target.strip().strip("()").strip().lower()
+    return _RECOVERY_BY_NAME.get(name)
 
 
 def recovery_action_name(action: int | None) -> str:
@@ -97,9 +111,12 @@ APP_STRONG = frozenset({APP_OOM, APP_EXCEPTION, APP_CRASH})
 # NET/IB : Got completion from peer 10.0.0.7<45612> with error 12, opcode 0, len 0, vendor err 129
 # NET/IB : Got completion from peer 10.0.0.7<45612> with status=12 opcode=...
 # NET/IB : Got completion from peer 10.0.0.7<45612> with status=IBV_WC_RETRY_EXC_ERR(12) ...
+# NCCL 2.23+ prints ibv_wc_status_str(), words and all, and the GIN transport its own prefix:
+# NET/IB: Got completion from peer 10.0.0.7<45612> with status=transport retry counter exceeded(12)
+# NET/IB/GIN: Got completion from peer ... with status=12 opcode=0 len=0 vendor err 129 (Recv)
 _IB_COMPLETION = re.compile(
-    r"NET/IB\s*:\s*Got completion from peer (?P<peer>\S+) with "
-    r"(?:error (?P<e1>\d+)|status=(?:(?P<e2>\d+)|[A-Z_]*\((?P<e3>\d+)\)))"
+    r"NET/IB(?:/\w+)?\s*:\s*Got completion from peer (?P<peer>\S+) with "
+    r"(?:error (?P<e1>\d+)|status=(?:(?P<e2>\d+)\b|[^()]*?\((?P<e3>\d+)\)))"
 )
 _WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: (?P<work>WorkNCCL\([^)]*\))")
 _EXCEPTION = re.compile(
@@ -272,6 +289,20 @@ CLOCK_EVENT_BITS = {
 }
 THERMAL_BITS = 0x20 | 0x40
 HW_SLOWDOWN = 0x8
+POWER_BRAKE = 0x80
+
+
+def thermal_mask(mask: int, in_run: bool = False) -> bool:
+    """Whether a clock-event mask holds the GPU back for heat.
+
+    The thermal bits always do. HW slowdown (0x8) is raised by the GPU's own thermal sensor or
+    by the power brake; with the power brake bit beside it, it is power, unless the GPU was
+    already slowing down for heat (``in_run``). Whether the GPU is actually hot is checked
+    against its temperature later.
+    """
+    if mask & THERMAL_BITS:
+        return True
+    return bool(mask & HW_SLOWDOWN) and (in_run or not mask & POWER_BRAKE)
 
 
 def clock_event_reasons(mask: int) -> list[str]:

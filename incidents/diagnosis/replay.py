@@ -17,6 +17,10 @@ from incidents.diagnosis import diagnose_window
 from incidents.diagnosis.types import JobInfo, Observation
 
 FORMAT = "fleetwatch-replay/1"
+# The sources REPLAY.md defines. A signal from any other source is a file written for another
+# format (or a typo), and diagnosing the rest of it as if that signal were absent would be wrong
+# silently: the file is refused instead.
+SOURCES = ("kernel", "dcgm", "nic", "slurm", "kubernetes", "job_log", "collector")
 
 
 class ReplayError(ValueError):
@@ -40,6 +44,9 @@ def observations_from_replay(signals: list[Any]) -> list[Observation]:
     for i, raw in enumerate(signals):
         if not isinstance(raw, dict) or not isinstance(raw.get("source"), str):
             raise ReplayError(f"signal {i}: not an object with a 'source'")
+        if raw["source"] not in SOURCES:
+            raise ReplayError(f"signal {i}: unknown source {raw['source']!r} (expected one of "
+                              f"{', '.join(SOURCES)})")
         out.append(Observation.from_record(raw, _at(raw.get("at"), i), id=i))
     return out
 

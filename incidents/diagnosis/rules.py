@@ -29,13 +29,13 @@ from datetime import UTC, datetime
 from incidents.diagnosis import parsers as p
 from incidents.diagnosis import xid as x
 from incidents.diagnosis.facts import (
-    COLLECTOR_SOURCES,
     Facts,
     JobFact,
     LinkFact,
     ReachFact,
     ThermalRun,
     XidFact,
+    collector_sources,
 )
 from incidents.diagnosis.types import Diagnosis, JobInfo, Note
 
@@ -64,11 +64,17 @@ MASS_SPAN_S = 120.0          # "at once", for one source claiming many nodes sto
 MASS_FRACTION = 0.5          # ... this share of the fleet ...
 MASS_MIN_NODES = 3           # ... and at least this many nodes
 CORROBORATE_S = 300.0        # another source agreeing within this long makes it real
+REACH_BURST_S = 60.0         # nodes stopping answering this close together went together
+REACH_SWITCH_MIN_NODES = 3   # ... and at least this many, for a leaf with no link evidence
 RECOVERED_S = 60.0           # a node that answers again this soon did not stop answering
 NIC_EXPLAINS_S = 300.0       # a link loss this long before a node stops answering explains it
 THERMAL_SUSTAIN_S = 45.0     # four 15 s scrapes in a row; shorter is a GPU touching its limit
+THERMAL_MIN_SAMPLES = 3      # ... and seen on at least this many scrapes
 THERMAL_TEMP_SLACK_S = 30.0  # a temperature sample this close to the slowdown belongs to it
 RECOVERY_TICKS = 5           # link_error_recovery ticks that make a link bad without a down
+RECOVERY_WINDOW_S = 600.0    # ... within this long; a slow drift over hours is a healthy link
+LINK_AFTER_GPU_S = 3600.0    # a node's link loss this soon after its GPU fault follows it
+JOB_ACTIVE_SLACK_S = 60.0    # a job's output this close to an event places it in the job
 APP_BEFORE_FAULT_S = 5.0     # an app failure this long before a fault in its job is its own
 ABSORB_APP_XID_S = 60.0      # application XIDs this close to a hardware XID are its echo
 
@@ -86,6 +92,32 @@ def _names(items: Iterable[str], limit: int = 6) -> str:
 
 def _ids(items: Iterable[object]) -> list[int]:
     return [i for i in (getattr(item, "id", None) for item in items) if i is not None]
+
+
+def _densest(links: Sequence[LinkFact], kind: str, span: float) -> int:
+    """The most ``kind`` events (summing their amounts) within any ``span`` seconds."""
+    events = [f for f in links if f.kind == kind]
+    best = total = start = 0
+    for f in events:
+        total += f.amount
+        while f.t - events[start].t > span:
+            total -= events[start].amount
+            start += 1
+        best = max(best, total)
+    return best
+
+
+def _window(events: Sequence[ReachFact], span: float) -> list[ReachFact]:
+    """The largest run of events (one per node) within ``span`` seconds of each other."""
+    ordered = sorted(events, key=lambda r: r.t)
+    best: list[ReachFact] = []
+    start = 0
+    for end in range(len(ordered)):
+        while ordered[end].t - ordered[start].t > span:
+            start += 1
+        if end + 1 - start > len(best):
+            best = ordered[start:end + 1]
+    return best
 
 
 @dataclass
@@ -149,6 +181,15 @@ class Engine:
         ]
         if len(timed) == 1:
             return timed[0]
+        # Slurm did not settle it: the job that was writing output on this node around then.
+        activity = self.facts.job_activity
+        writing = [
+            j for j in (timed or candidates)
+            if (node_span := activity.get((j, node))) is not None
+            and node_span[0] - JOB_ACTIVE_SLACK_S <= t <= node_span[1] + JOB_ACTIVE_SLACK_S
+        ]
+        if len(writing) == 1:
+            return writing[0]
         return None
 
     def symptoms_after(self, jobs: Iterable[str], t: float, exclude: set[str]) -> list[JobFact]:
@@ -178,7 +219,7 @@ class Engine:
         windows: dict[str, list[tuple[float, float]]] = defaultdict(list)
         down_since: dict[str, tuple[float, str]] = {}
         for c in self.facts.collectors:
-            sources = COLLECTOR_SOURCES.get(c.name.lower(), (c.name.lower(),))
+            sources = collector_sources(c.name)
             for source in sources:
                 if not c.healthy and source not in down_since:
                     down_since[source] = (c.t, c.error)
@@ -414,7 +455,9 @@ class Engine:
                      and not any(f.node in nodes2 and abs(f.t - b0) <= SWITCH_SPREAD_S
                                  for f in losses)]
             jobs = tuple(sorted({j for n in nodes for j in self.jobs_of.get(n, ())}))
-            for n in nodes:
+            # Every node under a dead leaf is cut off, including one whose own link report
+            # was missed: its going quiet is the switch, not the node.
+            for n in members:
                 self.nic_nodes.setdefault(n, []).append(b0)
             explanation = (
                 f"{len(nodes)} of the {len(members)} nodes under {leaf} ({_names(nodes)}) lost "
@@ -451,10 +494,18 @@ class Engine:
     def _node_link(self, node: str, links: list[LinkFact]) -> None:
         drained = self.admin_drained.get(node)
         losses = [f for f in links if f.kind in ("down", "downed")]
-        ticks = sum(f.amount for f in links if f.kind == "recovery")
+        ticks = _densest(links, "recovery", RECOVERY_WINDOW_S)
         if drained and losses and drained[0] <= losses[0].t:
             self.note("suppressed", f"{node}'s link went down after an administrator drained it "
                       f"({drained[1]}): maintenance, not a fault", losses[0].at, nodes=(node,))
+            return
+        gpu_t = self.gpu_nodes.get(node)
+        if gpu_t is not None and losses and gpu_t - 1 <= losses[0].t <= gpu_t + LINK_AFTER_GPU_S:
+            # A node whose GPU failed is rebooted, crashes or is pulled: its link goes down
+            # with it. That is the GPU fault's consequence, not a second fault.
+            self.note("symptom", f"{node}'s link went down at {_when(losses[0].at)}, after its "
+                      "GPU fault: the node going down, not a link fault", losses[0].at,
+                      nodes=(node,))
             return
         if not losses:
             if ticks >= RECOVERY_TICKS:
@@ -496,7 +547,7 @@ class Engine:
         by_node: dict[str, list[tuple[ThermalRun, float, float]]] = defaultdict(list)
         for run in self.facts.thermal_runs:
             end = run.t_end if run.closed else max(run.t_end, self.last_t)
-            if end - run.t_start < THERMAL_SUSTAIN_S:
+            if end - run.t_start < THERMAL_SUSTAIN_S or run.samples < THERMAL_MIN_SAMPLES:
                 continue  # GPUs touch their thermal limit briefly all the time
             temps = self.facts.hot.get((run.node, run.gpu), [])
             near = [c for t, c in temps
@@ -529,6 +580,7 @@ class Engine:
         by_node: dict[str, list[ReachFact]] = defaultdict(list)
         for r in reach:
             by_node[r.node].append(r)
+        self._leaves_unreachable(by_node)
         for node in sorted(by_node):
             events = sorted(by_node[node], key=lambda r: r.t)
             down = [r for r in events if not r.reachable]
@@ -562,6 +614,57 @@ class Engine:
             self.add(Diagnosis(NODE_UNREACHABLE, (node,), 0.85 if len(sources) > 1 else 0.75,
                                PLAYBOOK_FOR[NODE_UNREACHABLE], explanation, first.at, jobs=jobs,
                                evidence=tuple(_ids(down) + victim_ids)), t)
+
+    def _leaves_unreachable(self, by_node: Mapping[str, list[ReachFact]]) -> None:
+        """Most of one leaf's nodes stopping answering together, while the other leaves keep
+        answering, is the leaf switch even when no NIC counter said so (the NIC telemetry
+        travels through the same switch, or is not collected)."""
+        if len(self.topology) < 2:
+            return
+        first_down: dict[str, ReachFact] = {}
+        for node, events in by_node.items():
+            if node in self.gpu_nodes or node in self.nic_nodes:
+                continue
+            events = sorted(events, key=lambda r: r.t)
+            down = [r for r in events if not r.reachable]
+            if not down:
+                continue
+            first = down[0]
+            if any(r.reachable and r.source == first.source
+                   and first.t < r.t <= first.t + RECOVERED_S for r in events):
+                continue
+            first_down[node] = first
+        if len(first_down) < REACH_SWITCH_MIN_NODES:
+            return
+        switched = {d.switch for d in self.diagnoses if d.switch}
+        for leaf in sorted(self.topology):
+            members = set(self.topology[leaf])
+            if leaf in switched or len(members) < REACH_SWITCH_MIN_NODES:
+                continue
+            burst = _window([first_down[n] for n in members if n in first_down], REACH_BURST_S)
+            if len(burst) < REACH_SWITCH_MIN_NODES or len(burst) <= SWITCH_MAJORITY * len(members):
+                continue
+            b0 = burst[0].t
+            busy = [other for other, nodes2 in self.topology.items() if other != leaf and sum(
+                1 for n in nodes2 if n in first_down and abs(first_down[n].t - b0) <= REACH_BURST_S
+            ) > SWITCH_MAJORITY * len(nodes2)]
+            if busy:
+                continue  # several leaves at once is not one switch; the nodes decide
+            nodes = sorted(r.node for r in burst)
+            for n in members:
+                self.nic_nodes.setdefault(n, []).append(b0)
+            clean = sorted(o for o in self.topology if o != leaf)
+            said = "; ".join(dict.fromkeys(r.text for r in burst[:3]))
+            jobs = tuple(sorted({j for n in nodes for j in self.jobs_of.get(n, ())
+                                 if self._job_alive(j, b0)}))
+            self.add(Diagnosis(
+                SWITCH_FAILURE, tuple(nodes), 0.7, PLAYBOOK_FOR[SWITCH_FAILURE],
+                f"{len(nodes)} of the {len(members)} nodes under {leaf} ({_names(nodes)}) "
+                f"stopped answering within {max(burst[-1].t - b0, 1):.0f} s from "
+                f"{_when(burst[0].at)} ({said}), while {_names(clean)} kept answering and none "
+                "of them shows a GPU fault: the switch they share, not the nodes, is the likely "
+                "cause; no node is blamed.", burst[0].at, switch=leaf, jobs=jobs,
+                evidence=tuple(_ids(burst))), b0)
 
     # --- 6. jobs ---------------------------------------------------------------------------
 

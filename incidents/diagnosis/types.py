@@ -38,14 +38,32 @@ class Observation:
                     id: int | None = None) -> Observation:
         source = str(record.get("source", ""))
         metric = record.get("metric") or record.get("counter") or ""
-        raw_value = record.get("value")
-        value = float(raw_value) if isinstance(raw_value, int | float) and not isinstance(
-            raw_value, bool) else None
-        gpu = record.get("gpu")
+        value = _number(record.get("value"))
+        # dcgm-exporter's labels are strings ("gpu": "3"); a GPU read as "unknown" would merge
+        # every GPU of the node into one gauge, and one XID would look like many.
+        gpu = _number(record.get("gpu"))
         return cls(at=at, source=source, node=str(record.get("node") or ""),
-                   gpu=gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None,
+                   gpu=int(gpu) if gpu is not None and gpu == int(gpu) else None,
                    job=str(record.get("job") or ""), metric=str(metric), value=value,
                    message=str(record.get("message") or ""), fields=record, id=id)
+
+
+def _number(raw: Any) -> float | None:
+    """A reading as a number: Prometheus samples and exporter labels arrive as strings too."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int | float):
+        return float(raw)
+    if isinstance(raw, str):
+        try:
+            number = float(raw.strip())
+        except ValueError:
+            try:  # a bitmask written in hex: "0x40"
+                return float(int(raw.strip(), 0))
+            except ValueError:
+                return None
+        return number if number == number and abs(number) != float("inf") else None
+    return None
 
 
 @dataclass(frozen=True)

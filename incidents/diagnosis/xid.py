@@ -128,7 +128,9 @@ RECOVERY_ACTIONS = {
     4: "Drain and Reset",
 }
 # The actions that mean the GPU itself is unhealthy (as opposed to "None" after a recovery).
-RECOVERY_FAULTS = {1: HARDWARE, 2: HARDWARE, 4: HARDWARE}
+# "Drain P2P" is the first half of a reset (stop peer-to-peer traffic, then reset the GPU), so
+# it asks for a reset as much as 0x1 and 0x4 do; every action but None is a fault.
+RECOVERY_FAULTS = {1: HARDWARE, 2: HARDWARE, 3: HARDWARE, 4: HARDWARE}
 
 
 def xid_info(code: int) -> Xid | None:

@@ -794,6 +794,322 @@ def hostlist_job_nodes() -> Scenario:
     return s.expects("node_unreachable", [n])
 
 
+# --- unseen-style cases: line forms, shapes and combinations the rules must still read ------
+# Written against the rules in issue 3 rather than the patterns above: every GPU scraped with
+# its XID gauge repeating, labels as the exporter writes them, collectors named as deployed.
+
+
+def _scrape_all(s: Scenario, nodes: Iterable[str], gpus: int, *, every: float = 15,
+                xid: dict[tuple[str, int], list[tuple[float, int]]] | None = None,
+                labels_as_strings: bool = False) -> None:
+    """dcgm-exporter as Prometheus scrapes it: every GPU, every field, every scrape; the XID
+    field is a gauge holding the last XID, so after a fault it repeats on every scrape."""
+    for node in nodes:
+        t = s.rng.uniform(0, every)
+        while t < s.minutes * 60:
+            for g in range(gpus):
+                code = 0
+                for since, value in (xid or {}).get((node, g), []):
+                    if t >= since:
+                        code = value
+                gpu: Any = str(g) if labels_as_strings else g
+                s.add(t, "dcgm", node=node, gpu=gpu, metric="DCGM_FI_DEV_XID_ERRORS", value=code)
+                s.add(t, "dcgm", node=node, gpu=gpu, metric="DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+                      value=0)
+            t += every
+
+
+@scenario
+def xid154_reboot_to_reset() -> Scenario:
+    s = Scenario("xid154-reboot-to-gpu-reset", "XID 154 going from 0x2 (Node Reboot Required) to "
+                 "0x1 (GPU Reset Required): the driver still wants the GPU reset.", seed=48,
+                 prefix="dgx-a-")
+    n = s.nodes[5]
+    s.noise().kernel(240, n, _xid(154, "c1", "GPU recovery action changed from 0x2 (Node Reboot "
+                                  "Required) to 0x1 (GPU Reset Required)"))
+    _scrape_all(s, s.nodes[4:6], 4, xid={(n, 2): [(245, 154)]})
+    return s.expects("gpu_hardware", [n])
+
+
+@scenario
+def xid154_drain_actions() -> Scenario:
+    s = Scenario("xid154-drain-and-reset-and-drain-p2p", "XID 154 asking for 'Drain and Reset' on "
+                 "one node and 'Drain P2P' on another, while a third goes back to None after a "
+                 "reset: two faults, one recovery.", seed=49, prefix="hgx")
+    a, b, c = s.nodes[1], s.nodes[4], s.nodes[6]
+    s.noise().kernel(100, a, _xid(154, "18", "GPU recovery action changed from 0x0 (None) to 0x4 "
+                                  "(Drain and Reset)"))
+    s.kernel(160, b, _xid(154, "2a", "GPU recovery action changed from 0x0 (None) to 0x3 (Drain "
+                          "P2P)"))
+    s.kernel(170, c, _xid(154, "2a", "GPU recovery action changed from 0x1 (GPU Reset Required) "
+                          "to 0x0 (None)"))
+    return s.expects("gpu_hardware", [a]).expects("gpu_hardware", [b])
+
+
+@scenario
+def xid119_once_string_labels() -> Scenario:
+    s = Scenario("xid119-once-exporter-string-labels", "One GSP timeout (XID 119) on GPU 1; the "
+                 "exporter labels GPUs as strings and the gauge reads 119 on every scrape after. "
+                 "Once is recoverable: no incident.", seed=50, per_leaf=3)
+    n = s.nodes[2]
+    s.noise().kernel(300, n, _xid(119, "5d", "Timeout after 6s of waiting for RPC response from "
+                                  "GPU1 GSP!", pid="7781", name="pt_main_thread"))
+    _scrape_all(s, s.nodes[:4], 4, xid={(n, 1): [(302, 119)]}, labels_as_strings=True)
+    return s
+
+
+@scenario
+def xid13_two_jobs_placed_by_output() -> Scenario:
+    s = Scenario("xid13-same-gpu-two-jobs-no-slurm", "XID 13 on the same GPU under two jobs that "
+                 "Slurm says nothing about; their output places each XID in its job. The GPU, "
+                 "not the code.", seed=51, minutes=40)
+    n = s.nodes[3]
+    first, second = s.job("a1", "ann", [n], None), s.job("a2", "ben", [n], None)
+    xid = _xid(13, "3b", "Graphics SM Warp Exception on (GPC 4, TPC 2, SM 1): Out Of Range "
+               "Register", pid="881", name="python")
+    s.noise().log(20, first, n, "epoch 0 step 10 loss 3.11")
+    s.kernel(300, n, xid).log(301, first, n, "RuntimeError: CUDA error: an illegal instruction "
+                              "was encountered")
+    s.log(1200, second, n, "epoch 0 step 1 loss 2.71").kernel(1800, n, xid)
+    s.log(1801, second, n, "RuntimeError: CUDA error: an illegal instruction was encountered")
+    return s.expects("gpu_hardware", [n])
+
+
+@scenario
+def xid79_then_reboot() -> Scenario:
+    s = Scenario("xid79-then-node-reboots", "XID 79, then the node is rebooted: it goes NotReady, "
+                 "its IB link drops and comes back. One GPU fault, not a flap too.", seed=52,
+                 minutes=25)
+    j = s.job("5858", "rr", s.nodes[1:4] + s.nodes[6:7])
+    n = s.nodes[2]
+    s.noise().kernel(200, n, XID79.format(bus="b1")).peers_time_out(230, j, n)
+    s.k8s_condition(400, n, "Unknown", "NodeStatusUnknown").nic_state(401, n, "DOWN")
+    s.kernel(402, n, "mlx5_core 0000:0c:00.0 ibp12s0: Link down")
+    s.slurm_node(420, n, ["DOWN", "NOT_RESPONDING"], "Not responding")
+    s.nic_state(700, n, "ACTIVE").kernel(701, n, "mlx5_core 0000:0c:00.0 ibp12s0: Link up")
+    s.k8s_condition(720, n, "True", "KubeletReady")
+    return s.expects("gpu_hardware", [n])
+
+
+@scenario
+def leaf_seen_only_as_unreachable() -> Scenario:
+    s = Scenario("leaf-down-seen-only-as-unreachable", "Every node under one leaf stops answering "
+                 "Kubernetes and Slurm within seconds; no NIC telemetry is collected and the "
+                 "other three leaves keep answering. The switch, not four nodes.", seed=53,
+                 leaves=4, per_leaf=4)
+    leaf, nodes = s.leaf(2)
+    s.noise()
+    for i, n in enumerate(nodes):
+        s.k8s_condition(400 + i, n, "Unknown", "NodeStatusUnknown")
+        s.slurm_node(430 + i, n, ["DOWN", "NOT_RESPONDING"], "Not responding")
+    return s.expects("switch_failure", nodes, switch=leaf)
+
+
+@scenario
+def leaf_four_links_five_not_ready() -> Scenario:
+    s = Scenario("leaf-down-one-node-only-not-ready", "Four of a leaf's five nodes report their "
+                 "link down; all five go NotReady. The fifth's link report was lost: it is "
+                 "under the same dead switch, not a node of its own to recover.", seed=54,
+                 per_leaf=5, leaves=3)
+    leaf, nodes = s.leaf(0)
+    s.noise()
+    for i, n in enumerate(nodes[:2] + nodes[3:]):
+        s.nic_state(300 + i * 1.5, n, "DOWN")
+    for i, n in enumerate(nodes):
+        s.k8s_condition(330 + i, n, "Unknown", "NodeStatusUnknown")
+    return s.expects("switch_failure", nodes, switch=leaf)
+
+
+@scenario
+def thermal_flickering() -> Scenario:
+    s = Scenario("thermal-bouncing-off-the-limit", "A GPU at 91 C is slowed by hw thermal "
+                 "slowdown on every other scrape for ten minutes: sustained, not a blip.",
+                 seed=55)
+    s.noise()
+    for k in range(40):
+        _thermal(s, s.nodes[5], 1, 60 + 15 * k, 1, 0x40 if k % 2 == 0 else 0x0, 91)
+    return s.expects("thermal", [s.nodes[5]])
+
+
+@scenario
+def hw_slowdown_hot_and_power_brake() -> Scenario:
+    s = Scenario("hw-slowdown-hot-vs-power-brake", "One GPU is held by HW slowdown (0x8) at 94 C "
+                 "for five minutes: heat. Another is held by HW slowdown with the power brake "
+                 "(0x88) at 90 C: power, not heat.", seed=56)
+    s.noise()
+    _thermal(s, s.nodes[1], 0, 100, 20, 0x8, 94)
+    _thermal(s, s.nodes[6], 3, 100, 20, 0x88, 90)
+    return s.expects("thermal", [s.nodes[1]])
+
+
+@scenario
+def kube_apiserver_outage() -> Scenario:
+    s = Scenario("kube-apiserver-collector-outage", "The collector named 'kube-apiserver' reports "
+                 "itself unhealthy; meanwhile two nodes read Ready=Unknown. The source, not the "
+                 "nodes.", seed=57)
+    s.noise().collector(200, "kube-apiserver", False, "etcdserver: request timed out")
+    s.k8s_condition(230, s.nodes[1], "Unknown", "NodeStatusUnknown")
+    s.k8s_condition(231, s.nodes[6], "Unknown", "NodeStatusUnknown")
+    s.collector(400, "kube-apiserver", True)
+    return s
+
+
+@scenario
+def recovery_ticks_slow_drift() -> Scenario:
+    s = Scenario("link-error-recovery-slow-drift", "link_error_recovery creeps up by one every "
+                 "ten minutes on three nodes for an hour: a healthy, noisy link, not a flap.",
+                 seed=58, minutes=60)
+    s.noise()
+    for n in s.nodes[1:4]:
+        for k, t in enumerate(range(10, 3600, 300)):
+            s.nic_counter(t, n, "link_error_recovery", 100 + k // 2, device="mlx5_1")
+    return s
+
+
+@scenario
+def flap_peers_status_in_words() -> Scenario:
+    s = Scenario("flap-peers-status-in-words", "A port goes DOWN, POLLING, then ACTIVE; the job's "
+                 "other ranks print NCCL 2.23's 'status=transport retry counter exceeded(12)'.",
+                 seed=59)
+    j = s.job("5757", "quinn", s.nodes[1:3] + s.nodes[5:6])
+    n = s.nodes[5]
+    s.noise().nic_state(300, n, "DOWN", device="mlx5_4").nic_state(304, n, "POLLING",
+                                                                   device="mlx5_4")
+    s.nic_state(320, n, "ACTIVE", device="mlx5_4")
+    for i, peer in enumerate(s.nodes[1:3]):
+        s.log(301 + i, j, peer, f"{peer}:881:902 [5] transport/net_ib.cc:2101 NCCL WARN NET/IB: "
+              f"Got completion from peer 10.1.0.{i + 5}<40001> with status=transport retry "
+              "counter exceeded(12) opcode=Send(0) vendor_err=129  localGid ::ffff:10.1.0.2 hca "
+              "mlx5_4")
+    return s.expects("network_flap", [n])
+
+
+@scenario
+def slurmctld_restart_one_really_dead() -> Scenario:
+    s = Scenario("slurmctld-restart-one-node-really-down", "slurmctld restarts and marks every "
+                 "node NOT_RESPONDING; all answer again except one, which Kubernetes also says "
+                 "is gone. That one node is unreachable.", seed=60, per_leaf=5)
+    dead = s.nodes[7]
+    s.noise()
+    for i, n in enumerate(s.nodes):
+        s.slurm_node(300 + i, n, ["DOWN", "NOT_RESPONDING"], "Not responding")
+        if n != dead:
+            s.slurm_node(420 + i, n, ["IDLE"])
+    s.k8s_condition(320, dead, "Unknown", "NodeStatusUnknown")
+    return s.expects("node_unreachable", [dead])
+
+
+@scenario
+def k8s_all_not_ready_plus_xid79() -> Scenario:
+    s = Scenario("kubernetes-blip-and-xid79", "Kubernetes alone says every node NotReady for two "
+                 "minutes; separately, one GPU falls off the bus. One fault.", seed=61)
+    s.noise()
+    for i, n in enumerate(s.nodes):
+        s.k8s_condition(300 + i * 0.5, n, "Unknown", "NodeStatusUnknown")
+        s.k8s_condition(420 + i * 0.5, n, "True", "KubeletReady")
+    s.kernel(500, s.nodes[6], XID79.format(bus="9b"))
+    return s.expects("gpu_hardware", [s.nodes[6]])
+
+
+@scenario
+def admin_drain_plus_xid79() -> Scenario:
+    s = Scenario("admin-drain-and-xid79-elsewhere", "An administrator drains a node to swap a "
+                 "PSU (it goes NotReady and NOT_RESPONDING); at the same time a GPU falls off the "
+                 "bus on another node. Only the GPU node is at fault.", seed=62, prefix="hgx")
+    drained, bad = s.nodes[1], s.nodes[5]
+    j = s.job("910", "di", s.nodes[4:6])
+    s.noise().slurm_node(100, drained, ["IDLE", "DRAIN"], "swap PSU -- ops ticket 4411")
+    s.k8s_condition(200, drained, "False", "KubeletNotReady")
+    s.slurm_node(205, drained, ["DOWN", "DRAIN", "NOT_RESPONDING"], "swap PSU -- ops ticket 4411")
+    s.kernel(210, bad, XID79.format(bus="ad")).peers_time_out(250, j, bad)
+    return s.expects("gpu_hardware", [bad])
+
+
+@scenario
+def xid13_then_45_one_job() -> Scenario:
+    s = Scenario("xid13-then-45-job-fails", "XID 13 twice and XID 45 on one GPU inside one job, "
+                 "then an illegal-memory-access exception; the peer times out. The job's bug: "
+                 "XID 45 follows the 13 before it.", seed=63)
+    j = s.job("9131", "pat", s.nodes[:2])
+    n = s.nodes[1]
+    s.noise().kernel(200, n, _xid(13, "1a", "Graphics SM Warp Exception on (GPC 1, TPC 3, SM 0): "
+                                  "Out Of Range Address", pid="1414", name="python"))
+    s.kernel(200.5, n, _xid(13, "1a", "Graphics Exception: ESR 0x51e730=0x20e0010",
+                            pid="1414", name="python"))
+    s.kernel(201, n, _xid(45, "1a", "Ch 00000008", pid="1414", name="python"))
+    s.log(203, j, n, "RuntimeError: CUDA error: an illegal memory access was encountered")
+    s.peers_time_out(260, j, n).job_dies(300, j, ["FAILED"], exit_code={
+        "status": ["ERROR"], "return_code": {"set": True, "infinite": False, "number": 1}})
+    return s.expects("application_error", job=j)
+
+
+@scenario
+def three_faults_at_once() -> Scenario:
+    s = Scenario("thermal-flap-and-oom-at-once", "Three faults in one window: a GPU overheating "
+                 "on one node, a Broadcom NIC link down and up on another, a CUDA OOM in a third "
+                 "node's job.", seed=64)
+    s.noise()
+    _thermal(s, s.nodes[0], 0, 100, 30, 0x60, 95)
+    s.kernel(300, s.nodes[4], "bnxt_en 0000:41:00.0 ens2f0np0: NIC Link is Down")
+    s.kernel(330, s.nodes[4], "bnxt_en 0000:41:00.0 ens2f0np0: NIC Link is Up, 100000 Mbps full "
+             "duplex, Flow control: none")
+    j = s.job("8383", "xu", s.nodes[7:8])
+    s.log(400, j, s.nodes[7], "RuntimeError: CUDA out of memory. Tried to allocate 1.50 GiB")
+    s.job_dies(401, j, ["FAILED"], exit_code={"return_code": 1})
+    return (s.expects("thermal", [s.nodes[0]]).expects("network_flap", [s.nodes[4]])
+            .expects("application_error", job=j))
+
+
+@scenario
+def two_xid79_same_job() -> Scenario:
+    s = Scenario("two-xid79-in-one-job", "Two GPUs on two nodes of one job fall off the bus a "
+                 "minute apart; the other ranks print every NCCL error form. Two faults, no "
+                 "victim blamed.", seed=65)
+    j = s.job("7171", "uu", s.nodes[:6])
+    a, b = s.nodes[1], s.nodes[3]
+    s.noise().kernel(300, a, XID79.format(bus="9b")).kernel(360, b, XID79.format(bus="1b"))
+    for k, style in enumerate(("ib", "remote", "watchdog")):
+        s.peers_time_out(370 + 200 * k, j, a, style=style)
+    return s.expects("gpu_hardware", [a]).expects("gpu_hardware", [b])
+
+
+@scenario
+def slurm_outage_plus_xid79() -> Scenario:
+    s = Scenario("slurmrestd-outage-and-xid79", "The 'slurmrestd' collector fails and Slurm's "
+                 "stale view says three nodes are down; meanwhile one GPU falls off the bus. One "
+                 "fault, one source outage.", seed=66, per_leaf=6)
+    s.noise().collector(200, "slurmrestd", False, "HTTP 502 from slurmrestd")
+    for n in (s.nodes[0], s.nodes[4], s.nodes[9]):
+        s.slurm_node(210, n, ["DOWN"], "Not responding")
+    s.collector(260, "slurmrestd", True)
+    bad = s.nodes[10]
+    s.kernel(300, bad, XID79.format(bus="9b"))
+    return s.expects("gpu_hardware", [bad])
+
+
+@scenario
+def xid149_nvlink5_with_reboot_request() -> Scenario:
+    s = Scenario("xid149-nvlink5-asks-reboot", "NVLink5 NETIR error (XID 149), then XID 154 asking "
+                 "for a node reboot: an NVLink fault on that node.", seed=67, per_leaf=6,
+                 prefix="gb-")
+    n = s.nodes[4]
+    s.noise().kernel(100, n, _xid(149, "01", "Link 12 (0x00000000 0x00000000 0x00000000) "
+                                  "NETIR_LINK_EVT Fatal XC0 i0 Link 12 (0x0004ff2d 0x00000000)"))
+    s.kernel(101, n, _xid(154, "01", "GPU recovery action changed from 0x0 (None) to 0x2 (Node "
+                          "Reboot Required)"))
+    return s.expects("nvlink", [n])
+
+
+@scenario
+def unreachable_sinfo_shapes() -> Scenario:
+    s = Scenario("node-unreachable-state-strings", "Slurm reports a node as 'idle*' (sinfo) and "
+                 "then 'IDLE+NOT_RESPONDING'; Kubernetes agrees it is gone.", seed=68)
+    n = s.nodes[2]
+    s.noise().slurm_node(300, n, "idle*").slurm_node(360, n, "IDLE+NOT_RESPONDING")
+    s.k8s_event(310, n, "NodeNotReady", f"Node {n} status is now: NodeNotReady")
+    return s.expects("node_unreachable", [n])
+
+
 def dump(doc: dict[str, Any]) -> str:
     """Readable and diff-friendly: the header indented, one signal per line."""
     head = {k: v for k, v in doc.items() if k != "signals"}

@@ -118,6 +118,110 @@ def test_sustained_thermal_slowdown_when_hot_but_not_when_only_warm() -> None:
     assert diagnose(gpu(93, 0x40)[:4]) == []   # two scrapes are a blip, not sustained
 
 
+def _clocks(node: str, masks: list[int], temp: float, step: float = 15) -> list[Observation]:
+    out = []
+    for k, mask in enumerate(masks):
+        out.append(obs(step * k, "dcgm", node=node, gpu=1, metric="DCGM_FI_DEV_GPU_TEMP",
+                       value=temp))
+        out.append(obs(step * k, "dcgm", node=node, gpu=1,
+                       metric="DCGM_FI_DEV_CLOCKS_EVENT_REASONS", value=mask))
+    return out
+
+
+def test_a_gpu_bouncing_off_its_thermal_limit_is_one_sustained_slowdown() -> None:
+    [d] = diagnose(_clocks("gpu-003", [0x40, 0] * 10, 91))
+    assert (d.root_cause, d.nodes) == ("thermal", ("gpu-003",))
+    # Two separate one-scrape touches a few minutes apart are not.
+    assert diagnose(_clocks("gpu-003", [0x40] + [0] * 12 + [0x40, 0], 91)) == []
+
+
+def test_hw_slowdown_is_heat_when_hot_and_power_when_the_brake_is_set() -> None:
+    [d] = diagnose(_clocks("gpu-001", [0x8] * 10, 94))
+    assert (d.root_cause, d.nodes) == ("thermal", ("gpu-001",))
+    assert diagnose(_clocks("gpu-001", [0x8] * 10, 62)) == []      # slowed, but not hot
+    assert diagnose(_clocks("gpu-001", [0x88] * 10, 94)) == []     # the power brake
+
+
+def test_a_collector_is_recognised_by_the_words_in_its_name() -> None:
+    for name in ("kube-apiserver", "K8s-East", "kubernetes"):
+        window = [obs(0, "collector", name=name, healthy=False, error="etcd timeout"),
+                  obs(10, "kubernetes", node="gpu-003", condition="Ready", status="Unknown",
+                      reason="NodeStatusUnknown")]
+        assert diagnose(window, TOPOLOGY) == [], name
+
+
+def test_link_error_recovery_drifting_up_over_hours_is_not_a_flap() -> None:
+    drift = [obs(600 * k, "nic", node="gpu-002", device="mlx5_0", port=1,
+                 counter="link_error_recovery", value=40 + k) for k in range(12)]
+    assert diagnose(drift, TOPOLOGY) == []
+    burst = [obs(20 * k, "nic", node="gpu-002", device="mlx5_0", port=1,
+                 counter="link_error_recovery", value=40 + 2 * k) for k in range(5)]
+    [d] = diagnose(burst, TOPOLOGY)
+    assert (d.root_cause, d.nodes) == ("network_flap", ("gpu-002",))
+
+
+def test_a_node_whose_gpu_failed_going_down_with_its_link_is_one_fault() -> None:
+    window = [obs(0, "kernel", node="gpu-002", message=XID79),
+              obs(200, "kubernetes", node="gpu-002", condition="Ready", status="Unknown",
+                  reason="NodeStatusUnknown"),
+              obs(201, "nic", node="gpu-002", device="mlx5_0", port=1, state="DOWN"),
+              obs(500, "nic", node="gpu-002", device="mlx5_0", port=1, state="ACTIVE")]
+    result = diagnose_window(window, TOPOLOGY, [JOB])
+    assert [(d.root_cause, d.nodes) for d in result.diagnoses] == [("gpu_hardware", ("gpu-002",))]
+    assert any("after its GPU fault" in n.text for n in result.notes)
+
+
+def test_most_of_a_leaf_going_quiet_at_once_is_the_switch_even_without_link_reports() -> None:
+    topology = {**TOPOLOGY, "leaf-c": ["gpu-009", "gpu-010", "gpu-011", "gpu-012"]}
+    window = [obs(i, "kubernetes", node=n, condition="Ready", status="Unknown",
+                  reason="NodeStatusUnknown") for i, n in enumerate(NODES[:3])]
+    window += [obs(30 + i, "slurm", node=n, node_state=["DOWN", "NOT_RESPONDING"],
+                   reason="Not responding") for i, n in enumerate(NODES[:3])]
+    [d] = diagnose(window, topology)
+    assert (d.root_cause, d.switch) == ("switch_failure", "leaf-a")
+    assert "kept answering" in d.explanation
+    # Two nodes of a leaf are two nodes.
+    found = {(d.root_cause, d.nodes) for d in diagnose(window[:2] + window[3:5], topology)}
+    assert found == {("node_unreachable", ("gpu-001",)), ("node_unreachable", ("gpu-002",))}
+
+
+def test_an_application_xid_follows_a_gpu_across_jobs_placed_by_their_output() -> None:
+    first, second = JobInfo("a1", "ann", ("gpu-003",)), JobInfo("a2", "ben", ("gpu-003",))
+    xid13 = ("NVRM: Xid (PCI:0000:3b:00): 13, pid=881, name=python, Graphics SM Warp Exception "
+             "on (GPC 4, TPC 2, SM 1): Out Of Range Register")
+    window = [obs(0, "job_log", job="a1", node="gpu-003", message="step 10 loss 3.1"),
+              obs(300, "kernel", node="gpu-003", message=xid13),
+              obs(301, "job_log", job="a1", node="gpu-003",
+                  message="RuntimeError: CUDA error: an illegal instruction was encountered"),
+              obs(1200, "job_log", job="a2", node="gpu-003", message="step 1 loss 2.7"),
+              obs(1800, "kernel", node="gpu-003", message=xid13),
+              obs(1801, "job_log", job="a2", node="gpu-003",
+                  message="RuntimeError: CUDA error: an illegal instruction was encountered")]
+    [d] = diagnose(window, TOPOLOGY, [first, second])
+    assert (d.root_cause, d.nodes, d.jobs) == ("gpu_hardware", ("gpu-003",), ("a1", "a2"))
+
+
+def test_dcgm_labels_as_strings_keep_each_gpu_apart() -> None:
+    # XID 119 once on GPU 1; the other GPUs keep reading 0. Read as one GPU, the gauge would
+    # flip 0 -> 119 -> 0 on every scrape and look like a repeated XID 119.
+    window = [obs(15 * k + g * 0.01, "dcgm", node="gpu-001", gpu=str(g),
+                  metric="DCGM_FI_DEV_XID_ERRORS", value=str(119 if g == 1 and k >= 2 else 0))
+              for k in range(10) for g in range(4)]
+    assert diagnose(window) == []
+
+
+def test_xid154_asking_for_any_action_blames_the_node_and_none_does_not() -> None:
+    def xid154(text: str) -> list[Observation]:
+        return [obs(0, "kernel", node="gpu-004", message="NVRM: Xid (PCI:0000:3b:00): 154, "
+                    f"pid='<unknown>', name=<unknown>, GPU recovery action changed from {text}")]
+
+    for target in ("0x1 (GPU Reset Required)", "0x2 (Node Reboot Required)", "0x3 (Drain P2P)",
+                   "0x4 (Drain and Reset)"):
+        [d] = diagnose(xid154(f"0x2 (Node Reboot Required) to {target}"))
+        assert (d.root_cause, d.nodes) == ("gpu_hardware", ("gpu-004",)), target
+    assert diagnose(xid154("0x1 (GPU Reset Required) to 0x0 (None)")) == []
+
+
 def test_oom_in_one_job_and_a_flap_in_another_are_two_diagnoses() -> None:
     other = JobInfo("5000", "bob", ("gpu-005", "gpu-006"))
     window = [obs(0, "nic", node="gpu-002", device="mlx5_0", port=1, state="DOWN"),
@@ -179,6 +283,30 @@ def test_replay_of_bad_files_names_each_and_still_diagnoses_the_rest(tmp_path: P
     assert errors[3] == f"{wrong_type}: 'jobs' must be a list"
     [only] = json.loads(result.stdout)
     assert only["scenario"] == "example-maintenance-drain" and only["incidents"] == []
+
+
+def test_replay_refuses_unknown_sources_signals_without_time_and_missing_files(
+        tmp_path: Path) -> None:
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"format": "fleetwatch-replay/1", "signals": [
+        {"at": "2026-12-02T10:00:00Z", "source": "kernel", "node": "n1", "message": XID79},
+        {"at": "2026-12-02T10:00:01Z", "source": "syslog", "node": "n1", "message": "hi"}]}))
+    no_time = tmp_path / "no-time.json"
+    no_time.write_text(json.dumps({"format": "fleetwatch-replay/1", "signals": [
+        {"source": "kernel", "node": "n1", "message": XID79}]}))
+    missing = tmp_path / "missing.json"
+    good = SCENARIOS / "example-xid79-peers-timeout.json"
+    result = _diagnose_cli(str(unknown), str(no_time), str(missing), str(good))
+    assert result.returncode == 2
+    errors = result.stderr.strip().splitlines()
+    assert errors == [
+        f"{unknown}: signal 1: unknown source 'syslog' (expected one of kernel, dcgm, nic, "
+        "slurm, kubernetes, job_log, collector)",
+        f"{no_time}: signal 0: 'at' must be an RFC 3339 string",
+        f"{missing}: cannot read: No such file or directory",
+    ]
+    [only] = [json.loads(line) for line in result.stdout.splitlines()]
+    assert only["scenario"] == "example-xid79-peers-timeout"
 
 
 def test_check_mode_exits_1_when_a_verdict_differs_from_expect(tmp_path: Path) -> None:

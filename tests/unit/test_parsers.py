@@ -57,6 +57,28 @@ def test_xid154_names_the_recovery_action() -> None:
     assert p.recovery_action_name(parsed.recovery_action) == "Node Reboot Required"
 
 
+@pytest.mark.parametrize(("text", "action"), [
+    ("GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)", 1),
+    # The "from" name contains a "t": the target is still found.
+    ("GPU recovery action changed from 0x2 (Node Reboot Required) to 0x1 (GPU Reset Required)", 1),
+    ("GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)", 0),
+    ("GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)", 3),
+    ("GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)", 4),
+    ("GPU recovery action changed from None to Node Reboot Required.", 2),
+])
+def test_xid154_recovery_action_in_every_form(text: str, action: int) -> None:
+    parsed = p.parse_kernel(f"[ 912.3] NVRM: Xid (PCI:0000:3b:00): 154, pid='<unknown>', "
+                            f"name=<unknown>, {text}")
+    assert isinstance(parsed, p.KernelXid) and parsed.code == 154
+    assert parsed.recovery_action == action
+
+
+def test_xid154_without_a_readable_action_says_so() -> None:
+    parsed = p.parse_kernel("NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed")
+    assert isinstance(parsed, p.KernelXid) and parsed.recovery_action is None
+    assert p.recovery_action_name(None) == "unknown"
+
+
 @pytest.mark.parametrize(("line", "up"), [
     ("mlx5_core 0000:0c:00.0 enp12s0np0: Link down", False),
     ("mlx5_core 0000:0c:00.0 enp12s0np0: Link up", True),
@@ -80,6 +102,12 @@ def test_unrelated_kernel_lines_are_noise() -> None:
      p.NCCL_IB_ERROR),
     ("NET/IB : Got completion from peer 10.0.0.7<45612> with status=IBV_WC_RETRY_EXC_ERR(12) "
      "opcode=0", p.NCCL_IB_ERROR),
+    # NCCL 2.23+: ibv_wc_status_str() in words, then the number.
+    ("dgx-a-03:881:902 [5] transport/net_ib.cc:2101 NCCL WARN NET/IB: Got completion from peer "
+     "10.12.3.4<51002> with status=transport retry counter exceeded(12) opcode=Send(0) "
+     "vendor_err=129  localGid ::ffff:10.12.3.9 hca mlx5_3", p.NCCL_IB_ERROR),
+    ("NET/IB/GIN: Got completion from peer 10.0.0.7<45612> with status=12 opcode=0 len=0 vendor "
+     "err 129 (Recv)", p.NCCL_IB_ERROR),
     ("NCCL WARN NET/IB : remote process exited or there was a network error", p.NCCL_REMOTE),
     ("[Rank 12] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=88, "
      "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600013 milliseconds "
@@ -139,3 +167,34 @@ def test_kubernetes_ready_condition() -> None:
     assert p.k8s_ready("Ready", "True") is True
     assert p.k8s_ready("Ready", "Unknown") is False
     assert p.k8s_ready("MemoryPressure", "True") is None
+
+
+@pytest.mark.parametrize(("mask", "in_run", "thermal"), [
+    (0x0, False, False),
+    (0x40, False, True),        # hw thermal
+    (0x20, False, True),        # sw thermal
+    (0x48, False, True),
+    (0x8, False, True),         # hw slowdown alone: heat, if the GPU is hot (checked later)
+    (0x88, False, False),       # hw slowdown from the power brake
+    (0x88, True, True),         # ... unless the GPU was already slowing down for heat
+    (0x80, True, False),
+    (0x4 | 0x1, False, False),  # power cap, idle
+])
+def test_clock_event_masks_that_mean_heat(mask: int, in_run: bool, thermal: bool) -> None:
+    assert p.thermal_mask(mask, in_run) is thermal
+
+
+def test_exporter_labels_and_samples_given_as_strings_are_read_as_numbers() -> None:
+    from datetime import UTC, datetime
+
+    from incidents.diagnosis.types import Observation
+
+    at = datetime(2026, 12, 2, tzinfo=UTC)
+    o = Observation.from_record({"source": "dcgm", "node": "n1", "gpu": "3",
+                                 "metric": "DCGM_FI_DEV_XID_ERRORS", "value": "79"}, at)
+    assert (o.gpu, o.value) == (3, 79.0)
+    o = Observation.from_record({"source": "dcgm", "node": "n1", "gpu": "x",
+                                 "metric": "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "value": "0x40"}, at)
+    assert (o.gpu, o.value) == (None, 64.0)
+    o = Observation.from_record({"source": "dcgm", "gpu": True, "value": "n/a"}, at)
+    assert (o.gpu, o.value) == (None, None)
