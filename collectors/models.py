@@ -32,6 +32,9 @@ class Node(models.Model):
     slurm_reason = models.CharField(max_length=256, blank=True)
     # Kubernetes side. ``None`` means the source has not reported: never read it as not ready.
     k8s_ready = models.BooleanField(null=True)
+    # The Ready condition's status as last reported: "True", "False", "Unknown", or "" when
+    # Kubernetes never reported the node (k8s_ready alone cannot tell Unknown from never).
+    k8s_ready_status = models.CharField(max_length=8, blank=True)
     k8s_unschedulable = models.BooleanField(default=False)
     k8s_annotations = models.JSONField(default=dict, blank=True)
     # The NIC summary (worst port state, link_downed summed over ports) and, per port

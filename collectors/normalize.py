@@ -58,18 +58,25 @@ def slurm_job_changes(previous_state: str | None, now: SlurmJob) -> list[SignalD
                               "restart_count": now.restart_count})]
 
 
+def ready_status(ready: bool | None) -> str:
+    return {True: "True", False: "False", None: "Unknown"}[ready]
+
+
 def k8s_node_changes(
-    previous_ready: bool | None, previous_unschedulable: bool | None, now: K8sNode
+    previous_status: str, previous_unschedulable: bool | None, now: K8sNode
 ) -> list[SignalDraft]:
+    """``previous_status`` is the Ready status last stored ("" when never reported: the first
+    look at a node is not news)."""
     drafts = []
-    if previous_ready is not None and previous_ready != now.ready:
-        status = {True: "True", False: "False", None: "Unknown"}[now.ready]
+    status = ready_status(now.ready)
+    if previous_status and previous_status != status:
         reason = now.ready_reason or ("KubeletReady" if now.ready else "NodeNotReady")
         drafts.append(SignalDraft("kubernetes", "k8s_condition", node=now.name, value=status,
                                   message=f"Ready={status} ({reason})",
                                   data={"condition": "Ready", "status": status,
                                         "reason": reason}))
-    if previous_unschedulable is not None and previous_unschedulable != now.unschedulable:
+    if (previous_status and previous_unschedulable is not None
+            and previous_unschedulable != now.unschedulable):
         verb = "cordoned" if now.unschedulable else "uncordoned"
         drafts.append(SignalDraft("kubernetes", "k8s_cordon", node=now.name, value=verb,
                                   message=f"{now.name} {verb}",

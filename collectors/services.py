@@ -217,8 +217,11 @@ def _nodes_ensure(cluster: Cluster, names: Iterable[str]) -> dict[str, int]:
 
 
 def collect_slurm(cluster: Cluster, clients: Clients, run: RunLog) -> list[SignalDraft]:
+    # A client's warnings are those of its last read: collect them after each one.
     topology = clients.slurm.topology()
+    _client_warnings(clients.slurm, run)
     reported = clients.slurm.nodes()
+    _client_warnings(clients.slurm, run)
     jobs = clients.slurm.jobs()
     _client_warnings(clients.slurm, run)
     run.counts.update(nodes=len(reported), jobs=len(jobs))
@@ -281,19 +284,19 @@ def collect_kubernetes(cluster: Cluster, clients: Clients, run: RunLog) -> list[
     run.counts["nodes"] = len(reported)
     ids = _nodes_ensure(cluster, (s.name for s in reported))
     stored = {row[0]: row[1:] for row in Node.objects.filter(cluster=cluster).values_list(
-        "name", "k8s_ready", "k8s_unschedulable", "k8s_annotations", "pool")}
+        "name", "k8s_ready_status", "k8s_unschedulable", "k8s_annotations", "pool")}
     drafts: list[SignalDraft] = []
     now = timezone.now()
     changed = []
     for seen in reported:
-        ready, unschedulable, annotations, pool = stored[seen.name]
-        drafts += normalize.k8s_node_changes(ready, unschedulable, seen)
-        new = (seen.ready, seen.unschedulable, seen.annotations,
+        status, unschedulable, annotations, pool = stored[seen.name]
+        drafts += normalize.k8s_node_changes(status, unschedulable, seen)
+        new = (normalize.ready_status(seen.ready), seen.unschedulable, seen.annotations,
                seen.labels.get("fleetwatch.io/pool", pool))
-        if new != (ready, unschedulable, annotations, pool):
-            changed.append((ids[seen.name], *new, now))
-    update_columns(Node, ["k8s_ready", "k8s_unschedulable", "k8s_annotations", "pool",
-                          "updated_at"], changed)
+        if new != (status, unschedulable, annotations, pool):
+            changed.append((ids[seen.name], seen.ready, *new, now))
+    update_columns(Node, ["k8s_ready", "k8s_ready_status", "k8s_unschedulable",
+                          "k8s_annotations", "pool", "updated_at"], changed)
     run.counts["nodes_changed"] = len(changed)
     event_feed = getattr(k8s, "event_changes", None)
     if event_feed is not None:
@@ -349,7 +352,7 @@ GPU_COLUMNS = ["uuid", "last_xid", "last_xid_at", "utilization", "temperature",
 def collect_telemetry(cluster: Cluster, clients: Clients, run: RunLog) -> list[SignalDraft]:
     metrics = clients.telemetry.gpu_metrics()
     ports = clients.telemetry.nic_ports()
-    _client_warnings(clients.telemetry, run)
+    _client_warnings(clients.telemetry, run)  # this client keeps both reads' warnings
     run.counts.update(gpus=len(metrics), nic_ports=len(ports))
     ids = _nodes_ensure(cluster, [m.node for m in metrics] + [p.node for p in ports])
 
@@ -376,8 +379,10 @@ def collect_telemetry(cluster: Cluster, clients: Clients, run: RunLog) -> list[S
         if (m.last_xid != last_xid or (m.clock_event_reasons | clocks) & normalize.THERMAL_BITS
                 or m.dbe_total != dbe or bool(m.row_remap_failure) != remap):
             drafts += normalize.gpu_changes(normalize.GpuSeen(last_xid, clocks, dbe, remap), m)
-        failed = (m.last_xid in FAILING_XIDS_FOR_HEALTH or m.utilization is None
-                  or bool(m.row_remap_failure))
+        # A GPU with no readings at all has gone (off the bus); one missing field is a site
+        # that does not collect it, never a failure.
+        silent = m.utilization is None and m.temperature is None and m.power_w is None
+        failed = m.last_xid in FAILING_XIDS_FOR_HEALTH or bool(m.row_remap_failure) or silent
         failing[m.node] = failing.get(m.node, False) or failed
         rows.append((pk, m.uuid, m.last_xid, now if m.last_xid != last_xid else last_xid_at,
                      m.utilization, m.temperature, m.clock_event_reasons, m.dbe_total,

@@ -194,10 +194,19 @@ FLEETWATCH_DEMO_CONTROLS = env_bool("FLEETWATCH_DEMO_CONTROLS", FLEETWATCH_FLEET
 # reading SLURM_CONF like any Slurm command. Kubernetes: this kubeconfig ("" = the in-cluster
 # service account). Prometheus: the server that scrapes dcgm-exporter and node-exporter.
 FLEETWATCH_SLURM_BIN_DIR = env_str("FLEETWATCH_SLURM_BIN_DIR")
+FLEETWATCH_SLURM_CONF = env_str("FLEETWATCH_SLURM_CONF")  # else SLURM_CONF, else Slurm's default
 FLEETWATCH_SLURM_TIMEOUT = env_float("FLEETWATCH_SLURM_TIMEOUT", 20.0, minimum=0.5)
 FLEETWATCH_KUBECONFIG = env_str("FLEETWATCH_KUBECONFIG")
 FLEETWATCH_KUBE_CONTEXT = env_str("FLEETWATCH_KUBE_CONTEXT")
 FLEETWATCH_PROMETHEUS_URL = env_str("FLEETWATCH_PROMETHEUS_URL")
+# Label matchers added to every query, when one Prometheus holds more than this fleet
+# (e.g. 'cluster="a100-east"'); a bearer token; TLS verification (true/false or a CA file).
+FLEETWATCH_PROMETHEUS_MATCHERS = env_str("FLEETWATCH_PROMETHEUS_MATCHERS", "")
+FLEETWATCH_PROMETHEUS_TOKEN = env_str("FLEETWATCH_PROMETHEUS_TOKEN", "")
+_verify = env_str("FLEETWATCH_PROMETHEUS_VERIFY_TLS", "true")
+FLEETWATCH_PROMETHEUS_VERIFY_TLS: bool | str = (
+    _verify.lower() not in ("0", "false", "no", "off") if _verify.lower() in (
+        "0", "1", "true", "false", "yes", "no", "on", "off") else _verify)
 if FLEETWATCH_FLEET == "real" and "telemetry" in FLEETWATCH_SOURCES and not FLEETWATCH_PROMETHEUS_URL:
     raise ImproperlyConfigured(
         "FLEETWATCH_FLEET=real collects telemetry from Prometheus: set FLEETWATCH_PROMETHEUS_URL "

@@ -59,8 +59,10 @@ def get_clients() -> Clients:
 def real_slurm() -> SlurmClient:
     from collectors.clients.slurm import SlurmCli
 
+    conf = settings.FLEETWATCH_SLURM_CONF
     return SlurmCli(bin_dir=settings.FLEETWATCH_SLURM_BIN_DIR or None,
-                    timeout=settings.FLEETWATCH_SLURM_TIMEOUT)
+                    timeout=settings.FLEETWATCH_SLURM_TIMEOUT,
+                    env={"SLURM_CONF": conf} if conf else None)
 
 
 def real_kubernetes() -> KubernetesClient:
@@ -74,5 +76,9 @@ def real_kubernetes() -> KubernetesClient:
 def real_telemetry() -> TelemetryClient:
     from collectors.clients.prometheus import PrometheusTelemetry
 
+    token = settings.FLEETWATCH_PROMETHEUS_TOKEN
     return PrometheusTelemetry(settings.FLEETWATCH_PROMETHEUS_URL,
-                               timeout=settings.FLEETWATCH_HTTP_TIMEOUT)
+                               timeout=settings.FLEETWATCH_HTTP_TIMEOUT,
+                               headers={"Authorization": f"Bearer {token}"} if token else None,
+                               verify_tls=settings.FLEETWATCH_PROMETHEUS_VERIFY_TLS,
+                               matchers=settings.FLEETWATCH_PROMETHEUS_MATCHERS)

@@ -72,6 +72,11 @@ class K8sPod:
     labels: dict[str, str] = field(default_factory=dict)
     owner_kind: str = ""  # DaemonSet pods are never evicted
     phase: str = "Running"
+    mirror: bool = False  # a static pod's mirror: the kubelet's to remove, not the API's
+    ready: bool | None = None
+    uid: str = ""
+    annotations: dict[str, str] = field(default_factory=dict)
+    terminating: bool = False
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,10 @@ class KubernetesClient(Protocol):
     def cordon(self, node: str, reason: str) -> ActionResult: ...
     def uncordon(self, node: str) -> ActionResult: ...
     def evict(self, namespace: str, pod: str) -> ActionResult: ...
-    # Real clusters only, for now: def node_events(self) -> list[K8sEvent]
+    # Optional change feeds (the real API; the collector falls back to nodes()):
+    # node_changes(cursor: str | None, timeout_seconds: float)
+    #     -> (nodes changed, newest resourceVersion, relisted)  (list, then watch from it)
+    # event_changes(cursor: dict | None, timeout_seconds: float) -> (node events, cursor)
 
 
 class TelemetryClient(Protocol):

@@ -146,8 +146,10 @@ def cordon_and_drain(ctx: StepContext) -> Outcome:
     skipped = []
     for pod in ctx.clients.kubernetes.pods_on_node(ctx.node):
         key = f"{pod.namespace}/{pod.name}"
-        if pod.owner_kind == "DaemonSet":
-            skipped.append(key)  # DaemonSet pods belong on every node; eviction is pointless
+        if pod.owner_kind == "DaemonSet" or pod.mirror:
+            # DaemonSet pods belong on every node and mirror pods are the kubelet's: evicting
+            # either is pointless (kubectl drain --ignore-daemonsets skips them too).
+            skipped.append(key)
             continue
         if key not in evicted:
             ctx.call("k8s.evict", key, ctx.clients.kubernetes.evict, pod.namespace, pod.name)

@@ -1,0 +1,437 @@
+"""GPU and NIC telemetry from Prometheus: dcgm-exporter and node_exporter series, read with PromQL.
+
+``PrometheusTelemetry`` implements ``TelemetryClient`` with the maintained
+``prometheus-api-client`` package. It is built for a fleet of 100,000 GPUs:
+
+- One instant query per field (about fifteen in all), never one per GPU or node. Each query
+  aggregates with ``max by (<identity labels>)``, so Prometheus returns a handful of labels per
+  series instead of a dozen (the answer for 100,000 GPUs stays a few MB per field), and two
+  jobs scraping one exporter (a ServiceMonitor and a PodMonitor, say) collapse into one GPU.
+- GPUs are merged by (node, gpu index). The node is the ``Hostname`` label dcgm-exporter
+  prints (``hostname`` in some versions and relabelled setups), else the host part of the
+  ``instance`` label Prometheus adds. A GPU is reported when any of its fields is; a field with
+  no series is ``None`` (or 0 for the XID, clock-reason and row-remap gauges, whose absence
+  means nothing happened). A GPU with no data is never reported as failed by this client.
+- Staleness: an instant query sees only series with a sample in the last 5 minutes (the
+  server's ``--query.lookback-delta``), and none at all of a series that vanished from its
+  target's page or whose target stopped answering (Prometheus writes staleness markers). A GPU
+  that is gone, or a node whose exporter is down, therefore drops out of ``gpu_metrics()``
+  within one scrape instead of being reported forever with its last values: FleetWatch keeps
+  what it stored and must not read the absence as a failure (the Slurm and Kubernetes
+  collectors see a dead node). ``lookback="10m"`` reads ``last_over_time(...[10m])`` instead,
+  for exporters scraped less often than the lookback; the price is that a vanished GPU is still
+  reported for that long.
+
+Errors: Prometheus unreachable, a timeout or a 5xx answer raise ``ClientError`` (transient,
+after ``urllib3`` retries with backoff); a query Prometheus rejects (400/422), a wrong URL
+(404) or refused credentials (401/403) raise ``ClientError(permanent=True)``. A series with a
+value or labels that cannot be read is skipped and described in ``last_warnings``; the rest is
+kept.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, NamedTuple
+
+import requests
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from urllib3.util.retry import Retry
+
+from collectors.clients.base import ClientError, GpuMetric, NicPort
+from collectors.clients.exposition import (
+    CLOCK_THROTTLE_REASONS,
+    CLOCKS_EVENT_REASONS,
+    IB_STATES,
+    NVLINK_ERROR_COUNTERS,
+)
+
+# Labels that name a GPU's node, most specific first. dcgm-exporter prints Hostname (the node's
+# name, or NODE_NAME in Kubernetes); instance is the scrape target and the last resort.
+NODE_LABELS = ("Hostname", "hostname")
+UUID_LABELS = ("UUID", "uuid")
+GPU_GROUP = ("Hostname", "hostname", "instance", "gpu", "UUID", "uuid", "modelName")
+NIC_GROUP = ("Hostname", "hostname", "instance", "device", "port")
+
+
+@dataclass(frozen=True)
+class _Query:
+    attr: str  # the GpuMetric / NicPort field it fills
+    names: tuple[str, ...]  # metric names (an exporter prints one of them)
+    combine: str = "max"  # how the names add up: max (one of them exists) or sum (counters)
+
+
+GPU_QUERIES = (
+    _Query("last_xid", ("DCGM_FI_DEV_XID_ERRORS",)),
+    _Query("utilization", ("DCGM_FI_DEV_GPU_UTIL",)),
+    _Query("temperature", ("DCGM_FI_DEV_GPU_TEMP",)),
+    _Query("memory_temperature", ("DCGM_FI_DEV_MEMORY_TEMP",)),
+    _Query("power_w", ("DCGM_FI_DEV_POWER_USAGE",)),
+    # Renamed in DCGM 3.2; an older exporter prints the throttle name.
+    _Query("clock_event_reasons", (CLOCKS_EVENT_REASONS, CLOCK_THROTTLE_REASONS)),
+    _Query("dbe_total", ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",)),
+    _Query("row_remap_failure", ("DCGM_FI_DEV_ROW_REMAP_FAILURE",)),
+    _Query("nvlink_errors", NVLINK_ERROR_COUNTERS, "sum"),
+    _Query("pcie_replays", ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER",)),
+)
+NIC_QUERIES = (
+    _Query("state", ("node_infiniband_state_id",)),
+    _Query("link_downed", ("node_infiniband_link_downed_total",)),
+    _Query("link_error_recovery", ("node_infiniband_link_error_recovery_total",)),
+    _Query("symbol_error", ("node_infiniband_symbol_error_total",)),
+)
+# Gauges whose missing series means "nothing to report" (GpuMetric has no None for them).
+GPU_INT_FIELDS = ("last_xid", "clock_event_reasons", "row_remap_failure")
+
+# DCGM's "no value" sentinels (DCGM_INT32_BLANK.., DCGM_INT64_BLANK.., DCGM_FP64_BLANK..).
+# dcgm-exporter normally skips blank fields, but some versions print them as numbers
+# (9.223372036854776e+18 for a memory temperature the GPU does not report).
+DCGM_INT32_BLANK = 0x7FFFFFF0
+DCGM_FP64_BLANK = 140737488355328.0
+
+MAX_POINTS = 11_000  # Prometheus refuses a range query with more points per series
+MAX_WARNINGS_PER_QUERY = 20
+
+
+class HistoryPoint(NamedTuple):
+    at: float  # epoch seconds
+    utilization: float | None
+    temperature: float | None
+
+
+# node -> GPU index -> points in time order
+GpuHistory = dict[str, dict[int, list[HistoryPoint]]]
+
+
+def node_from_instance(instance: str) -> str:
+    """``gpu-003:9400`` -> ``gpu-003``; ``gpu-003.dc1.example.com:9400`` -> ``gpu-003`` (Slurm
+    and Kubernetes use short names); an IP address stays whole; ``[::1]:9400`` -> ``::1``."""
+    host = instance.strip()
+    if host.startswith("["):
+        host = host[1:].split("]", 1)[0]
+    elif host.count(":") == 1:
+        host = host.rsplit(":", 1)[0]
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        return host.split(".", 1)[0]
+
+
+def promql_string(value: str) -> str:
+    """A PromQL double-quoted string literal."""
+    return json.dumps(value)
+
+
+def _excerpt(series: object, limit: int = 300) -> str:
+    text = json.dumps(series, sort_keys=True, default=str)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _is_dcgm_blank(value: float) -> bool:
+    return value >= DCGM_FP64_BLANK or DCGM_INT32_BLANK <= value <= 0x7FFFFFFF
+
+
+@dataclass
+class _Warnings:
+    """Warnings of one read, at most a few per query so a broken exporter cannot flood."""
+
+    items: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, query: str, message: str) -> None:
+        n = self.counts[query] = self.counts.get(query, 0) + 1
+        if n <= MAX_WARNINGS_PER_QUERY:
+            self.items.append(message)
+
+    def finish(self) -> list[str]:
+        for query, n in self.counts.items():
+            if n > MAX_WARNINGS_PER_QUERY:
+                self.items.append(f"{query}: {n - MAX_WARNINGS_PER_QUERY} more series skipped")
+        return self.items
+
+
+class PrometheusTelemetry:
+    """``TelemetryClient`` over a Prometheus that scrapes dcgm-exporter and node_exporter."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 5.0,
+        headers: dict[str, str] | None = None,
+        verify_tls: bool | str = True,
+        lookback: str | None = None,
+        *,
+        matchers: str = "",
+        retries: int = 2,
+        backoff: float = 0.5,
+    ) -> None:
+        """``verify_tls``: False, True, or a CA bundle path. ``matchers``: label matchers added
+        to every selector, for a Prometheus that holds more than this fleet (``cluster="a"``
+        or ``job="dcgm-exporter"``)."""
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.lookback = lookback
+        self.matchers = matchers.strip().strip("{}").strip().rstrip(",")
+        session = requests.Session()
+        session.verify = verify_tls
+        # Transient failures only: refused or reset connections and gateway errors. The last
+        # answer is returned rather than raised (raise_on_status=False) so its body, which
+        # says why, reaches the error message.
+        retry = Retry(total=retries, connect=retries, read=1, status=retries,
+                      backoff_factor=backoff, status_forcelist=(502, 503, 504),
+                      allowed_methods=frozenset({"GET", "POST"}), raise_on_status=False)
+        self._prom = PrometheusConnect(url=self.url, headers=headers, retry=retry,
+                                       session=session, timeout=timeout)  # type: ignore[arg-type]
+        self._warnings: dict[str, list[str]] = {}
+
+    @property
+    def last_warnings(self) -> list[str]:
+        """What the latest gpu_metrics(), nic_ports() and gpu_history() calls skipped."""
+        return [w for ws in self._warnings.values() for w in ws]
+
+    def close(self) -> None:
+        self._prom.close()
+
+    # --- queries ---
+
+    def _selector(self, names: Sequence[str], extra: str = "") -> str:
+        matchers = [m for m in (self.matchers, extra) if m]
+        if len(names) == 1:
+            return f"{names[0]}{{{', '.join(matchers)}}}" if matchers else names[0]
+        regex = "|".join(re.escape(n) for n in names)
+        return "{" + ", ".join([f"__name__=~{promql_string(regex)}", *matchers]) + "}"
+
+    def _instant_expr(self, query: _Query, group: Sequence[str]) -> str:
+        selector = self._selector(query.names)
+        if self.lookback:
+            selector = f"last_over_time({selector}[{self.lookback}])"
+        by = ", ".join(group)
+        if query.combine == "sum" and len(query.names) > 1:
+            # Each counter once per GPU (max over duplicate jobs), then the counters added.
+            return f"sum by ({by}) (max by (__name__, {by}) ({selector}))"
+        return f"max by ({by}) ({selector})"
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        """The library's and requests' exceptions as ClientError, transient or permanent."""
+        try:
+            yield
+        except requests.exceptions.Timeout as exc:
+            raise ClientError(f"Prometheus at {self.url} timed out after {self.timeout}s "
+                              f"({what})") from exc
+        except requests.exceptions.RetryError as exc:
+            raise ClientError(f"Prometheus at {self.url} kept failing ({what}): {exc}") from exc
+        except requests.exceptions.ConnectionError as exc:
+            reason = _root_cause(exc)
+            if "timed out" in reason:  # a read timeout, after its retry, arrives as this
+                raise ClientError(f"Prometheus at {self.url} timed out after {self.timeout}s "
+                                  f"({what}): {reason}") from exc
+            raise ClientError(f"Prometheus at {self.url} unreachable ({what}): {reason}") from exc
+        except requests.exceptions.RequestException as exc:
+            raise ClientError(f"Prometheus request failed ({what}): {exc}") from exc
+        except PrometheusApiClientException as exc:
+            # The library keeps only "HTTP Status Code N (b'body')" of the response.
+            match = re.search(r"HTTP Status Code (\d+)", str(exc))
+            status = int(match.group(1)) if match else 0
+            permanent = status in (400, 401, 403, 404, 405, 422)
+            raise ClientError(f"Prometheus answered {status or '?'} to {what}: "
+                              f"{str(exc)[:500]}", permanent=permanent) from exc
+        except (ValueError, KeyError, TypeError) as exc:
+            # A 200 that is not the query API's JSON: a proxy's login page, say.
+            raise ClientError(f"Prometheus at {self.url} answered something unreadable "
+                              f"({what}): {exc}") from exc
+
+    def _query(self, expr: str) -> list[dict[str, Any]]:
+        with self._errors(expr):
+            result = self._prom.custom_query(
+                expr, params={"timeout": f"{self.timeout:g}s"}, timeout=self.timeout)
+        if not isinstance(result, list):
+            raise ClientError(f"Prometheus answered a {type(result).__name__} to {expr}, "
+                              "not an instant vector")
+        return result
+
+    def _query_range(self, expr: str, start: datetime, end: datetime,
+                     step: float) -> list[dict[str, Any]]:
+        with self._errors(expr):
+            result = self._prom.custom_query_range(
+                expr, start_time=start, end_time=end, step=f"{step:g}s",
+                params={"timeout": f"{self.timeout:g}s"}, timeout=self.timeout)
+        if not isinstance(result, list):
+            raise ClientError(f"Prometheus answered a {type(result).__name__} to {expr}, "
+                              "not a range vector")
+        return result
+
+    # --- reading series ---
+
+    @staticmethod
+    def _node(labels: dict[str, str]) -> str | None:
+        for name in NODE_LABELS:
+            if labels.get(name):
+                return labels[name]
+        if labels.get("instance"):
+            return node_from_instance(labels["instance"])
+        return None
+
+    def _samples(self, expr: str, series: Iterable[Any], warnings: _Warnings,
+                 key_labels: Sequence[str]) -> Iterator[tuple[str, dict[str, str], float]]:
+        """(node, labels, value) of each readable series; the others become warnings."""
+        blanks = 0
+        for s in series:
+            try:
+                labels = s["metric"]
+                raw = s["value"][1]
+            except (KeyError, IndexError, TypeError):
+                warnings.add(expr, f"{expr}: malformed series skipped: {_excerpt(s)}")
+                continue
+            node = self._node(labels)
+            missing = [k for k in key_labels if not labels.get(k)]
+            if node is None or missing:
+                what = ", ".join(missing) if node else "Hostname, hostname or instance"
+                warnings.add(expr, f"{expr}: series without {what} skipped: {_excerpt(s)}")
+                continue
+            try:
+                value = float(raw)
+            except (TypeError, ValueError):
+                value = math.nan
+            if math.isnan(value) or math.isinf(value):
+                warnings.add(expr, f"{expr}: unreadable value {raw!r} skipped: {_excerpt(s)}")
+                continue
+            if _is_dcgm_blank(value):
+                blanks += 1  # no value: as if the exporter had skipped it
+                continue
+            yield node, labels, value
+        if blanks:
+            warnings.add(expr, f"{expr}: {blanks} DCGM blank value(s) read as missing")
+
+    def gpu_metrics(self) -> list[GpuMetric]:
+        warnings = _Warnings()
+        gpus: dict[tuple[str, int], dict[str, Any]] = {}
+        for query in GPU_QUERIES:
+            expr = self._instant_expr(query, GPU_GROUP)
+            for node, labels, value in self._samples(expr, self._query(expr), warnings, ("gpu",)):
+                try:
+                    index = int(labels["gpu"])
+                except ValueError:
+                    warnings.add(expr, f"{expr}: gpu label {labels['gpu']!r} is not an index: "
+                                       f"{_excerpt(labels)}")
+                    continue
+                gpu = gpus.setdefault((node, index), {"uuid": "", "model": ""})
+                gpu["uuid"] = gpu["uuid"] or next(
+                    (labels[k] for k in UUID_LABELS if labels.get(k)), "")
+                gpu["model"] = gpu["model"] or labels.get("modelName", "")
+                if query.attr in GPU_INT_FIELDS:
+                    gpu[query.attr] = int(value)
+                elif query.attr in gpu:
+                    # Two series for one GPU and field (two Hostname spellings, a GPU moved
+                    # between pods): keep the larger, as max by would.
+                    gpu[query.attr] = max(gpu[query.attr], value)
+                else:
+                    gpu[query.attr] = value
+        self._warnings["gpu_metrics"] = warnings.finish()
+        return [
+            GpuMetric(
+                node=node, gpu=index, uuid=g["uuid"], model=g["model"],
+                utilization=g.get("utilization"), temperature=g.get("temperature"),
+                last_xid=g.get("last_xid", 0), power_w=g.get("power_w"),
+                clock_event_reasons=g.get("clock_event_reasons", 0),
+                memory_temperature=g.get("memory_temperature"), dbe_total=g.get("dbe_total"),
+                row_remap_failure=g.get("row_remap_failure", 0),
+                nvlink_errors=g.get("nvlink_errors"), pcie_replays=g.get("pcie_replays"))
+            for (node, index), g in sorted(gpus.items())
+        ]
+
+    def nic_ports(self) -> list[NicPort]:
+        warnings = _Warnings()
+        ports: dict[tuple[str, str, int], dict[str, Any]] = {}
+        for query in NIC_QUERIES:
+            expr = self._instant_expr(query, NIC_GROUP)
+            for node, labels, value in self._samples(expr, self._query(expr), warnings,
+                                                     ("device", "port")):
+                try:
+                    port = int(labels["port"])
+                except ValueError:
+                    warnings.add(expr, f"{expr}: port label {labels['port']!r} is not a number")
+                    continue
+                ports.setdefault((node, labels["device"], port), {})[query.attr] = int(value)
+        result = []
+        for (node, device, port), p in sorted(ports.items()):
+            if "state" not in p:
+                # Counters without a state: never guess a port down.
+                warnings.add("node_infiniband_state_id",
+                             f"{node} {device} port {port}: no node_infiniband_state_id; skipped")
+                continue
+            result.append(NicPort(
+                node=node, device=device, port=port,
+                state=IB_STATES.get(p["state"], f"STATE_{p['state']}"),
+                link_downed=p.get("link_downed", 0),
+                link_error_recovery=p.get("link_error_recovery", 0),
+                symbol_error=p.get("symbol_error", 0)))
+        self._warnings["nic_ports"] = warnings.finish()
+        return result
+
+    def gpu_history(self, nodes: Sequence[str], start: datetime, end: datetime,
+                    step_seconds: float = 15.0) -> GpuHistory:
+        """Utilisation and temperature of the nodes' GPUs from ``start`` to ``end``, for
+        charts: ``{node: {gpu: [HistoryPoint(at, utilization, temperature), ...]}}``.
+
+        Two range queries in all. A point where one field has no sample carries None for it;
+        a GPU with no samples in the range is absent."""
+        if not nodes:
+            return {}
+        if end <= start:
+            raise ClientError(f"empty time range {start} .. {end}", permanent=True)
+        span = (end - start).total_seconds()
+        step = max(float(step_seconds), math.ceil(span / MAX_POINTS), 1.0)
+        wanted = set(nodes)
+        node_re = "|".join(re.escape(n) for n in sorted(wanted))
+        warnings = _Warnings()
+        points: dict[tuple[str, int], dict[float, list[float | None]]] = {}
+        for slot, name in enumerate(("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP")):
+            # The node under whichever label the exporter uses; `or` drops a series the
+            # earlier selectors already matched (same labels), so no GPU is counted twice.
+            alternatives = [self._selector([name], f"{label}=~{promql_string(node_re)}")
+                            for label in NODE_LABELS]
+            alternatives.append(self._selector(
+                [name], f"instance=~{promql_string(f'({node_re})([.:].*)?')}"))
+            expr = f"max by (Hostname, hostname, instance, gpu) ({' or '.join(alternatives)})"
+            for s in self._query_range(expr, start, end, step):
+                labels = s.get("metric", {}) if isinstance(s, dict) else {}
+                node = self._node(labels)
+                try:
+                    index = int(labels["gpu"])
+                    values = s["values"]
+                except (KeyError, ValueError, TypeError):
+                    warnings.add(expr, f"{expr}: series skipped: {_excerpt(s)}")
+                    continue
+                if node not in wanted:
+                    continue
+                series = points.setdefault((node, index), {})
+                for at, raw in values:
+                    try:
+                        value: float | None = float(raw)
+                    except (TypeError, ValueError):
+                        value = None
+                    if value is not None and (math.isnan(value) or _is_dcgm_blank(value)):
+                        value = None
+                    series.setdefault(float(at), [None, None])[slot] = value
+        self._warnings["gpu_history"] = warnings.finish()
+        history: GpuHistory = {}
+        for (node, index), series in sorted(points.items()):
+            history.setdefault(node, {})[index] = [
+                HistoryPoint(at, util, temp) for at, (util, temp) in sorted(series.items())]
+        return history
+
+
+def _root_cause(exc: requests.exceptions.ConnectionError) -> str:
+    """"Failed to establish a new connection: [Errno 111] Connection refused", not the layers
+    of urllib3 wrapping around it."""
+    reason = getattr(exc.args[0], "reason", None) if exc.args else None
+    return str(reason or exc)

@@ -1,0 +1,678 @@
+"""The real Slurm client: the Slurm CLI's JSON output, and ``scontrol``/``scancel`` for actions.
+
+Reads
+    nodes()    ``sinfo --json`` on 22.05 and older (``scontrol`` has no ``--json`` there), and
+               ``scontrol show nodes --json`` from 23.02 on (where ``sinfo --json`` groups nodes
+               by partition instead of listing them).
+    jobs()     ``squeue --all --json``.
+    topology() ``scontrol show topology``: the leaf switches (level 0) and their nodes.
+
+The JSON comes in two families, told apart by ``meta`` (never guessed from the records):
+
+* the openapi/v0.0.37-v0.0.38 shape (Slurm 21.08, 22.05): a node's ``state`` is a string
+  (``"idle"``) with ``state_flags`` beside it, a job's ``job_state`` a string, ``exit_code`` the
+  raw wait status as an integer, numbers plain integers;
+* the data_parser/v0.0.39+ shape (23.02 and later): a node's ``state`` a list
+  (``["IDLE", "DRAIN"]``), numbers as ``{"set": true, "infinite": false, "number": N}``; from
+  v0.0.40 (23.11) ``job_state`` is a list too and ``exit_code`` an object with ``status``,
+  ``return_code`` and ``signal``.
+
+A payload whose version is not one of these is refused (``ClientError(permanent=True)``), and
+a single record that does not parse is skipped and reported in ``last_warnings`` while the rest
+of the payload is kept.
+
+Actions read the current state first, so a retried step does nothing twice, and only undo what
+FleetWatch did: every reason FleetWatch sets starts with ``fleetwatch:``, and resume() refuses a
+node whose reason does not.
+
+Semantics found on a real 22.05 cluster (deploy/testing/slurm_cluster.py, tests/integration/
+test_slurm.py), which decide how cancel() and requeue() work:
+
+* ``scancel --signal=TERM --full JOBID`` only delivers SIGTERM: a job that ignores it (a hung
+  NCCL collective never reaches its handler) keeps RUNNING forever, and KillWait never applies.
+* Plain ``scancel JOBID`` sends SIGCONT+SIGTERM to every process of the job, batch script
+  included, waits KillWait seconds, then SIGKILLs what is left; the job is CANCELLED (shown as
+  COMPLETING until its processes are gone). That is "SIGTERM with a grace" — so cancel(TERM)
+  uses it.
+* ``scontrol requeue JOBID`` on a RUNNING job does the same SIGTERM/KillWait stop and requeues
+  it; on a CANCELLED/COMPLETED/FAILED job still in slurmctld's memory (MinJobAge) it requeues
+  it too, even while it is COMPLETING. A requeued job is PENDING (reason BeginTime) for
+  AuthInfo's cred_expire seconds (default 120), then runs again with restart_cnt + 1. Asked
+  again while the requeue is in progress, Slurm answers "Job is pending execution".
+* ``scontrol requeue`` is not idempotent by itself: on a job that was requeued and is RUNNING
+  again it requeues it again. So requeue() requeues only a job that has stopped (the remediation
+  flow is cancel(), wait for the job to leave RUNNING, requeue()), exactly as the simulation
+  does; for a running job it changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import hostlist
+
+from collectors.clients.base import SLURM_REASON_PREFIX, ActionResult, ClientError, SlurmJob, SlurmNode
+
+# --- payload shapes ----------------------------------------------------------------------------
+
+LEGACY = "openapi/v0.0.38"  # 21.08 (v0.0.37) and 22.05 (v0.0.38)
+V39 = "data_parser/v0.0.39"  # 23.02
+V40 = "data_parser/v0.0.40+"  # 23.11 (v0.0.40), 24.05 (v0.0.41), 24.11 (v0.0.42)
+
+PLUGIN_SHAPES = {
+    "v0.0.37": LEGACY, "v0.0.38": LEGACY,
+    "v0.0.39": V39,
+    "v0.0.40": V40, "v0.0.41": V40, "v0.0.42": V40,
+}
+# The data parser each Slurm release writes by default, for payloads that name only a version.
+RELEASE_SHAPES = {
+    (21, 8): LEGACY, (22, 5): LEGACY,
+    (23, 2): V39,
+    (23, 11): V40, (24, 5): V40, (24, 11): V40,
+}
+
+NODE_BASE_STATES = frozenset({"UNKNOWN", "DOWN", "IDLE", "ALLOCATED", "ERROR", "MIXED", "FUTURE",
+                              "END"})
+# 22.05's job_state_string() prints a state flag in place of the base state, in this order; the
+# list shapes name both, so they are folded the same way and every version reads alike.
+JOB_STATE_FLAG_ORDER = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "REQUEUED",
+                        "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "REVOKED",
+                        "RESV_DEL_HOLD", "SIGNALING")
+ACTIVE_JOB_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED", "SIGNALING", "STOPPED"})
+
+_VERSION_RE = re.compile(r"v0\.0\.\d+")
+
+
+def payload_shape(payload: Any) -> str:
+    """Which JSON family ``payload`` is, from its ``meta``; refuses anything else.
+
+    Raises ClientError(permanent=True) naming what it saw: a new Slurm release must be looked
+    at (and a fixture added) before FleetWatch reads it, rather than half-understood.
+    """
+    if not isinstance(payload, Mapping):
+        raise ClientError(f"Slurm JSON is a {type(payload).__name__}, not an object", permanent=True)
+    meta = payload.get("meta")
+    if not isinstance(meta, Mapping):
+        raise ClientError(f"Slurm JSON has no meta object (keys: {sorted(payload)[:12]})",
+                          permanent=True)
+    plugin = meta.get("plugin") if isinstance(meta.get("plugin"), Mapping) else {}
+    seen: list[str] = []
+    for key in ("data_parser", "type"):
+        value = plugin.get(key)
+        if isinstance(value, str) and value:
+            seen.append(f"plugin.{key}={value!r}")
+            match = _VERSION_RE.search(value)
+            if match:
+                if match.group(0) in PLUGIN_SHAPES:
+                    return PLUGIN_SHAPES[match.group(0)]
+                raise ClientError(f"unknown Slurm JSON shape: {', '.join(seen)}", permanent=True)
+    slurm = meta.get("slurm") if isinstance(meta.get("slurm"), Mapping) else meta.get("Slurm")
+    version = slurm.get("version") if isinstance(slurm, Mapping) else None
+    if isinstance(version, Mapping):
+        try:
+            release = (int(version["major"]), int(version["minor"]))
+        except (KeyError, TypeError, ValueError):
+            release = None
+        seen.append(f"slurm.version={dict(version)}")
+        if release in RELEASE_SHAPES:
+            return RELEASE_SHAPES[release]
+    raise ClientError(f"unknown Slurm JSON shape: {', '.join(seen) or 'meta without plugin or version'}",
+                      permanent=True)
+
+
+# --- field helpers -------------------------------------------------------------------------------
+
+
+def number(value: Any) -> int | None:
+    """A plain number, or 23.02+'s ``{"set": ..., "infinite": ..., "number": N}``; None when
+    unset or infinite."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value)
+    if isinstance(value, Mapping):
+        if not value.get("set", True) or value.get("infinite", False):
+            return None
+        return number(value.get("number"))
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    raise ValueError(f"not a number: {value!r}")
+
+
+def _text(value: Any, field: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"{field} is {type(value).__name__}, not a string")
+
+
+def _names(value: Any, field: str) -> list[str]:
+    """A state: a string (22.05) or a list of strings (23.02+), upper-cased."""
+    if isinstance(value, str) and value:
+        return [value.upper()]
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return [v.upper() for v in value]
+    raise ValueError(f"{field} is {value!r}")
+
+
+def exit_return_code(value: Any) -> int | None:
+    """The job's return code from any shape; 128+N for a job killed by signal N (as a shell
+    reports it). 22.05/23.02 give the raw wait status, 23.11+ an object."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, Mapping) and ("return_code" in value or "status" in value):
+        signal = value.get("signal")
+        sig = number(signal.get("id", signal.get("signal_id"))) if isinstance(signal, Mapping) else None
+        if sig:
+            return 128 + sig
+        return number(value.get("return_code"))
+    status = number(value)  # an int, or 23.02's uint32_no_val object
+    if status is None:
+        return None
+    if status & 0x7F:  # WIFSIGNALED
+        return 128 + (status & 0x7F)
+    return status >> 8
+
+
+# Shown first in a skipped record's excerpt: what an operator needs to find it in Slurm.
+EXCERPT_KEYS = ("job_id", "name", "user_name", "job_state", "state", "state_flags", "nodes",
+                "reason")
+
+
+def _excerpt(record: Any, limit: int = 240) -> str:
+    if isinstance(record, Mapping):
+        first = {k: record[k] for k in EXCERPT_KEYS if k in record}
+        record = first | {k: v for k, v in record.items() if k not in first}
+    try:
+        text = json.dumps(record, default=str)
+    except (TypeError, ValueError):
+        text = repr(record)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _records(payload: Mapping[str, Any], key: str) -> list[Any]:
+    records = payload.get(key)
+    if not isinstance(records, list):
+        raise ClientError(f"Slurm JSON has no {key!r} list (keys: {sorted(payload)[:12]})",
+                          permanent=True)
+    return records
+
+
+def payload_errors(payload: Any) -> str | None:
+    """The failures Slurm lists in a payload's ``errors`` (exit status 0 on some versions)."""
+    errors = payload.get("errors") if isinstance(payload, Mapping) else None
+    if not errors or not isinstance(errors, list):
+        return None
+    messages = []
+    for err in errors:
+        if isinstance(err, Mapping):
+            parts = [str(err[k]) for k in ("source", "description", "error") if err.get(k)]
+            messages.append(": ".join(parts) or _excerpt(err))
+        else:
+            messages.append(str(err))
+    return "; ".join(messages)
+
+
+def _payload_errors(payload: Mapping[str, Any]) -> None:
+    message = payload_errors(payload)
+    if message is not None:
+        raise ClientError(f"Slurm reported: {message}", permanent=classify(message) is True)
+
+
+# --- pure parsers --------------------------------------------------------------------------------
+
+
+def parse_node(record: Any, shape: str) -> SlurmNode:
+    if not isinstance(record, Mapping):
+        raise ValueError(f"node record is a {type(record).__name__}")
+    name = record.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError("node record has no name")
+    states = _names(record.get("state"), "state")
+    if shape == LEGACY:
+        base = states[0]
+        raw_flags = record.get("state_flags") or []
+        if not isinstance(raw_flags, list):
+            raise ValueError(f"state_flags is {raw_flags!r}")
+        flags = [str(f).upper() for f in raw_flags]
+    else:
+        bases = [s for s in states if s in NODE_BASE_STATES]
+        base = bases[0] if bases else states[0]
+        flags = [s for s in states if s != base]
+    partitions = record.get("partitions") or []
+    if isinstance(partitions, str):
+        partitions = [partitions]
+    return SlurmNode(name=name, state=base, flags=tuple(flags),
+                     reason=_text(record.get("reason"), "reason"),
+                     partition=",".join(str(p) for p in partitions))
+
+
+def parse_nodes(payload: Any) -> tuple[list[SlurmNode], list[str]]:
+    """Nodes from ``sinfo --json`` (22.05) or ``scontrol show nodes --json`` (23.02+)."""
+    shape = payload_shape(payload)
+    _payload_errors(payload)
+    nodes, warnings = [], []
+    for i, record in enumerate(_records(payload, "nodes")):
+        try:
+            nodes.append(parse_node(record, shape))
+        except (KeyError, TypeError, ValueError) as exc:
+            warnings.append(f"skipped node record {i}: {exc}: {_excerpt(record)}")
+    return nodes, warnings
+
+
+def job_state(value: Any) -> str:
+    states = _names(value, "job_state")
+    if len(states) == 1:
+        return states[0]
+    for flag in JOB_STATE_FLAG_ORDER:
+        if flag in states:
+            return flag
+    return states[0]
+
+
+def parse_job(record: Any, shape: str) -> SlurmJob:
+    if not isinstance(record, Mapping):
+        raise ValueError(f"job record is a {type(record).__name__}")
+    job_id = number(record.get("job_id"))
+    if job_id is None:
+        raise ValueError("job record has no job_id")
+    state = job_state(record.get("job_state"))
+    node_list = _text(record.get("nodes"), "nodes")
+    try:
+        nodes = tuple(hostlist.expand_hostlist(node_list)) if node_list else ()
+    except hostlist.BadHostlist as exc:
+        raise ValueError(f"bad hostlist {node_list!r}: {exc}") from exc
+    start = number(record.get("start_time"))
+    reason = _text(record.get("state_reason"), "state_reason")
+    ended = state not in ACTIVE_JOB_STATES and state != "PENDING"
+    return SlurmJob(
+        job_id=str(job_id),
+        name=_text(record.get("name"), "name"),
+        user=_text(record.get("user_name"), "user_name") or str(record.get("user_id", "")),
+        state=state,
+        nodes=nodes,
+        restart_count=number(record.get("restart_cnt")) or 0,
+        # A pending job's start_time is only the scheduler's estimate.
+        started_at=float(start) if start and state != "PENDING" else None,
+        exit_code=exit_return_code(record.get("exit_code")) if ended else None,
+        state_reason="" if reason == "None" else reason,
+    )
+
+
+def parse_jobs(payload: Any) -> tuple[list[SlurmJob], list[str]]:
+    """Jobs from ``squeue --json`` (any supported version)."""
+    shape = payload_shape(payload)
+    _payload_errors(payload)
+    jobs, warnings = [], []
+    for i, record in enumerate(_records(payload, "jobs")):
+        try:
+            jobs.append(parse_job(record, shape))
+        except (KeyError, TypeError, ValueError) as exc:
+            warnings.append(f"skipped job record {i}: {exc}: {_excerpt(record)}")
+    return jobs, warnings
+
+
+def parse_topology(text: str) -> dict[str, list[str]]:
+    """``scontrol show topology`` -> {leaf switch: [nodes]}; only the leaves (level 0, no
+    ``Switches=``), as the topology rules reason about the switch a node hangs off."""
+    leaves: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        name = fields.get("SwitchName")
+        if not name:
+            continue
+        if fields.get("Switches") or fields.get("Level", "0") != "0":
+            continue
+        nodes = fields.get("Nodes", "")
+        try:
+            leaves[name] = hostlist.expand_hostlist(nodes) if nodes and nodes != "(null)" else []
+        except hostlist.BadHostlist as exc:
+            raise ClientError(f"bad hostlist in topology line {line!r}: {exc}", permanent=True) from exc
+    return leaves
+
+
+def slurm_release(version_output: str) -> tuple[int, int] | None:
+    """``scontrol --version`` ("slurm-wlm 22.05.8", "slurm 23.11.4") -> (22, 5)."""
+    match = re.search(r"(\d+)\.(\d+)(?:\.\d+)?", version_output)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+TRANSIENT_PATTERNS = (
+    "unable to contact slurm controller", "connection refused", "connect failure",
+    "socket timed out", "timed out", "zero bytes were transmitted", "resource temporarily unavailable",
+    "communication connection failure", "slurm backup controller in standby",
+    "slurmctld is not responding", "try again", "transient", "munge", "temporarily",
+)
+PERMANENT_PATTERNS = (
+    "invalid job id", "invalid node name", "invalid user", "invalid partition",
+    "access/permission denied", "permission denied", "only batch jobs are accepted",
+    "requested operation is presently disabled", "invalid node state", "unrecognized option",
+    "invalid option", "job is no longer pending", "requested operation not supported",
+    "invalid job state", "invalid signal",
+)
+
+
+def classify(message: str) -> bool | None:
+    """True: permanent (not worth retrying); False: transient; None: not recognised."""
+    low = message.lower()
+    if any(p in low for p in PERMANENT_PATTERNS):
+        return True
+    if any(p in low for p in TRANSIENT_PATTERNS):
+        return False
+    return None
+
+
+SIGNAL_NAMES = {
+    "1": "HUP", "2": "INT", "3": "QUIT", "9": "KILL", "10": "USR1", "12": "USR2", "15": "TERM",
+    "18": "CONT", "19": "STOP",
+}
+
+
+def signal_name(signal: str | int) -> str:
+    text = str(signal).strip().upper()
+    text = SIGNAL_NAMES.get(text, text)
+    return text[3:] if text.startswith("SIG") else text
+
+
+def owned_reason(reason: str) -> str:
+    """FleetWatch's reasons start with ``fleetwatch:`` (DESIGN.md, Ownership)."""
+    reason = " ".join(reason.split())  # scontrol takes one line
+    if reason.startswith(SLURM_REASON_PREFIX):
+        return reason
+    return f"{SLURM_REASON_PREFIX} {reason}".rstrip()
+
+
+# --- the client ----------------------------------------------------------------------------------
+
+
+class SlurmCli:
+    """``SlurmClient`` over the Slurm command line of the machine it runs on.
+
+    ``bin_dir`` is where the Slurm commands live (default: ``PATH``); ``env`` is merged over
+    ``os.environ`` for every command, which is how ``SLURM_CONF`` reaches them. Each command
+    runs with ``timeout`` seconds; transient failures (controller unreachable, timeouts) are
+    retried ``retries`` more times with a doubling backoff, permanent ones are not.
+    """
+
+    source = "slurm"
+
+    def __init__(self, bin_dir: str | None = None, timeout: float = 10.0,
+                 env: dict[str, str] | None = None, retries: int = 2,
+                 backoff: float = 0.5) -> None:
+        self.bin_dir = bin_dir
+        self.timeout = timeout
+        self.env = {**os.environ, **(env or {})}
+        self.retries = retries
+        self.backoff = backoff
+        self.last_warnings: list[str] = []
+        self._release: tuple[int, int] | None = None
+        self._kill_wait: int | None = None
+
+    # --- running commands ----------------------------------------------------------------------
+
+    def _argv(self, args: Sequence[str]) -> list[str]:
+        if self.bin_dir:
+            return [os.path.join(self.bin_dir, args[0]), *args[1:]]
+        return list(args)
+
+    def _run(self, *args: str, retry: bool = True) -> str:
+        """Run one Slurm command; its stdout, or ClientError with its stderr."""
+        command = shlex.join(args)
+        attempts = 1 + (self.retries if retry else 0)
+        last: ClientError | None = None
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                proc = subprocess.run(self._argv(args), env=self.env, capture_output=True,
+                                      text=True, timeout=self.timeout, stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                last = ClientError(f"`{command}` timed out after {self.timeout:g}s", permanent=False)
+                continue
+            except FileNotFoundError as exc:
+                raise ClientError(f"`{command}`: {exc.strerror}: {exc.filename} "
+                                  "(is the Slurm client installed?)", permanent=True) from exc
+            # Some commands report failure on stderr with status 0 (22.05's
+            # `scontrol show topology` with slurmctld down): a recognised error there counts.
+            if proc.returncode == 0 and (not proc.stderr.strip() or classify(proc.stderr) is None):
+                return proc.stdout
+            message = (proc.stderr.strip() or proc.stdout.strip()
+                       or f"exit status {proc.returncode}")
+            kind = classify(message)
+            last = ClientError(f"`{command}` failed: {message}", permanent=kind is True)
+            if kind is not False:
+                # Permanent, or not recognised: retrying blindly here could repeat a change;
+                # the caller (a Celery step with its own budget) decides on unknown errors.
+                raise last
+        assert last is not None
+        raise last
+
+    def _json(self, *args: str) -> Any:
+        """Run a ``--json`` command and load its output.
+
+        With slurmctld down, 22.05's ``sinfo --json``/``squeue --json`` exit 0 and print an
+        empty list with ``errors: [{"error": "Unspecified error"}]``: read naively that is "no
+        nodes". Any ``errors`` entry fails the read; ``scontrol ping`` then says whether the
+        controller is down (transient, retried) or the request itself was refused.
+        """
+        command = shlex.join(args)
+        for attempt in range(1 + self.retries):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            out = self._run(*args)
+            try:
+                payload = json.loads(out)
+            except json.JSONDecodeError as exc:
+                raise ClientError(f"`{command}` printed no JSON ({exc}): {out[:200]!r}",
+                                  permanent=False) from exc
+            message = payload_errors(payload)
+            if message is None:
+                return payload
+            down = self._controller_down()
+            if down is None:
+                raise ClientError(f"`{command}` reported: {message}",
+                                  permanent=classify(message) is True)
+        raise ClientError(f"`{command}` reported: {message}; slurmctld is not answering "
+                          f"(`scontrol ping`: {down})", permanent=False)
+
+    def _controller_down(self) -> str | None:
+        """``scontrol ping``'s answer when a controller is DOWN, else None."""
+        try:
+            proc = subprocess.run(self._argv(["scontrol", "ping"]), env=self.env,
+                                  capture_output=True, text=True, timeout=self.timeout,
+                                  stdin=subprocess.DEVNULL)
+        except (subprocess.TimeoutExpired, OSError) as exc:
+            return f"scontrol ping failed: {exc}"
+        answer = " ".join((proc.stdout + proc.stderr).split())
+        return answer if "DOWN" in answer or proc.returncode != 0 else None
+
+    def release(self) -> tuple[int, int] | None:
+        """The Slurm release the CLI belongs to, e.g. (22, 5); asked once."""
+        if self._release is None:
+            self._release = slurm_release(self._run("scontrol", "--version"))
+        return self._release
+
+    def kill_wait(self) -> int | None:
+        """The cluster's KillWait: seconds between SIGTERM and SIGKILL when a job is stopped."""
+        if self._kill_wait is None:
+            out = self._run("scontrol", "show", "config")
+            match = re.search(r"^KillWait\s*=\s*(\d+)", out, re.MULTILINE)
+            self._kill_wait = int(match.group(1)) if match else None
+        return self._kill_wait
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def nodes(self) -> list[SlurmNode]:
+        release = self.release()
+        if release is not None and release < (23, 2):
+            payload = self._json("sinfo", "--json")
+        else:
+            payload = self._json("scontrol", "show", "nodes", "--json")
+        nodes, self.last_warnings = parse_nodes(payload)
+        return nodes
+
+    def jobs(self) -> list[SlurmJob]:
+        # 22.05 ignores squeue's filters with --json: every job slurmctld still holds comes back.
+        payload = self._json("squeue", "--all", "--json")
+        jobs, self.last_warnings = parse_jobs(payload)
+        return jobs
+
+    def topology(self) -> dict[str, list[str]]:
+        try:
+            out = self._run("scontrol", "show", "topology")
+        except ClientError as exc:
+            if "not configured" in str(exc).lower() or "no switches" in str(exc).lower():
+                return {}  # topology/none: no switch information at all
+            raise
+        return parse_topology(out)
+
+    def _node(self, name: str) -> SlurmNode:
+        for node in self.nodes():
+            if node.name == name:
+                return node
+        raise ClientError(f"Invalid node name specified: {name} is not a node of this cluster",
+                          permanent=True)
+
+    def _job(self, job_id: str) -> SlurmJob:
+        for job in self.jobs():
+            if job.job_id == str(job_id):
+                return job
+        raise ClientError(f"Invalid job id specified: job {job_id} is unknown to slurmctld "
+                          "(never existed, or ended more than MinJobAge ago)", permanent=True)
+
+    def _act(self, args: list[str], changed_detail: str,
+             data: dict[str, object] | None = None) -> ActionResult:
+        # No automatic retry for a change: the state check above makes a retried *step* safe,
+        # and scontrol's answers ("Job is pending execution") are handled by the caller.
+        self._run(*args, retry=False)
+        return ActionResult(shlex.join(args), True, changed_detail, data or {})
+
+    # --- node actions --------------------------------------------------------------------------
+
+    def drain(self, node: str, reason: str) -> ActionResult:
+        reason = owned_reason(reason)
+        args = ["scontrol", "update", f"nodename={node}", "state=DRAIN", f"reason={reason}"]
+        current = self._node(node)
+        if "DRAIN" in current.flags:
+            # Drained already, by us or by someone else: their reason stays as it is.
+            return ActionResult(shlex.join(args), False,
+                                f"{node} already drained: {current.reason}")
+        return self._act(args, f"{node} drained")
+
+    def down(self, node: str, reason: str) -> ActionResult:
+        """Mark a node DOWN: Slurm kills (and, where allowed, requeues) the jobs on it."""
+        reason = owned_reason(reason)
+        args = ["scontrol", "update", f"nodename={node}", "state=DOWN", f"reason={reason}"]
+        current = self._node(node)
+        if current.state == "DOWN":
+            return ActionResult(shlex.join(args), False, f"{node} already down: {current.reason}")
+        return self._act(args, f"{node} down")
+
+    def resume(self, node: str) -> ActionResult:
+        args = ["scontrol", "update", f"nodename={node}", "state=RESUME"]
+        current = self._node(node)
+        if "DRAIN" not in current.flags and current.state != "DOWN":
+            return ActionResult(shlex.join(args), False, f"{node} is not drained or down")
+        if not current.reason.startswith(SLURM_REASON_PREFIX):
+            # Ownership: an administrator's drain (or slurmctld's own "Not responding") is not
+            # FleetWatch's to undo.
+            raise ClientError(f"{node} was drained by someone else ({current.reason!r}); "
+                              "not resuming", permanent=True)
+        return self._act(args, f"{node} resumed")
+
+    def reboot(self, node: str, reason: str) -> ActionResult:
+        """Reboot once its jobs are done (ASAP drains it meanwhile), then resume it."""
+        reason = owned_reason(reason)
+        args = ["scontrol", "reboot", "ASAP", "nextstate=RESUME", f"reason={reason}", node]
+        current = self._node(node)
+        pending = {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(current.flags)
+        if pending:
+            return ActionResult(shlex.join(args), False,
+                                f"{node} reboot already {sorted(pending)[0].lower()}")
+        return self._act(args, f"{node} reboot requested (ASAP, then RESUME)")
+
+    # --- job actions ---------------------------------------------------------------------------
+
+    def cancel(self, job_id: str, signal: str, grace_seconds: int) -> ActionResult:
+        """Stop a running job with ``signal``.
+
+        SIGTERM is Slurm's own stop: ``scancel JOBID`` sends SIGTERM to every process of the
+        job (batch script and steps), waits KillWait seconds, then SIGKILLs the rest, so a hung
+        job still ends. ``grace_seconds`` cannot be set per job on a real cluster: the grace is
+        the cluster's KillWait (slurm.conf), reported in ``data``; set KillWait to at least the
+        time a checkpoint takes. Any other signal is only delivered
+        (``scancel --signal=SIG --full``, batch script included) and the job runs on unless it
+        exits.
+        """
+        sig = signal_name(signal)
+        job = self._job(job_id)
+        kill_wait = self.kill_wait()
+        data: dict[str, object] = {"signal": sig, "requested_grace_seconds": grace_seconds,
+                                   "kill_wait_seconds": kill_wait}
+        if sig == "TERM":
+            args = ["scancel", str(job_id)]
+            data["exit_in_seconds"] = kill_wait
+        else:
+            args = ["scancel", f"--signal={sig}", "--full", str(job_id)]
+        if job.state not in ACTIVE_JOB_STATES:
+            # CANCELLED/COMPLETING after an earlier call, ended, or still PENDING: nothing runs.
+            return ActionResult(shlex.join(args), False, f"job {job_id} is {job.state}", data)
+        if sig == "TERM":
+            detail = f"job {job_id} sent SIGTERM; SIGKILL after KillWait={kill_wait}s"
+            if kill_wait is not None and kill_wait != grace_seconds:
+                detail += f" (cluster config; {grace_seconds}s was asked for)"
+        else:
+            detail = f"job {job_id} sent SIG{sig}"
+        return self._act(args, detail, data)
+
+    def requeue(self, job_id: str) -> ActionResult:
+        """Put a job that has stopped (cancelled, failed, completed) back in the queue."""
+        args = ["scontrol", "requeue", str(job_id)]
+        job = self._job(job_id)
+        if job.state == "PENDING":
+            return ActionResult(shlex.join(args), False, f"job {job_id} is already PENDING")
+        if job.state in ACTIVE_JOB_STATES:
+            # Maybe already requeued and started again: requeueing would restart it twice.
+            return ActionResult(shlex.join(args), False,
+                                f"job {job_id} is {job.state}; cancel it first to requeue it")
+        try:
+            self._run(*args, retry=False)
+        except ClientError as exc:
+            if "pending execution" in str(exc).lower():
+                return ActionResult(shlex.join(args), False, f"job {job_id} already requeued")
+            raise
+        return ActionResult(shlex.join(args), True,
+                            f"job {job_id} requeued (restart {job.restart_count + 1})")
+
+    def requeue_hold(self, job_id: str) -> ActionResult:
+        """Requeue a job held (priority 0) so it waits for a person to release it."""
+        args = ["scontrol", "requeuehold", str(job_id)]
+        job = self._job(job_id)
+        if job.state == "PENDING":
+            if _held(job):
+                return ActionResult(shlex.join(args), False, f"job {job_id} already held")
+            return self._act(["scontrol", "hold", str(job_id)], f"job {job_id} held")
+        try:
+            self._run(*args, retry=False)
+        except ClientError as exc:
+            if "pending execution" in str(exc).lower():
+                return ActionResult(shlex.join(args), False, f"job {job_id} already requeued")
+            raise
+        return ActionResult(shlex.join(args), True, f"job {job_id} requeued and held")
+
+
+def _held(job: SlurmJob) -> bool:
+    reason = job.state_reason.lower()
+    return reason.startswith("jobheld") or "held" in reason

@@ -1,0 +1,406 @@
+"""The Kubernetes test server checked by the real ``kubectl``, and FleetWatch's Kubernetes
+client against the same server.
+
+No API server can be installed here, so ``deploy/testing/k8s_server.py`` stands in for one;
+kubectl (get, cordon, uncordon, drain, get events) is the proof that it behaves like one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from collectors.clients.base import K8S_CORDON_REASON, K8S_CORDONED_BY, ClientError
+from collectors.clients.kubernetes import KubernetesApi
+from tests.conftest import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
+
+pytestmark = pytest.mark.integration
+
+
+def _server_module() -> ModuleType:
+    name = "fleetwatch_k8s_test_server"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "deploy/testing/k8s_server.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while being built
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+SEED: dict[str, Any] = {
+    "nodes": [
+        {"name": "gpu-001", "labels": {"fleetwatch.io/pool": "gpu"}},
+        {"name": "gpu-002", "labels": {"fleetwatch.io/pool": "gpu"}},
+        {"name": "gpu-003", "labels": {"fleetwatch.io/pool": "gpu"}, "ready": "False"},
+        {"name": "gpu-004", "labels": {"fleetwatch.io/pool": "gpu"}, "ready": "Unknown"},
+    ],
+    "pods": [
+        # A training job spread over gpu-001 and gpu-002, guarded by a PDB that allows one out.
+        {"namespace": "train", "name": "trainer-0", "node": "gpu-001",
+         "labels": {"app": "trainer"}, "owner": {"kind": "ReplicaSet", "name": "trainer-7d9"},
+         "emptyDir": True},
+        {"namespace": "train", "name": "trainer-1", "node": "gpu-002",
+         "labels": {"app": "trainer"}, "owner": {"kind": "ReplicaSet", "name": "trainer-7d9"}},
+        # A single-replica service on gpu-002 whose PDB forbids any eviction.
+        {"namespace": "serve", "name": "api-0", "node": "gpu-002", "labels": {"app": "api"},
+         "owner": {"kind": "ReplicaSet", "name": "api-5c4"}},
+        {"namespace": "kube-system", "name": "dcgm-exporter-a1", "node": "gpu-001",
+         "labels": {"app": "dcgm-exporter"}, "owner": {"kind": "DaemonSet",
+                                                       "name": "dcgm-exporter"}},
+        {"namespace": "kube-system", "name": "dcgm-exporter-b2", "node": "gpu-002",
+         "labels": {"app": "dcgm-exporter"}, "owner": {"kind": "DaemonSet",
+                                                       "name": "dcgm-exporter"}},
+        {"namespace": "kube-system", "name": "kube-proxy-gpu-001", "node": "gpu-001",
+         "mirror": True},
+    ],
+    "poddisruptionbudgets": [
+        {"namespace": "train", "name": "trainer", "selector": {"app": "trainer"},
+         "maxUnavailable": 1},
+        {"namespace": "serve", "name": "api", "selector": {"app": "api"}, "minAvailable": 1},
+    ],
+}
+
+
+@pytest.fixture
+def k8s(tmp_path: Path) -> Iterator[Any]:
+    """A fresh test API server (TLS, bearer token) and its kubeconfig."""
+    server = _server_module().K8sTestServer(
+        SEED, bookmark_interval=0.3, kubeconfig_path=tmp_path / "kubeconfig.yaml")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def api(k8s: Any) -> Iterator[KubernetesApi]:
+    client = KubernetesApi(str(k8s.kubeconfig_path), timeout=5.0, evict_max_wait=2.0,
+                           evict_backoff=(0.2, 0.5))
+    yield client
+    client.close()
+
+
+def kubectl(k8s: Any, *args: str, check: bool = True, kubeconfig: Path | None = None,
+            ) -> subprocess.CompletedProcess[str]:
+    cache = Path(k8s.kubeconfig_path).parent / "kube-cache"
+    result = subprocess.run(
+        [KUBECTL, "--kubeconfig", str(kubeconfig or k8s.kubeconfig_path), "--cache-dir",
+         str(cache), *args],
+        capture_output=True, text=True, timeout=90, check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(cache)})
+    if check:
+        assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
+    return result
+
+
+def pods_on(k8s: Any, node: str) -> set[str]:
+    return {f"{ns}/{name}" for (ns, name), p in k8s.objects["pods"].items()
+            if p["spec"]["nodeName"] == node}
+
+
+def evictions(k8s: Any, pod: str) -> int:
+    return sum(1 for method, path, _ in list(k8s.requests)
+               if method == "POST" and path.endswith(f"/pods/{pod}/eviction"))
+
+
+# --- kubectl against the test server ---------------------------------------------------------
+
+
+def test_kubectl_get_nodes_table_and_json(k8s: Any, tmp_path: Path) -> None:
+    table = kubectl(k8s, "get", "nodes").stdout.splitlines()
+    assert table[0].split() == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
+    rows = {line.split()[0]: line.split()[1] for line in table[1:]}
+    assert rows == {"gpu-001": "Ready", "gpu-002": "Ready", "gpu-003": "NotReady",
+                    "gpu-004": "NotReady"}
+
+    listed = json.loads(kubectl(k8s, "get", "nodes", "-o", "json").stdout)
+    assert [n["metadata"]["name"] for n in listed["items"]] == [
+        "gpu-001", "gpu-002", "gpu-003", "gpu-004"]
+    ready = {n["metadata"]["name"]: next(c["status"] for c in n["status"]["conditions"]
+                                         if c["type"] == "Ready") for n in listed["items"]}
+    assert ready["gpu-004"] == "Unknown"
+    one = json.loads(kubectl(k8s, "get", "node", "gpu-001", "-o", "json").stdout)
+    assert one["kind"] == "Node" and one["metadata"]["labels"]["fleetwatch.io/pool"] == "gpu"
+
+    pods = kubectl(k8s, "get", "pods", "-A", "--field-selector", "spec.nodeName=gpu-001",
+                   "-o", "name").stdout.split()
+    assert sorted(pods) == ["pod/dcgm-exporter-a1", "pod/kube-proxy-gpu-001", "pod/trainer-0"]
+
+    # The token is checked: kubectl with a wrong one is refused.
+    wrong = k8s.write_kubeconfig(tmp_path / "wrong.yaml", token="not-the-token")
+    refused = kubectl(k8s, "get", "nodes", check=False, kubeconfig=wrong)
+    assert refused.returncode != 0
+    assert "credentials" in refused.stderr or "Unauthorized" in refused.stderr
+
+
+def test_kubectl_cordon_and_uncordon(k8s: Any) -> None:
+    assert kubectl(k8s, "cordon", "gpu-003").stdout.strip() == "node/gpu-003 cordoned"
+    assert k8s.get("nodes", "", "gpu-003")["spec"]["unschedulable"] is True
+    # kubectl cordon sends a strategic merge patch of spec.unschedulable, as to a real server.
+    assert ("PATCH", "/api/v1/nodes/gpu-003", "application/strategic-merge-patch+json") in \
+        list(k8s.requests)
+    assert "NotReady,SchedulingDisabled" in kubectl(k8s, "get", "node", "gpu-003").stdout
+    assert "already cordoned" in kubectl(k8s, "cordon", "gpu-003").stdout
+
+    assert kubectl(k8s, "uncordon", "gpu-003").stdout.strip() == "node/gpu-003 uncordoned"
+    assert not k8s.get("nodes", "", "gpu-003")["spec"].get("unschedulable")
+
+
+def test_kubectl_drain_evicts_all_but_daemonset_and_mirror_pods(k8s: Any) -> None:
+    result = kubectl(k8s, "drain", "gpu-001", "--ignore-daemonsets", "--delete-emptydir-data",
+                     "--timeout=30s")
+    assert "ignoring DaemonSet-managed Pods: kube-system/dcgm-exporter-a1" in result.stderr
+    assert "pod/trainer-0 evicted" in result.stdout
+    assert "node/gpu-001 drained" in result.stdout
+    assert pods_on(k8s, "gpu-001") == {"kube-system/dcgm-exporter-a1",
+                                       "kube-system/kube-proxy-gpu-001"}
+    assert k8s.get("nodes", "", "gpu-001")["spec"]["unschedulable"] is True
+    assert evictions(k8s, "trainer-0") == 1
+
+
+def test_kubectl_drain_waits_on_a_disruption_budget(k8s: Any) -> None:
+    # api-0's PDB allows no disruption: kubectl retries the eviction and gives up at its timeout.
+    blocked = kubectl(k8s, "drain", "gpu-002", "--ignore-daemonsets", "--timeout=2s",
+                      check=False)
+    assert blocked.returncode != 0
+    assert "Cannot evict pod as it would violate the pod's disruption budget" in blocked.stderr
+    assert "global timeout reached" in blocked.stderr
+    assert "serve/api-0" in pods_on(k8s, "gpu-002")
+    # The other pod on the node (its own PDB allows one out) went.
+    assert "train/trainer-1" not in pods_on(k8s, "gpu-002")
+
+    # A replacement becomes ready elsewhere: the budget allows one out and the retry succeeds.
+    before = evictions(k8s, "api-0")
+
+    def replacement_ready() -> None:
+        wait_for(lambda: evictions(k8s, "api-0") > before, 30, "kubectl's blocked eviction")
+        k8s.add_pod({"namespace": "serve", "name": "api-1", "node": "gpu-003",
+                     "labels": {"app": "api"}, "owner": {"kind": "ReplicaSet", "name": "api-5c4"}})
+
+    helper = threading.Thread(target=replacement_ready)
+    helper.start()
+    drained = kubectl(k8s, "drain", "gpu-002", "--ignore-daemonsets", "--timeout=30s")
+    helper.join()
+    assert "pod/api-0 evicted" in drained.stdout
+    assert pods_on(k8s, "gpu-002") == {"kube-system/dcgm-exporter-b2"}
+
+
+def test_kubectl_get_events_from_both_event_apis(k8s: Any) -> None:
+    core = k8s.add_node_event("gpu-003", "NodeNotReady", "Node gpu-003 status is now: "
+                              "NodeNotReady", "Warning")
+    k8s.add_node_event("gpu-001", "Rebooted", "Node gpu-001 has been rebooted", "Warning",
+                       api="events.k8s.io")
+    table = kubectl(k8s, "get", "events").stdout
+    assert "NodeNotReady" in table and "node/gpu-003" in table
+    assert "Rebooted" in table and "node/gpu-001" in table
+    # The same event through events.k8s.io/v1: same uid, the newer field names.
+    v1 = json.loads(kubectl(k8s, "get", "events.v1.events.k8s.io", "-A", "-o", "json").stdout)
+    same = next(e for e in v1["items"] if e["metadata"]["uid"] == core["metadata"]["uid"])
+    assert same["regarding"]["name"] == "gpu-003" and same["note"].endswith("NodeNotReady")
+
+
+# --- FleetWatch's client against the same server ------------------------------------------------
+
+
+def test_client_reads_nodes_and_pods(k8s: Any, api: KubernetesApi) -> None:
+    nodes = {n.name: n for n in api.nodes()}
+    assert {name: n.ready for name, n in nodes.items()} == {
+        "gpu-001": True, "gpu-002": True, "gpu-003": False, "gpu-004": None}
+    assert nodes["gpu-004"].ready_reason == "NodeStatusUnknown"
+    assert nodes["gpu-001"].labels["fleetwatch.io/pool"] == "gpu"
+    assert api.last_warnings == []
+
+    pods = {p.name: p for p in api.pods_on_node("gpu-001")}
+    assert set(pods) == {"trainer-0", "dcgm-exporter-a1", "kube-proxy-gpu-001"}
+    assert pods["dcgm-exporter-a1"].owner_kind == "DaemonSet"
+    assert pods["trainer-0"].owner_kind == "ReplicaSet"
+    mirror = pods["kube-proxy-gpu-001"]
+    assert mirror.mirror
+
+    with pytest.raises(ClientError) as unknown:
+        api.pods_on_node("gpu-999")
+    assert unknown.value.permanent and "not found" in str(unknown.value)
+
+
+def test_client_skips_a_malformed_node_and_keeps_the_rest(k8s: Any, api: KubernetesApi) -> None:
+    k8s.create("nodes", {"metadata": {"name": "gpu-bad", "labels": {"rack": 7}},
+                         "status": {"conditions": [{"type": "Ready", "status": "Maybe"}]}})
+    assert len(api.nodes()) == 4
+    assert len(api.last_warnings) == 1 and "gpu-bad" in api.last_warnings[0]
+
+
+def test_client_cordons_and_uncordons_only_its_own(k8s: Any, api: KubernetesApi) -> None:
+    result = api.cordon("gpu-001", "incident 12 gpu_hardware")
+    assert result.changed and result.call.startswith("kubectl cordon gpu-001")
+    node = k8s.get("nodes", "", "gpu-001")
+    assert node["spec"]["unschedulable"] is True
+    assert node["metadata"]["annotations"][K8S_CORDONED_BY] == "fleetwatch"
+    assert node["metadata"]["annotations"][K8S_CORDON_REASON] == "incident 12 gpu_hardware"
+    assert "SchedulingDisabled" in kubectl(k8s, "get", "node", "gpu-001").stdout
+    assert not api.cordon("gpu-001", "again").changed  # a retried step does nothing twice
+
+    assert api.uncordon("gpu-001").changed
+    node = k8s.get("nodes", "", "gpu-001")
+    assert not node["spec"].get("unschedulable")
+    assert K8S_CORDONED_BY not in node["metadata"]["annotations"]
+    assert not api.uncordon("gpu-001").changed
+
+    # An operator's cordon is theirs: FleetWatch neither claims nor undoes it.
+    kubectl(k8s, "cordon", "gpu-002")
+    assert not api.cordon("gpu-002", "incident 13").changed
+    assert K8S_CORDONED_BY not in (k8s.get("nodes", "", "gpu-002")["metadata"]
+                                   .get("annotations") or {})
+    with pytest.raises(ClientError) as refused:
+        api.uncordon("gpu-002")
+    assert refused.value.permanent
+    assert k8s.get("nodes", "", "gpu-002")["spec"]["unschedulable"] is True
+
+    with pytest.raises(ClientError) as unknown:
+        api.cordon("gpu-999", "x")
+    assert unknown.value.permanent
+
+
+def test_client_evicts_through_the_eviction_api(k8s: Any, api: KubernetesApi) -> None:
+    assert not api.evict("kube-system", "dcgm-exporter-a1").changed
+    assert not api.evict("kube-system", "kube-proxy-gpu-001").changed
+    assert evictions(k8s, "dcgm-exporter-a1") == evictions(k8s, "kube-proxy-gpu-001") == 0
+
+    result = api.evict("train", "trainer-0")
+    assert result.changed and k8s.get("pods", "train", "trainer-0") is None
+    assert not api.evict("train", "trainer-0").changed  # already gone
+
+    # The PDB says not yet: retried with backoff, then a transient error naming the budget.
+    with pytest.raises(ClientError) as blocked:
+        api.evict("serve", "api-0")
+    assert not blocked.value.permanent
+    assert "PodDisruptionBudget" in str(blocked.value)
+    assert evictions(k8s, "api-0") >= 2
+    assert k8s.get("pods", "serve", "api-0") is not None
+
+    # Once a replacement is ready the next retry goes through.
+    patient = KubernetesApi(str(k8s.kubeconfig_path), timeout=5.0, evict_max_wait=30.0,
+                            evict_backoff=(0.2, 0.5))
+    before = evictions(k8s, "api-0")
+
+    def replacement_ready() -> None:
+        wait_for(lambda: evictions(k8s, "api-0") > before, 30, "a blocked eviction")
+        k8s.add_pod({"namespace": "serve", "name": "api-1", "node": "gpu-003",
+                     "labels": {"app": "api"}, "ready": False})
+        k8s.set_pod_ready("serve", "api-1", True)
+
+    helper = threading.Thread(target=replacement_ready)
+    helper.start()
+    result = patient.evict("serve", "api-0")
+    helper.join()
+    patient.close()
+    assert result.changed and int(result.data["attempts"]) >= 2  # type: ignore[call-overload]
+    assert k8s.get("pods", "serve", "api-0") is None
+
+
+def test_node_changes_list_watch_bookmarks_and_410(k8s: Any, api: KubernetesApi) -> None:
+    nodes, cursor, relisted = api.node_changes(None, 1)
+    assert relisted and len(nodes) == 4 and int(cursor) == k8s.rv
+
+    k8s.set_node_ready("gpu-001", "Unknown")
+    kubectl(k8s, "cordon", "gpu-002")
+    changed, cursor2, relisted = api.node_changes(cursor, 1)
+    assert not relisted
+    assert {n.name: (n.ready, n.unschedulable) for n in changed} == {
+        "gpu-001": (None, False), "gpu-002": (True, True)}
+    assert int(cursor2) >= int(cursor) + 2
+
+    # Nothing about nodes, but the cluster moved on: a bookmark carries the cursor forward.
+    k8s.add_pod({"namespace": "train", "name": "trainer-9", "node": "gpu-003"})
+    changed, cursor3, relisted = api.node_changes(cursor2, 1)
+    assert changed == [] and not relisted and int(cursor3) == k8s.rv > int(cursor2)
+    assert any("allowWatchBookmarks=True" in path for _, path, _ in list(k8s.requests))
+
+    # History compacted past the cursor: 410 Gone, and the client relists.
+    k8s.set_node_ready("gpu-003", "True")
+    k8s.compact()
+    nodes, cursor4, relisted = api.node_changes(cursor3, 1)
+    assert relisted and len(nodes) == 4 and int(cursor4) == k8s.rv
+    assert {n.name: n.ready for n in nodes}["gpu-003"] is True
+    assert any("410" in w for w in api.last_warnings)
+
+
+def test_event_changes_from_both_apis_resume_and_relist(k8s: Any, api: KubernetesApi) -> None:
+    k8s.add_node_event("gpu-003", "NodeNotReady", "Node gpu-003 status is now: NodeNotReady",
+                       "Warning")
+    events, cursor = api.event_changes(None, 1)
+    # Listed through both APIs, returned once.
+    assert [(e.node, e.reason, e.type) for e in events] == [("gpu-003", "NodeNotReady",
+                                                              "Warning")]
+    assert set(cursor) == {"core", "events.k8s.io"}
+
+    k8s.add_node_event("gpu-001", "Rebooted", "Node gpu-001 has been rebooted", "Warning")
+    k8s.add_node_event("gpu-001", "NodeReady", "Node gpu-001 status is now: NodeReady",
+                       api="events.k8s.io")
+    k8s.create("events", {"metadata": {"name": "pod-event", "namespace": "train"},
+                          "involvedObject": {"kind": "Pod", "name": "trainer-0"},
+                          "reason": "Killing", "message": "Stopping container"})
+    events, cursor2 = api.event_changes(cursor, 1)
+    assert sorted((e.node, e.reason) for e in events) == [("gpu-001", "NodeReady"),
+                                                          ("gpu-001", "Rebooted")]
+    assert all(e.at is not None for e in events)
+    assert all(int(cursor2[k]) > int(cursor[k]) for k in cursor)
+
+    # Quiet: nothing new, the cursors still move with bookmarks.
+    events, cursor3 = api.event_changes(cursor2, 1)
+    assert events == []
+
+    # After a compaction: relisted, and only what is newer than the cursor is returned.
+    k8s.add_node_event("gpu-002", "NodeNotReady", "Node gpu-002 status is now: NodeNotReady")
+    k8s.compact()
+    events, _ = api.event_changes(cursor3, 1)
+    assert [(e.node, e.reason) for e in events] == [("gpu-002", "NodeNotReady")]
+    assert any("410" in w for w in api.last_warnings)
+
+
+def test_server_down_is_transient_and_recovers(k8s: Any, api: KubernetesApi) -> None:
+    assert len(api.nodes()) == 4
+    k8s.stop()
+    for call in (api.nodes, lambda: api.cordon("gpu-001", "x"),
+                 lambda: api.node_changes("1", 1), lambda: api.event_changes(None, 1)):
+        with pytest.raises(ClientError) as down:
+            call()
+        assert not down.value.permanent
+    k8s.start()  # same port: the kubeconfig still points at it
+    assert len(api.nodes()) == 4
+
+
+def test_forbidden_and_invalid_requests_are_permanent(k8s: Any, tmp_path: Path) -> None:
+    k8s.readonly_token = "read-only-token"
+    readonly = KubernetesApi(str(k8s.write_kubeconfig(tmp_path / "ro.yaml",
+                                                      token="read-only-token")), timeout=5.0)
+    assert len(readonly.nodes()) == 4
+    with pytest.raises(ClientError) as forbidden:
+        readonly.cordon("gpu-001", "x")
+    assert forbidden.value.permanent and "forbidden" in str(forbidden.value)
+    readonly.close()
+
+    wrong = KubernetesApi(str(k8s.write_kubeconfig(tmp_path / "bad.yaml", token="nope")),
+                          timeout=5.0)
+    with pytest.raises(ClientError) as unauthorized:
+        wrong.nodes()
+    assert unauthorized.value.permanent and "401" in str(unauthorized.value)
+    wrong.close()
+
+    with pytest.raises(ClientError) as missing:
+        KubernetesApi(str(tmp_path / "no-such-kubeconfig"))
+    assert missing.value.permanent

@@ -1,0 +1,304 @@
+"""GPU telemetry through a real Prometheus: Debian's ``prometheus`` scrapes the simulated
+dcgm-exporter/node_exporter every second, and ``PrometheusTelemetry`` reads it back with PromQL.
+
+One Prometheus and one simulated fleet serve the whole module (starting them is most of its
+time). The fleet runs at speed 1, so a link flap stays down for its full five seconds and
+several scrapes see it. Tests compare with the simulation's own view rather than assume what
+the others injected, so they hold in any order; the outage test runs last since it kills
+Prometheus.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from collectors.clients import Clients, sim
+from collectors.clients.base import ClientError, GpuMetric
+from collectors.clients.exposition import CLOCK_THROTTLE_REASONS
+from collectors.clients.notify import WebhookNotifier
+from collectors.clients.prometheus import PrometheusTelemetry
+from collectors.clients.sim import SimFleet, SimKubernetes, SimProvider, SimSlurm, SimTelemetry
+from collectors.clients.sim_exporter import SimExporter
+from collectors.services import collect_source
+from deploy.testing.prometheus import PrometheusError, PrometheusServer, ScrapeTarget, find_binary
+from tests.conftest import ROOT, wait_for
+
+pytestmark = pytest.mark.integration
+
+SPEED = 1.0
+GPUS = 16 * 8
+PER_NODE = ("gpu-001", "gpu-002")
+
+
+@dataclass
+class Stack:
+    fleet: SimFleet
+    prom: PrometheusServer
+    exporter: SimExporter
+
+    def client(self, job: str = "dcgm", **kw: object) -> PrometheusTelemetry:
+        return PrometheusTelemetry(self.prom.url, matchers=f'job="{job}"', **kw)  # type: ignore[arg-type]
+
+
+def _by_gpu(metrics: list[GpuMetric]) -> dict[tuple[str, int], GpuMetric]:
+    return {(m.node, m.gpu): m for m in metrics}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    try:
+        find_binary()
+    except PrometheusError as exc:
+        pytest.fail(str(exc))
+    root = tmp_path_factory.mktemp("prometheus")
+    fleet = SimFleet(root / "sim-fleet.json", SPEED)
+    fleet.seed()
+    exporters = {
+        "dcgm": SimExporter(fleet.path, SPEED),
+        # An older exporter build: lowercase host label, the pre-3.2 clock field, pod labels.
+        "dcgm-lower": SimExporter(fleet.path, SPEED, hostname_label="hostname",
+                                  clock_field=CLOCK_THROTTLE_REASONS, kubernetes=True),
+        # No host label: the node comes from the instance label alone.
+        "dcgm-bare": SimExporter(fleet.path, SPEED, hostname_label=None),
+    }
+    targets = []
+    for job, exporter in exporters.items():
+        targets.append(ScrapeTarget(f"127.0.0.1:{exporter.start()}", job=job))
+    main = targets[0].address
+    # One target per node, as in production: each its own page and instance.
+    targets += [ScrapeTarget(main, f"/nodes/{node}/metrics", {"instance": f"{node}:9400"},
+                             job="per-node") for node in PER_NODE]
+    prom = PrometheusServer(root / "prom", targets, "1s")
+    try:
+        prom.start()
+        built = Stack(fleet, prom, exporters["dcgm"])
+        for job, count in (("dcgm", GPUS), ("dcgm-lower", GPUS), ("dcgm-bare", GPUS),
+                           ("per-node", 8 * len(PER_NODE))):
+            client = built.client(job)
+            wait_for(lambda c=client, n=count: len(c.gpu_metrics()) == n, 30,
+                     f"Prometheus to scrape job {job}")
+        yield built
+    finally:
+        prom.stop()
+        for exporter in exporters.values():
+            exporter.stop()
+
+
+def test_every_gpu_of_the_fleet_through_promql(stack: Stack) -> None:
+    client = stack.client()
+    metrics = _by_gpu(client.gpu_metrics())
+    truth = _by_gpu(SimTelemetry(stack.fleet).gpu_metrics())
+    assert len(metrics) == GPUS
+    assert set(metrics) == set(truth)  # in-service nodes only: the sim reports no spares
+    for key, m in metrics.items():
+        assert m.uuid == truth[key].uuid
+        assert m.model == "NVIDIA H100 80GB HBM3"
+        if m.last_xid == 0:  # a GPU off the bus has no readings (another test makes one)
+            assert m.utilization is not None and 0 <= m.utilization <= 100
+            assert m.temperature is not None and 20 < m.temperature < 100
+            assert m.power_w is not None and m.memory_temperature is not None
+            assert (m.dbe_total, m.nvlink_errors, m.pcie_replays) == (0, 0, 0)
+    assert client.last_warnings == []
+
+
+def test_injected_xid_arrives_on_that_gpu_only(stack: Stack) -> None:
+    with stack.fleet.transaction() as state:
+        sim.inject_xid(state, "gpu-003", 5, 79, time.time())
+    client = stack.client()
+    metrics = wait_for(
+        lambda: (ms := _by_gpu(client.gpu_metrics()))[("gpu-003", 5)].last_xid == 79 and ms,
+        15, "XID 79 on gpu-003 GPU 5 in Prometheus")
+    xids = {key: m.last_xid for key, m in metrics.items() if m.last_xid}
+    truth = {(m.node, m.gpu): m.last_xid for m in SimTelemetry(stack.fleet).gpu_metrics()
+             if m.last_xid}
+    assert xids == truth  # whatever else was injected, exactly what the simulation says
+    assert [g for (node, g) in xids if node == "gpu-003"] == [5]
+    fallen = metrics[("gpu-003", 5)]
+    # Off the bus: the exporter reports it blank; no data is None, never a number.
+    assert (fallen.utilization, fallen.temperature, fallen.power_w) == (None, None, None)
+    assert all(metrics[("gpu-003", g)].temperature is not None for g in range(8) if g != 5)
+
+
+def test_lowercase_hostname_old_clock_field_and_pod_labels(stack: Stack) -> None:
+    # Idle GPUs report the GPU_IDLE clock-event bit: stop a job so some are idle, and the
+    # bit must come through the pre-DCGM-3.2 field name as well.
+    job = SimSlurm(stack.fleet).jobs()
+    vit = next(j for j in job if j.job_id == "3003")
+    SimSlurm(stack.fleet).cancel("3003", "TERM", 0)
+    lower, upper = stack.client("dcgm-lower"), stack.client("dcgm")
+
+    def idle(client: PrometheusTelemetry) -> dict[tuple[str, int], GpuMetric] | None:
+        ms = _by_gpu(client.gpu_metrics())
+        ok = all(ms[(n, g)].utilization == 0 and ms[(n, g)].clock_event_reasons == 1
+                 for n in vit.nodes for g in range(8))
+        return ms if ok else None
+
+    old = wait_for(lambda: idle(lower), 15, "idle GPUs through DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
+    new = wait_for(lambda: idle(upper), 15, "idle GPUs through DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
+    assert len(old) == GPUS and set(old) == set(new)
+    assert all(old[k].uuid == new[k].uuid for k in old)
+    assert lower.last_warnings == []
+
+
+def test_instance_is_the_node_when_no_host_label(stack: Stack) -> None:
+    bare = _by_gpu(stack.client("dcgm-bare").gpu_metrics())
+    named = _by_gpu(stack.client("dcgm").gpu_metrics())
+    assert set(bare) == set(named)
+    assert all(bare[k].uuid == named[k].uuid for k in bare)
+
+
+def test_one_target_per_node(stack: Stack) -> None:
+    client = stack.client("per-node")
+    assert {m.node for m in client.gpu_metrics()} == set(PER_NODE)
+    ports = client.nic_ports()
+    assert [(p.node, p.device, p.port) for p in ports] == [(n, "mlx5_0", 1) for n in PER_NODE]
+
+
+def test_link_flap_reaches_nic_ports(stack: Stack) -> None:
+    client = stack.client()
+
+    def port() -> sim.NicPort:
+        return next(p for p in client.nic_ports() if p.node == "gpu-007")
+
+    before = port()
+    assert before.state == "ACTIVE" and len(client.nic_ports()) == 16
+    with stack.fleet.transaction() as state:
+        sim.inject_link_flap(state, "gpu-007", 2, time.time(), SPEED)
+    wait_for(lambda: (p := port()).state == "DOWN" and p.link_downed == before.link_downed + 2,
+             15, "gpu-007's port DOWN with link_downed +2")
+    # The simulated link comes back after 5 s; the counter keeps what happened.
+    wait_for(lambda: port().state == "ACTIVE", 20, "gpu-007's port ACTIVE again")
+    assert port().link_downed == before.link_downed + 2
+    assert all(p.state == "ACTIVE" for p in client.nic_ports() if p.node != "gpu-007")
+
+
+def test_gpu_history_over_the_last_minute(stack: Stack) -> None:
+    client = stack.client()
+    end = datetime.now(UTC)
+    start = end - timedelta(minutes=1)
+    history = client.gpu_history(["gpu-001", "gpu-010"], start, end, 1)
+    assert set(history) == {"gpu-001", "gpu-010"}
+    for node, gpus in history.items():
+        assert sorted(gpus) == list(range(8)), node
+        for points in gpus.values():
+            assert len(points) >= 2
+            assert [p.at for p in points] == sorted({p.at for p in points})
+            assert start.timestamp() - 1 <= points[0].at and points[-1].at <= end.timestamp() + 1
+            assert any(p.utilization is not None and p.temperature is not None for p in points)
+    assert client.gpu_history([], start, end, 1) == {}
+    # The lowercase label finds the same GPUs.
+    assert set(stack.client("dcgm-lower").gpu_history(["gpu-010"], start, end, 5)["gpu-010"]) \
+        == set(range(8))
+
+
+def test_collect_source_reads_prometheus(stack: Stack, db: None) -> None:
+    from collectors.models import CollectorRun, Gpu, Signal
+
+    with stack.fleet.transaction() as state:
+        sim.inject_xid(state, "gpu-010", 1, 94, time.time())
+    telemetry = stack.client()
+    wait_for(lambda: _by_gpu(telemetry.gpu_metrics())[("gpu-010", 1)].last_xid == 94, 15,
+             "XID 94 on gpu-010 GPU 1 in Prometheus")
+    clients = Clients(SimSlurm(stack.fleet), SimKubernetes(stack.fleet), telemetry,
+                      SimProvider(stack.fleet), WebhookNotifier(None))
+    result = collect_source("telemetry", clients=clients)
+    assert result.healthy, result.error
+    assert Gpu.objects.count() == GPUS
+    row = Gpu.objects.get(node__name="gpu-010", index=1)
+    assert (row.last_xid, row.uuid) == (94, _by_gpu(SimTelemetry(stack.fleet).gpu_metrics())[
+        ("gpu-010", 1)].uuid)
+    assert Gpu.objects.filter(node__name="gpu-011", utilization__isnull=False).count() == 8
+    signal = Signal.objects.get(kind="xid", node_name="gpu-010", gpu_index=1)
+    assert (signal.code, signal.source) == (94, "dcgm")
+    run = CollectorRun.objects.get(source="telemetry")
+    assert run.ok and run.counts["gpus"] == GPUS and run.counts["nic_ports"] == 16
+    assert run.warnings == []
+
+
+def test_exporter_page_is_valid_exposition_format(stack: Stack) -> None:
+    """promtool (from the prometheus package) parses the page; its only complaints are the
+    naming lints dcgm-exporter's own names fail (camelCase labels, counters without _total,
+    DCGM_FI_DEV_PCIE_REPLAY_COUNTER naming its type)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not found: it comes with Debian's prometheus package")
+    with urllib.request.urlopen(stack.exporter.url, timeout=10) as response:
+        page = response.read()
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    checked = subprocess.run([promtool, "check", "metrics"], input=page, capture_output=True,
+                             timeout=30)
+    output = (checked.stdout + checked.stderr).decode()
+    assert checked.returncode in (0, 3), output[-3000:]  # 3: lint findings only
+    lints = {line.split(" ", 1)[1] for line in output.splitlines() if line.strip()}
+    assert lints <= {"label names should be written in 'snake_case' not 'camelCase'",
+                     'counter metrics should have "_total" suffix',
+                     "metric name should not include type 'counter'"}, lints
+
+
+def test_exporter_runs_without_django(stack: Stack, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "collectors.clients.sim_exporter", "--state",
+         str(stack.fleet.path), "--speed", str(SPEED), "--port", "0",
+         "--hostname-label", "hostname"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = wait_for(lambda: proc.stdout.readline() or (proc.poll() is not None and "exit"),
+                        20, "the exporter to start")
+        assert "serving" in line, line
+        url = line.rsplit(" at ", 1)[1].strip()
+        with urllib.request.urlopen(url, timeout=10) as response:
+            page = response.read().decode()
+        assert 'hostname="gpu-016"' in page and "node_infiniband_state_id" in page
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_bad_query_is_permanent(stack: Stack) -> None:
+    client = PrometheusTelemetry(stack.prom.url, matchers='job=~"("')  # not a regex
+    with pytest.raises(ClientError) as info:
+        client.gpu_metrics()
+    assert info.value.permanent
+    assert "400" in str(info.value)
+
+
+def test_hung_prometheus_times_out(stack: Stack) -> None:
+    client = stack.client(timeout=1.0)
+    stack.prom.pause()
+    try:
+        with pytest.raises(ClientError) as info:
+            client.gpu_metrics()
+        assert not info.value.permanent
+        assert "timed out" in str(info.value)
+    finally:
+        stack.prom.resume()
+    assert len(client.gpu_metrics()) == GPUS
+
+
+def test_prometheus_down_is_transient_and_recovers(stack: Stack) -> None:
+    client = stack.client(timeout=3.0)
+    stack.prom.kill()
+    try:
+        with pytest.raises(ClientError) as info:
+            client.gpu_metrics()
+        assert not info.value.permanent
+        assert "unreachable" in str(info.value)
+        with pytest.raises(ClientError) as info:
+            client.nic_ports()
+        assert not info.value.permanent
+    finally:
+        stack.prom.start()
+    wait_for(lambda: len(client.gpu_metrics()) == GPUS, 30, "Prometheus answering again")
