@@ -9,6 +9,8 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from collectors.clients import get_telemetry
+from collectors.clients.base import ClientError
 from collectors.models import Cluster, Gpu, GpuSample, Job, Node, Signal
 from incidents.diagnosis import JobInfo, Observation
 from incidents.models import AuditEntry, Incident, Remediation, Step
@@ -142,25 +144,48 @@ def incident_timeline(incident: Incident) -> list[dict[str, Any]]:
 
 def incident_chart(incident: Incident) -> dict[str, Any]:
     """Mean GPU utilisation per node around the incident, for the failed and replacement
-    nodes and the other nodes of the affected jobs."""
+    nodes and the other nodes of the affected jobs: from the stored samples (the simulated
+    fleet), or from Prometheus range queries when FleetWatch reads a real one."""
     start = incident.detected_at - timedelta(minutes=3)
     end = (incident.resolved_at or timezone.now()) + timedelta(minutes=2)
     names = set(incident.nodes) | replacement_nodes(incident)
     for job in Job.objects.filter(cluster=incident.cluster, slurm_id__in=incident.jobs):
         names.update(job.nodes)
-    series: dict[str, dict[str, list[Any]]] = {}
-    rows = (GpuSample.objects.filter(node__name__in=names, node__cluster=incident.cluster,
-                                     at__range=(start, end))
-            .values_list("node__name", "at", "utilization").order_by("at"))
+    chart: dict[str, Any] = {"fault_at": incident.detected_at.isoformat(), "resolved_at":
+                             incident.resolved_at.isoformat() if incident.resolved_at else None}
+    if settings.FLEETWATCH_STORE_GPU_SAMPLES:
+        rows = (GpuSample.objects.filter(node__name__in=names, node__cluster=incident.cluster,
+                                         at__range=(start, end))
+                .values_list("node__name", "at", "utilization"))
+        points = [(name, at, util) for name, at, util in rows]
+    else:
+        try:
+            points = _history_points(sorted(names), start, min(end, timezone.now()))
+        except ClientError as exc:
+            # The page still shows everything else; the chart says why it is empty.
+            return {**chart, "series": {}, "error": f"telemetry unavailable: {exc}"}
     buckets: dict[tuple[str, datetime], list[float]] = {}
-    for name, at, util in rows:
+    for name, at, util in points:
         buckets.setdefault((name, at), []).append(util if util is not None else 0.0)
-    for (name, at), values in sorted(buckets.items(), key=lambda kv: kv[0][1]):
+    series: dict[str, dict[str, list[Any]]] = {}
+    for (name, at), values in sorted(buckets.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         s = series.setdefault(name, {"x": [], "y": []})
         s["x"].append(at.isoformat())
         s["y"].append(round(sum(values) / len(values), 1))
-    return {"series": series, "fault_at": incident.detected_at.isoformat(),
-            "resolved_at": incident.resolved_at.isoformat() if incident.resolved_at else None}
+    return {**chart, "series": series}
+
+
+def _history_points(names: list[str], start: datetime,
+                    end: datetime) -> list[tuple[str, datetime, float | None]]:
+    telemetry = get_telemetry()
+    history = getattr(telemetry, "gpu_history", None)
+    if history is None or end <= start:
+        return []
+    out = []
+    for node, gpus in history(names, start, end, 15.0).items():
+        for points in gpus.values():
+            out += [(node, datetime.fromtimestamp(p.at, tz=UTC), p.utilization) for p in points]
+    return out
 
 
 def fleet_counts() -> dict[str, int]:

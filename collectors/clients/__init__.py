@@ -53,6 +53,15 @@ def get_clients() -> Clients:
     return Clients(real_slurm(), real_kubernetes(), real_telemetry(), NoProvider(), notifier)
 
 
+def get_telemetry() -> TelemetryClient:
+    """The telemetry client alone (charts need no Slurm or Kubernetes connection)."""
+    if settings.FLEETWATCH_FLEET == "sim":
+        from collectors.clients.sim import SimTelemetry
+
+        return SimTelemetry(sim_fleet())
+    return real_telemetry()
+
+
 # The real clients, imported on first use: the embedded demo needs none of their libraries.
 
 

@@ -30,6 +30,12 @@
     const traces = Object.entries(d.series).map(([node, s]) => ({
       type: "scatter", mode: "lines", name: node, x: s.x, y: s.y,
     }));
+    if (d.error) {
+      // Telemetry (Prometheus) could not be read: say so instead of an empty chart.
+      window.Plotly.purge(el);
+      el.textContent = d.error;
+      return;
+    }
     const marks = [{ at: d.fault_at, label: "fault", color: "#d93025" }];
     if (d.resolved_at) marks.push({ at: d.resolved_at, label: "resolved", color: "#2e9d5b" });
     const layout = {

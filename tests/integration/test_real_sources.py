@@ -26,6 +26,7 @@ from collectors.models import CollectorRun, Gpu, Node, SourceHealth
 from deploy.testing.k8s_server import K8sTestServer
 from deploy.testing.prometheus import PrometheusServer, ScrapeTarget
 from deploy.testing.slurm_cluster import SlurmCluster, missing_binaries
+from incidents import selectors
 from incidents.models import Incident
 from tests.conftest import ROOT, Worker, stop_process_group, wait_for
 
@@ -180,7 +181,7 @@ def test_a_dead_source_turns_red_on_its_next_run_and_opens_no_incident(
 
 # Last: the XID it injects stays in the exporter's gauge for the rest of the module.
 def test_real_sources_fill_the_fleet_and_an_xid_opens_an_incident(
-        sources: Sources, worker: Worker) -> None:
+        sources: Sources, worker: Worker, settings: Any) -> None:
     wait_for(lambda: _healthy("slurm", "kubernetes", "telemetry"), 90,
              f"all three sources healthy\n{worker.output()}")
     wait_for(lambda: Gpu.objects.filter(node__cluster__name="lab").count() == 32, 30,
@@ -205,3 +206,12 @@ def test_real_sources_fill_the_fleet_and_an_xid_opens_an_incident(
     assert Node.objects.get(name="gpu-003").health == "failed"
     # Observe mode: FleetWatch recorded what it would do and left Slurm alone.
     assert "IDLE" in sources.slurm.run("sinfo", "-h", "-n", "gpu-003", "-o", "%T").stdout.upper()
+
+    # The incident page's chart reads Prometheus range queries (no samples are stored).
+    settings.FLEETWATCH_FLEET, settings.FLEETWATCH_STORE_GPU_SAMPLES = "real", False
+    settings.FLEETWATCH_PROMETHEUS_URL = sources.prometheus.url
+    settings.FLEETWATCH_SLURM_CONF = sources.slurm.env["SLURM_CONF"]
+    settings.FLEETWATCH_KUBECONFIG = str(sources.k8s.kubeconfig_path)
+    chart = selectors.incident_chart(incident)
+    assert "error" not in chart and "gpu-003" in chart["series"]
+    assert len(chart["series"]["gpu-003"]["y"]) >= 2

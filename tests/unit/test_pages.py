@@ -169,3 +169,13 @@ def test_an_incident_exports_as_a_replay_file_that_reaches_the_same_verdict(
     api = client.get(f"/api/v1/incidents/{incident.pk}/replay/",
                      HTTP_AUTHORIZATION=f"Token {token.key}").json()
     assert api["expect"] == doc["expect"] and len(api["signals"]) == len(doc["signals"])
+
+
+def test_chart_says_why_it_is_empty_when_prometheus_is_down(client: Client, operator: Any,
+                                                            incident: Any, settings: Any) -> None:
+    settings.FLEETWATCH_FLEET, settings.FLEETWATCH_STORE_GPU_SAMPLES = "real", False
+    settings.FLEETWATCH_PROMETHEUS_URL = "http://127.0.0.1:9"  # nothing listens there
+    client.force_login(operator)
+    chart = client.get(f"/incidents/{incident.pk}/chart.json").json()
+    assert chart["series"] == {} and chart["error"].startswith("telemetry unavailable")
+    assert client.get(f"/incidents/{incident.pk}/").status_code == 200  # the page still works
