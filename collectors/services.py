@@ -359,7 +359,8 @@ def collect_telemetry(cluster: Cluster, clients: Clients, run: RunLog) -> list[S
     def gpus_stored() -> dict[tuple[int, int], tuple[Any, ...]]:
         return {(r[0], r[1]): r[2:] for r in Gpu.objects.filter(node__cluster=cluster)
                 .values_list("node_id", "index", "id", "last_xid", "last_xid_at",
-                             "clock_event_reasons", "dbe_total", "row_remap_failure")}
+                             "clock_event_reasons", "dbe_total", "row_remap_failure", "uuid",
+                             "utilization", "temperature", "health")}
 
     stored = gpus_stored()
     missing = {(ids[m.node], m.gpu) for m in metrics} - set(stored)
@@ -375,23 +376,30 @@ def collect_telemetry(cluster: Cluster, clients: Clients, run: RunLog) -> list[S
     keep_samples = settings.FLEETWATCH_STORE_GPU_SAMPLES
     for m in metrics:
         node_id = ids[m.node]
-        pk, last_xid, last_xid_at, clocks, dbe, remap = stored[(node_id, m.gpu)]
+        pk, last_xid, last_xid_at, clocks, dbe, remap, *shown = stored[(node_id, m.gpu)]
         if (m.last_xid != last_xid or (m.clock_event_reasons | clocks) & normalize.THERMAL_BITS
                 or m.dbe_total != dbe or bool(m.row_remap_failure) != remap):
             drafts += normalize.gpu_changes(normalize.GpuSeen(last_xid, clocks, dbe, remap), m)
         # A GPU with no readings at all has gone (off the bus); one missing field is a site
         # that does not collect it, never a failure.
-        silent = m.utilization is None and m.temperature is None and m.power_w is None
+        silent = m.utilization is None and m.temperature is None
         failed = m.last_xid in FAILING_XIDS_FOR_HEALTH or bool(m.row_remap_failure) or silent
         failing[m.node] = failing.get(m.node, False) or failed
-        rows.append((pk, m.uuid, m.last_xid, now if m.last_xid != last_xid else last_xid_at,
-                     m.utilization, m.temperature, m.clock_event_reasons, m.dbe_total,
-                     bool(m.row_remap_failure),
-                     Node.Health.FAILED if failed else Node.Health.HEALTHY, now))
+        health = Node.Health.FAILED if failed else Node.Health.HEALTHY
+        # A row is written only when something in it moved: the exporter is scraped every
+        # 15 s or so, and most polls in between read the very same values.
+        if (m.last_xid != last_xid or m.clock_event_reasons != clocks or m.dbe_total != dbe
+                or bool(m.row_remap_failure) != remap
+                or shown != [m.uuid, m.utilization, m.temperature, health]):
+            rows.append((pk, m.uuid, m.last_xid,
+                         now if m.last_xid != last_xid else last_xid_at, m.utilization,
+                         m.temperature, m.clock_event_reasons, m.dbe_total,
+                         bool(m.row_remap_failure), health, now))
         if keep_samples:
             samples.append(GpuSample(node_id=node_id, gpu_index=m.gpu, at=now,
                                      utilization=m.utilization, temperature=m.temperature))
     update_columns(Gpu, GPU_COLUMNS, rows)
+    run.counts["gpus_changed"] = len(rows)
     GpuSample.objects.bulk_create(samples, batch_size=5000)
     for health in (Node.Health.FAILED, Node.Health.HEALTHY):
         names = [n for n, bad in failing.items() if (health == Node.Health.FAILED) == bad]

@@ -58,6 +58,7 @@ from collectors.clients.exposition import (
 NODE_LABELS = ("Hostname", "hostname")
 UUID_LABELS = ("UUID", "uuid")
 GPU_GROUP = ("Hostname", "hostname", "instance", "gpu", "UUID", "uuid", "modelName")
+GPU_LEAN_GROUP = ("Hostname", "hostname", "instance", "gpu")
 NIC_GROUP = ("Hostname", "hostname", "instance", "device", "port")
 
 
@@ -66,20 +67,32 @@ class _Query:
     attr: str  # the GpuMetric / NicPort field it fills
     names: tuple[str, ...]  # metric names (an exporter prints one of them)
     combine: str = "max"  # how the names add up: max (one of them exists) or sum (counters)
+    # Only the labels that say which GPU (no UUID, no model): fewer bytes per series, for the
+    # queries every GPU answers; another query brings the identity labels.
+    lean: bool = False
+    # A comparison that keeps only the series worth reading ("!= 0"): at 100,000 GPUs most
+    # of them hold the quiet value, and a series not sent costs nothing to decode. A GPU
+    # absent from such a query has the quiet value (0, or None for a running total).
+    keep: str = ""
 
 
 GPU_QUERIES = (
-    _Query("last_xid", ("DCGM_FI_DEV_XID_ERRORS",)),
-    _Query("utilization", ("DCGM_FI_DEV_GPU_UTIL",)),
+    _Query("last_xid", ("DCGM_FI_DEV_XID_ERRORS",), keep="!= 0"),
+    # Every GPU, every poll: the dashboard's grid, and a GPU with neither has gone silent.
+    _Query("utilization", ("DCGM_FI_DEV_GPU_UTIL",), lean=True),
     _Query("temperature", ("DCGM_FI_DEV_GPU_TEMP",)),
+    # Renamed in DCGM 3.2; an older exporter prints the throttle name. Below 0x8 the bits are
+    # idle, application clocks and the software power cap, none of which diagnosis reads.
+    _Query("clock_event_reasons", (CLOCKS_EVENT_REASONS, CLOCK_THROTTLE_REASONS), keep=">= 8"),
+    _Query("dbe_total", ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",), keep="> 0"),
+    _Query("row_remap_failure", ("DCGM_FI_DEV_ROW_REMAP_FAILURE",), keep="> 0"),
+    _Query("nvlink_errors", NVLINK_ERROR_COUNTERS, "sum", keep="> 0"),
+    _Query("pcie_replays", ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER",), keep="> 0"),
+)
+# Read for a node's page, not on every poll (nothing in change detection uses them).
+GPU_DETAIL_QUERIES = (
     _Query("memory_temperature", ("DCGM_FI_DEV_MEMORY_TEMP",)),
     _Query("power_w", ("DCGM_FI_DEV_POWER_USAGE",)),
-    # Renamed in DCGM 3.2; an older exporter prints the throttle name.
-    _Query("clock_event_reasons", (CLOCKS_EVENT_REASONS, CLOCK_THROTTLE_REASONS)),
-    _Query("dbe_total", ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",)),
-    _Query("row_remap_failure", ("DCGM_FI_DEV_ROW_REMAP_FAILURE",)),
-    _Query("nvlink_errors", NVLINK_ERROR_COUNTERS, "sum"),
-    _Query("pcie_replays", ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER",)),
 )
 NIC_QUERIES = (
     _Query("state", ("node_infiniband_state_id",)),
@@ -214,10 +227,11 @@ class PrometheusTelemetry:
         if self.lookback:
             selector = f"last_over_time({selector}[{self.lookback}])"
         by = ", ".join(group)
+        keep = f" {query.keep}" if query.keep else ""
         if query.combine == "sum" and len(query.names) > 1:
             # Each counter once per GPU (max over duplicate jobs), then the counters added.
-            return f"sum by ({by}) (max by (__name__, {by}) ({selector}))"
-        return f"max by ({by}) ({selector})"
+            return f"sum by ({by}) (max by (__name__, {by}) ({selector})){keep}"
+        return f"max by ({by}) ({selector}){keep}"
 
     @contextmanager
     def _errors(self, what: str) -> Iterator[None]:
@@ -282,40 +296,61 @@ class PrometheusTelemetry:
 
     def _samples(self, expr: str, series: Iterable[Any], warnings: _Warnings,
                  key_labels: Sequence[str]) -> Iterator[tuple[str, dict[str, str], float]]:
-        """(node, labels, value) of each readable series; the others become warnings."""
+        """(node, labels, value) of each readable series; the others become warnings.
+
+        Written for 100,000 series a query: the common case (a Hostname label, the key
+        labels, a finite number) takes one short path, and only the odd series go through
+        the checks that say what is wrong with them."""
         blanks = 0
         for s in series:
             try:
                 labels = s["metric"]
-                raw = s["value"][1]
-            except (KeyError, IndexError, TypeError):
-                warnings.add(expr, f"{expr}: malformed series skipped: {_excerpt(s)}")
-                continue
-            node = self._node(labels)
-            missing = [k for k in key_labels if not labels.get(k)]
-            if node is None or missing:
-                what = ", ".join(missing) if node else "Hostname, hostname or instance"
-                warnings.add(expr, f"{expr}: series without {what} skipped: {_excerpt(s)}")
-                continue
-            try:
-                value = float(raw)
-            except (TypeError, ValueError):
-                value = math.nan
-            if math.isnan(value) or math.isinf(value):
-                warnings.add(expr, f"{expr}: unreadable value {raw!r} skipped: {_excerpt(s)}")
-                continue
-            if _is_dcgm_blank(value):
+                node = labels.get("Hostname") or labels.get("hostname")
+                value = float(s["value"][1])
+                if (node and all(labels.get(k) for k in key_labels)
+                        and value == value and value < DCGM_INT32_BLANK and value > -math.inf):
+                    yield node, labels, value
+                    continue
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+                pass
+            checked = self._sample_checked(expr, s, warnings, key_labels)
+            if checked == "blank":
                 blanks += 1  # no value: as if the exporter had skipped it
-                continue
-            yield node, labels, value
+            elif checked is not None:
+                yield checked
         if blanks:
             warnings.add(expr, f"{expr}: {blanks} DCGM blank value(s) read as missing")
+
+    def _sample_checked(self, expr: str, s: Any, warnings: _Warnings, key_labels: Sequence[str]
+                        ) -> tuple[str, dict[str, str], float] | str | None:
+        try:
+            labels = s["metric"]
+            raw = s["value"][1]
+        except (KeyError, IndexError, TypeError):
+            warnings.add(expr, f"{expr}: malformed series skipped: {_excerpt(s)}")
+            return None
+        node = self._node(labels) if isinstance(labels, dict) else None
+        missing = [k for k in key_labels if not isinstance(labels, dict) or not labels.get(k)]
+        if node is None or missing:
+            what = ", ".join(missing) if node else "Hostname, hostname or instance"
+            warnings.add(expr, f"{expr}: series without {what} skipped: {_excerpt(s)}")
+            return None
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            value = math.nan
+        if math.isnan(value) or math.isinf(value):
+            warnings.add(expr, f"{expr}: unreadable value {raw!r} skipped: {_excerpt(s)}")
+            return None
+        if _is_dcgm_blank(value):
+            return "blank"
+        return node, labels, value
 
     def gpu_metrics(self) -> list[GpuMetric]:
         warnings = _Warnings()
         gpus: dict[tuple[str, int], dict[str, Any]] = {}
         for query in GPU_QUERIES:
-            expr = self._instant_expr(query, GPU_GROUP)
+            expr = self._instant_expr(query, GPU_LEAN_GROUP if query.lean else GPU_GROUP)
             for node, labels, value in self._samples(expr, self._query(expr), warnings, ("gpu",)):
                 try:
                     index = int(labels["gpu"])
@@ -323,10 +358,12 @@ class PrometheusTelemetry:
                     warnings.add(expr, f"{expr}: gpu label {labels['gpu']!r} is not an index: "
                                        f"{_excerpt(labels)}")
                     continue
-                gpu = gpus.setdefault((node, index), {"uuid": "", "model": ""})
-                gpu["uuid"] = gpu["uuid"] or next(
-                    (labels[k] for k in UUID_LABELS if labels.get(k)), "")
-                gpu["model"] = gpu["model"] or labels.get("modelName", "")
+                gpu = gpus.get((node, index))
+                if gpu is None:
+                    gpu = gpus[(node, index)] = {"uuid": "", "model": ""}
+                if not query.lean and not gpu["uuid"]:
+                    gpu["uuid"] = labels.get("UUID") or labels.get("uuid") or ""
+                    gpu["model"] = gpu["model"] or labels.get("modelName", "")
                 if query.attr in GPU_INT_FIELDS:
                     gpu[query.attr] = int(value)
                 elif query.attr in gpu:
@@ -345,7 +382,7 @@ class PrometheusTelemetry:
                 memory_temperature=g.get("memory_temperature"), dbe_total=g.get("dbe_total"),
                 row_remap_failure=g.get("row_remap_failure", 0),
                 nvlink_errors=g.get("nvlink_errors"), pcie_replays=g.get("pcie_replays"))
-            for (node, index), g in sorted(gpus.items())
+            for (node, index), g in gpus.items()
         ]
 
     def nic_ports(self) -> list[NicPort]:

@@ -1,14 +1,20 @@
 """Benchmark: a full poll of 12,500 nodes and 100,000 GPUs, normalized and stored in PostgreSQL.
 
 Run by ``make bench`` under deploy/testing/with-services.sh, in a database of its own
-(``<DATABASE_URL's name>_bench``, created and dropped here). The sources are in-memory
-clients that return what a real fleet returns (Slurm nodes and jobs, Kubernetes nodes, every
-GPU's dcgm sample and every node's NIC port), so the figures are FleetWatch's own cost:
-change detection, signal drafting and the bulk writes. Three polls per source:
+(``<DATABASE_URL's name>_bench``, created and dropped here). Slurm and Prometheus are the real
+clients (``SlurmCli``, ``PrometheusTelemetry``) with their transport replaced by the text a
+real fleet's answers hold: ``sinfo --json`` and ``squeue --json`` output in Slurm 22.05's shape
+(records copied from the captured fixtures) and Prometheus query responses for the fourteen
+instant queries, rendered before the clock starts. So the figures are FleetWatch's own cost
+(JSON decoding, parsing, merging the series, change detection, signal drafting and the bulk
+writes), without the network and the sources' own time. Kubernetes nodes come as parsed
+objects. Three polls per source:
 
 - first: an empty database (every node, GPU and job is new);
-- steady: the next scrape, in which every GPU's utilisation and temperature moved (they always
-  do) and nothing else did;
+- steady: the next scrape, in which every GPU's utilisation and temperature moved (the worst
+  case: every GPU row is rewritten) and nothing else did;
+- between scrapes: the same answers again, as most polls read (Prometheus scrapes the
+  exporters every 15 s, FleetWatch polls every 5 s): nothing is written;
 - eventful: 100 GPUs report an XID, 50 nodes drain, 200 links flap, jobs change state.
 
 Target: a whole poll (the three sources) under 2 s on this machine.
@@ -25,6 +31,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import hostlist
 
 NODES = 12_500
 GPUS_PER_NODE = 8
@@ -96,51 +104,113 @@ class Fleet:
             self.jobs[i] = replace(self.jobs[i], state="COMPLETED")
 
 
-class _Slurm:
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet = fleet
-
-    def nodes(self) -> list[Any]:
-        return self.fleet.slurm_nodes
-
-    def jobs(self) -> list[Any]:
-        return self.fleet.jobs
-
-    def topology(self) -> dict[str, list[str]]:
-        return self.fleet.leaves
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
 
 
-class _Kubernetes:
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet = fleet
+def _slurm_payloads(fleet: Fleet) -> dict[str, str]:
+    """``sinfo --json``, ``squeue --all --json`` and ``scontrol show topology`` as 22.05
+    prints them for the fleet's current state."""
+    sinfo = json.loads((FIXTURES / "22.05-sinfo.json").read_text())
+    squeue = json.loads((FIXTURES / "22.05-squeue.json").read_text())
+    node_t, job_t = sinfo["nodes"][0], squeue["jobs"][0]
+    nodes = [{**node_t, "name": n.name, "hostname": n.name, "state": n.state.lower(),
+              "state_flags": list(n.flags), "reason": n.reason} for n in fleet.slurm_nodes]
+    jobs = [{**job_t, "job_id": int(j.job_id), "name": j.name, "user_name": j.user,
+             "job_state": j.state, "nodes": hostlist.collect_hostlist(list(j.nodes)),
+             "node_count": len(j.nodes)} for j in fleet.jobs]
+    topology = "".join(f"SwitchName={leaf} Level=0 LinkSpeed=1 "
+                       f"Nodes={hostlist.collect_hostlist(members)}\n"
+                       for leaf, members in fleet.leaves.items())
+    return {"sinfo --json": json.dumps({**sinfo, "nodes": nodes}),
+            "squeue --all --json": json.dumps({**squeue, "jobs": jobs}),
+            "scontrol show topology": topology}
 
-    def nodes(self) -> list[Any]:
-        return self.fleet.k8s_nodes
+
+def _vector(series: list[tuple[dict[str, str], float]]) -> str:
+    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": labels, "value": [1796284426.5, f"{value:g}"]} for labels, value in series]}})
 
 
-class _Telemetry:
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet = fleet
+def _prometheus_payloads(fleet: Fleet, client: Any) -> dict[str, str]:
+    """The answer to each of the client's instant queries, as Prometheus sends it."""
+    import operator
 
-    def gpu_metrics(self) -> list[Any]:
-        return self.fleet.gpus
+    from collectors.clients import prometheus as p
 
-    def nic_ports(self) -> list[Any]:
-        return self.fleet.ports
+    ops = {"!=": operator.ne, ">": operator.gt, ">=": operator.ge}
+    out = {}
+    for query in p.GPU_QUERIES:
+        series = []
+        op, _, bound = query.keep.partition(" ")
+        for m in fleet.gpus:
+            value = getattr(m, query.attr)
+            # What Prometheus leaves out: no series, or one the query's comparison drops.
+            if value is None or (op and not ops[op](value, float(bound))):
+                continue
+            labels = {"Hostname": m.node, "gpu": str(m.gpu), "instance": f"{m.node}:9400"}
+            if not query.lean:
+                labels.update(UUID=m.uuid, modelName="NVIDIA H100 80GB HBM3")
+            series.append((labels, float(value)))
+        group = p.GPU_LEAN_GROUP if query.lean else p.GPU_GROUP
+        out[client._instant_expr(query, group)] = _vector(series)
+    states = {v: k for k, v in p.IB_STATES.items()}
+    for query in p.NIC_QUERIES:
+        series = []
+        for port in fleet.ports:
+            value = states[port.state] if query.attr == "state" else getattr(port, query.attr)
+            series.append(({"Hostname": port.node, "device": port.device, "port": str(port.port),
+                            "instance": f"{port.node}:9100"}, float(value)))
+        out[client._instant_expr(query, p.NIC_GROUP)] = _vector(series)
+    return out
+
+
+def _clients(fleet: Fleet) -> tuple[Any, Any, Any]:
+    from collectors.clients.prometheus import PrometheusTelemetry
+    from collectors.clients.slurm import SlurmCli
+
+    class Slurm(SlurmCli):
+        payloads: dict[str, str] = {}
+
+        def _run(self, *args: str, retry: bool = True) -> str:
+            return self.payloads[" ".join(args)]
+
+    class Telemetry(PrometheusTelemetry):
+        payloads: dict[str, str] = {}
+
+        def _query(self, expr: str) -> list[dict[str, Any]]:
+            # What the HTTP client does with the body: decode it, take the result.
+            return json.loads(self.payloads[expr])["data"]["result"]
+
+    class Kubernetes:
+        def nodes(self) -> list[Any]:
+            return fleet.k8s_nodes
+
+    slurm = Slurm()
+    slurm._release = (22, 5)
+    telemetry = Telemetry("http://prometheus.invalid:9090")
+    return slurm, Kubernetes(), telemetry
+
+
+def _render(fleet: Fleet, slurm: Any, telemetry: Any) -> None:
+    slurm.payloads = _slurm_payloads(fleet)
+    telemetry.payloads = _prometheus_payloads(fleet, telemetry)
 
 
 def run(nodes: int) -> list[dict[str, Any]]:
     from collectors import services
     from collectors.clients import Clients
+    from collectors.models import CollectorRun
 
     fleet = Fleet(nodes)
-    clients = Clients(_Slurm(fleet), _Kubernetes(fleet), _Telemetry(fleet), None, None)  # type: ignore[arg-type]
+    slurm, kubernetes, telemetry = _clients(fleet)
+    clients = Clients(slurm, kubernetes, telemetry, None, None)  # type: ignore[arg-type]
     rows = []
-    for phase in ("first", "steady", "eventful"):
-        if phase != "first":
+    for phase in ("first", "steady", "between scrapes", "eventful"):
+        if phase in ("steady", "eventful"):
             fleet.tick()
         if phase == "eventful":
             fleet.events()
+        _render(fleet, slurm, telemetry)  # the sources' answers, before the clock starts
         row: dict[str, Any] = {"phase": phase}
         for source in ("slurm", "kubernetes", "telemetry"):
             start = time.perf_counter()
@@ -148,6 +218,8 @@ def run(nodes: int) -> list[dict[str, Any]]:
             row[source] = time.perf_counter() - start
             row[f"{source}_signals"] = len(result.signal_ids)
             assert result.healthy, result.error
+            warnings = CollectorRun.objects.filter(source=source).first()
+            assert warnings is not None and not warnings.warnings, warnings.warnings[:3]
         row["total"] = row["slurm"] + row["kubernetes"] + row["telemetry"]
         rows.append(row)
     return rows
@@ -178,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     gpus = args.nodes * GPUS_PER_NODE
     lines = ["# Collector benchmark", "",
              f"A full poll of {args.nodes:,} nodes and {gpus:,} GPUs (Slurm nodes and "
-             f"{args.nodes // 16:,} jobs, Kubernetes nodes, every GPU's dcgm sample and every "
-             "node's NIC port), normalized and stored in PostgreSQL.", "",
+             f"{args.nodes // 16:,} jobs from `sinfo`/`squeue --json` text, Kubernetes nodes, "
+             "every GPU's ten dcgm fields and every node's NIC port from Prometheus query "
+             "responses), decoded, parsed, normalized and stored in PostgreSQL.", "",
              "| poll | slurm | kubernetes | telemetry | total | signals |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in rows:

@@ -107,8 +107,11 @@ def test_every_gpu_of_the_fleet_through_promql(stack: Stack) -> None:
         if m.last_xid == 0:  # a GPU off the bus has no readings (another test makes one)
             assert m.utilization is not None and 0 <= m.utilization <= 100
             assert m.temperature is not None and 20 < m.temperature < 100
-            assert m.power_w is not None and m.memory_temperature is not None
-            assert (m.dbe_total, m.nvlink_errors, m.pcie_replays) == (0, 0, 0)
+            # Not read on a poll (nothing diagnoses them), and the quiet counters (all 0
+            # here) are left out by the queries' filters: at 100,000 GPUs most are quiet.
+            assert (m.power_w, m.memory_temperature) == (None, None)
+            assert (m.dbe_total, m.nvlink_errors, m.pcie_replays) == (None, None, None)
+            assert (m.clock_event_reasons, m.row_remap_failure) == (0, 0)
     assert client.last_warnings == []
 
 
@@ -126,13 +129,13 @@ def test_injected_xid_arrives_on_that_gpu_only(stack: Stack) -> None:
     assert [g for (node, g) in xids if node == "gpu-003"] == [5]
     fallen = metrics[("gpu-003", 5)]
     # Off the bus: the exporter reports it blank; no data is None, never a number.
-    assert (fallen.utilization, fallen.temperature, fallen.power_w) == (None, None, None)
+    assert (fallen.utilization, fallen.temperature) == (None, None)
     assert all(metrics[("gpu-003", g)].temperature is not None for g in range(8) if g != 5)
 
 
 def test_lowercase_hostname_old_clock_field_and_pod_labels(stack: Stack) -> None:
-    # Idle GPUs report the GPU_IDLE clock-event bit: stop a job so some are idle, and the
-    # bit must come through the pre-DCGM-3.2 field name as well.
+    # Idle GPUs report the GPU_IDLE clock-event bit (0x1), which the poll's filter (bits from
+    # 0x8 up: slowdowns) leaves out through either field name, while utilisation drops to 0.
     job = SimSlurm(stack.fleet).jobs()
     vit = next(j for j in job if j.job_id == "3003")
     SimSlurm(stack.fleet).cancel("3003", "TERM", 0)
@@ -140,7 +143,7 @@ def test_lowercase_hostname_old_clock_field_and_pod_labels(stack: Stack) -> None
 
     def idle(client: PrometheusTelemetry) -> dict[tuple[str, int], GpuMetric] | None:
         ms = _by_gpu(client.gpu_metrics())
-        ok = all(ms[(n, g)].utilization == 0 and ms[(n, g)].clock_event_reasons == 1
+        ok = all(ms[(n, g)].utilization == 0 and ms[(n, g)].clock_event_reasons == 0
                  for n in vit.nodes for g in range(8))
         return ms if ok else None
 
