@@ -251,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["# Collector benchmark", "",
              f"A full poll of {args.nodes:,} nodes and {gpus:,} GPUs (Slurm nodes and "
              f"{args.nodes // 16:,} jobs from `sinfo`/`squeue --json` text, Kubernetes nodes, "
-             "every GPU's ten dcgm fields and every node's NIC port from Prometheus query "
-             "responses), decoded, parsed, normalized and stored in PostgreSQL.", "",
+             "the dcgm fields a poll reads (utilisation and temperature of every GPU, the "
+             "fault fields of the GPUs that have one) and every node's NIC port from Prometheus "
+             "query responses), decoded, parsed, normalized and stored in PostgreSQL.", "",
              "| poll | slurm | kubernetes | telemetry | total | signals |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
