@@ -93,3 +93,18 @@ def env_subset(name: str, default: Iterable[str], choices: Iterable[str]) -> lis
             f"{name} names unknown entries {', '.join(unknown)}; known: {', '.join(allowed)}"
         )
     return values
+
+
+def env_map(name: str, keys: Iterable[str], values: Iterable[str]) -> dict[str, str]:
+    """``key=value,key=value`` with both sides checked, e.g. per-playbook modes."""
+    known_keys, known_values = list(keys), list(values)
+    out: dict[str, str] = {}
+    for item in env_list(name, []):
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or key not in known_keys or value not in known_values:
+            raise ImproperlyConfigured(
+                f"{name}: {item!r} is not KEY=VALUE with KEY one of {', '.join(known_keys)} "
+                f"and VALUE one of {', '.join(known_values)}")
+        out[key] = value
+    return out

@@ -18,6 +18,7 @@ from fleetwatch.env import (
     env_float,
     env_int,
     env_list,
+    env_map,
     env_str,
     env_subset,
 )
@@ -181,6 +182,48 @@ FLEETWATCH_STEP_POLL_SECONDS = env_float("FLEETWATCH_STEP_POLL_SECONDS", 1.0, mi
 FLEETWATCH_STEP_TIMEOUT_SECONDS = env_int("FLEETWATCH_STEP_TIMEOUT_SECONDS", 900, minimum=1)
 FLEETWATCH_STEP_MAX_ATTEMPTS = env_int("FLEETWATCH_STEP_MAX_ATTEMPTS", 3, minimum=1)
 FLEETWATCH_DEDUPE_MINUTES = env_int("FLEETWATCH_DEDUPE_MINUTES", 30, minimum=0)
+# Remediation policy. Modes per playbook (root cause) and per risky step kind override
+# FLEETWATCH_POLICY_MODE: "gpu_hardware=auto,thermal=approve"; "replace=approve,reboot=auto".
+_MODES = ["auto", "approve", "observe"]
+FLEETWATCH_PLAYBOOK_MODES = env_map(
+    "FLEETWATCH_PLAYBOOK_MODES",
+    ["gpu_hardware", "gpu_memory", "nvlink", "network_flap", "switch_failure", "thermal",
+     "node_unreachable", "application_error"], _MODES)
+FLEETWATCH_STEP_MODES = env_map("FLEETWATCH_STEP_MODES", ["replace", "reboot", "reset_gpu"],
+                                _MODES)
+# The fleet budget: at most this many nodes, and this share of a pool, partition or leaf
+# switch, in remediation at once; beyond it a new remediation waits for a person.
+FLEETWATCH_BUDGET_MAX_NODES = env_int("FLEETWATCH_BUDGET_MAX_NODES", 8, minimum=1)
+FLEETWATCH_BUDGET_MAX_PERCENT = env_float("FLEETWATCH_BUDGET_MAX_PERCENT", 25.0, minimum=0.1)
+# The storm brake: more than N new incidents in M minutes pauses automation.
+FLEETWATCH_STORM_INCIDENTS = env_int("FLEETWATCH_STORM_INCIDENTS", 10, minimum=1)
+FLEETWATCH_STORM_MINUTES = env_int("FLEETWATCH_STORM_MINUTES", 10, minimum=1)
+# A node remediated again this soon waits for a person; K remediations in a week: RMA.
+FLEETWATCH_COOLDOWN_MINUTES = env_int("FLEETWATCH_COOLDOWN_MINUTES", 60, minimum=0)
+FLEETWATCH_RMA_AFTER = env_int("FLEETWATCH_RMA_AFTER", 3, minimum=1)
+# How long a flapped link must stay up before its node goes back into service, and how many
+# flaps in a week make it a replacement.
+FLEETWATCH_LINK_STABLE_MINUTES = env_float("FLEETWATCH_LINK_STABLE_MINUTES", 10.0, minimum=0)
+FLEETWATCH_FLAPS_BEFORE_REPLACE = env_int("FLEETWATCH_FLAPS_BEFORE_REPLACE", 3, minimum=1)
+# Where replacement, reboot and GPU reset come from: the simulation, Slurm's own reboot, a
+# Kubernetes node pool (delete the node, wait for a new one), or a site's program.
+FLEETWATCH_PROVIDER = env_choice(
+    "FLEETWATCH_PROVIDER", "sim" if FLEETWATCH_FLEET == "sim" else "none",
+    ["sim", "none", "slurm", "kubernetes", "command"])
+FLEETWATCH_PROVIDER_COMMAND = env_str("FLEETWATCH_PROVIDER_COMMAND", "")
+FLEETWATCH_PROVIDER_TIMEOUT = env_float("FLEETWATCH_PROVIDER_TIMEOUT", 600.0, minimum=1)
+# Notifiers, each used when set: a JSON webhook (signed with the secret, HMAC-SHA256), a
+# Slack-compatible incoming webhook, e-mail through Django's mail backend.
+FLEETWATCH_NOTIFY_WEBHOOK_SECRET = env_str("FLEETWATCH_NOTIFY_WEBHOOK_SECRET", "")
+FLEETWATCH_NOTIFY_SLACK_URL = env_str("FLEETWATCH_NOTIFY_SLACK_URL", "")
+FLEETWATCH_NOTIFY_EMAIL = env_list("FLEETWATCH_NOTIFY_EMAIL", [])
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = 10
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "fleetwatch@localhost")
 FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES = env_int("FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES", 15, minimum=1)
 FLEETWATCH_TELEMETRY_RETENTION_HOURS = env_int("FLEETWATCH_TELEMETRY_RETENTION_HOURS", 24, minimum=1)
 FLEETWATCH_NOTIFY_WEBHOOK_URL = env_str("FLEETWATCH_NOTIFY_WEBHOOK_URL")

@@ -45,6 +45,9 @@ class Incident(models.Model):
     opened_at = models.DateTimeField(default=timezone.now)
     resolved_at = models.DateTimeField(null=True, blank=True)
     phases = models.JSONField(default=dict, blank=True, help_text="phase -> seconds")
+    # Who repaired it, for mean time to repair kept apart: "automation" (no person acted),
+    # "person" (someone approved, continued or resolved it), "" while open.
+    repaired_by = models.CharField(max_length=16, blank=True)
     signals = models.ManyToManyField(Signal, through="Evidence", related_name="incidents")
 
     class Meta:
@@ -105,6 +108,11 @@ class Remediation(models.Model):
     approved_by = models.CharField(max_length=150, blank=True)
     approved_at = models.DateTimeField(null=True, blank=True)
     blocked_reason = models.TextField(blank=True)
+    # The nodes it acts on (one remediation per node at a time; budgets count these).
+    nodes = models.JSONField(default=list, blank=True)
+    # Why it waits for a person although its mode is auto: the fleet budget, the storm
+    # brake, a cooldown. Empty when it simply runs in approve mode.
+    hold_reason = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -134,6 +142,7 @@ class Step(models.Model):
         RUNNING = "running", "running"
         WAITING = "waiting", "waiting"
         BLOCKED = "blocked", "waiting for a person"
+        AWAITING_APPROVAL = "awaiting_approval", "awaiting approval"
         SUCCEEDED = "succeeded", "succeeded"
         SKIPPED = "skipped", "skipped"
         FAILED = "failed", "failed"
@@ -145,7 +154,13 @@ class Step(models.Model):
     order = models.PositiveSmallIntegerField()
     kind = models.CharField(max_length=48)
     title = models.CharField(max_length=200)
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    # Risky steps (replace, reboot, reset) carry their own mode: an auto playbook can still
+    # ask a person before it replaces a node, or only record that it would have.
+    mode = models.CharField(max_length=16, choices=Remediation.Mode.choices,
+                            default=Remediation.Mode.AUTO)
+    approved_by = models.CharField(max_length=150, blank=True)
+    approved_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     checks = models.PositiveIntegerField(default=0, help_text="polls while waiting")
     detail = models.TextField(blank=True, help_text="what the step is doing or waiting for")
@@ -188,16 +203,23 @@ class AuditQuerySet(models.QuerySet["AuditEntry"]):
 
 
 class AuditEntry(models.Model):
-    """One state change or outside call. Rows are never updated or deleted."""
+    """One state change or outside call. Rows are never updated or deleted (the ORM refuses,
+    and on PostgreSQL a trigger does too), and each carries the hash of the one before it, so
+    ``manage.py fleetwatch audit verify`` finds a row changed or removed behind our back."""
 
     at = models.DateTimeField(default=timezone.now, db_index=True)
     actor = models.CharField(max_length=150, help_text="system, user:NAME or token:NAME")
+    request_id = models.CharField(max_length=64, blank=True,
+                                  help_text="the web request or Celery task that acted")
     verb = models.CharField(max_length=64)
     target = models.CharField(max_length=200)
     call = models.TextField(blank=True, help_text="the outside call made, if any")
     ok = models.BooleanField(default=True)
     result = models.TextField(blank=True)
+    duration_ms = models.FloatField(null=True, blank=True, help_text="of the outside call")
     data = models.JSONField(default=dict, blank=True)
+    prev_hash = models.CharField(max_length=64, blank=True)
+    hash = models.CharField(max_length=64, blank=True, db_index=True)
     incident = models.ForeignKey(Incident, on_delete=models.PROTECT, null=True, blank=True,
                                  related_name="audit")
     remediation = models.ForeignKey(Remediation, on_delete=models.PROTECT, null=True,

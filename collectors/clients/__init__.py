@@ -19,7 +19,7 @@ from collectors.clients.base import (
     SlurmClient,
     TelemetryClient,
 )
-from collectors.clients.notify import Notifier, WebhookNotifier
+from collectors.clients.notify import Notifier, notifier_from_settings
 
 if TYPE_CHECKING:
     from collectors.clients.sim import SimFleet
@@ -42,15 +42,22 @@ def sim_fleet() -> SimFleet:
 
 
 def get_clients() -> Clients:
-    notifier = WebhookNotifier(settings.FLEETWATCH_NOTIFY_WEBHOOK_URL,
-                               timeout=settings.FLEETWATCH_HTTP_TIMEOUT)
+    notifier = notifier_from_settings()
     if settings.FLEETWATCH_FLEET == "sim":
         from collectors.clients.sim import SimKubernetes, SimProvider, SimSlurm, SimTelemetry
 
         fleet = sim_fleet()
         return Clients(SimSlurm(fleet), SimKubernetes(fleet), SimTelemetry(fleet),
                        SimProvider(fleet), notifier)
-    return Clients(real_slurm(), real_kubernetes(), real_telemetry(), NoProvider(), notifier)
+    return Clients(real_slurm(), real_kubernetes(), real_telemetry(), provider_from_settings(),
+                   notifier)
+
+
+def provider_from_settings() -> NodeProvider:
+    """FLEETWATCH_PROVIDER for real sources (the simulation brings its own)."""
+    if settings.FLEETWATCH_PROVIDER == "none":
+        return NoProvider()
+    raise NotImplementedError(f"FLEETWATCH_PROVIDER={settings.FLEETWATCH_PROVIDER}")
 
 
 def get_telemetry() -> TelemetryClient:

@@ -167,20 +167,49 @@ class TelemetryClient(Protocol):
     def nic_ports(self) -> list[NicPort]: ...
 
 
+@dataclass(frozen=True)
+class ProviderStatus:
+    """What a node provider says of a node it manages."""
+
+    node: str
+    state: str  # ready, provisioning, rebooting, resetting, replaced, failed, unknown
+    detail: str = ""
+
+
 class NodeProvider(Protocol):
+    """Where nodes come from and go back to: the simulation, Slurm's own reboot, a Kubernetes
+    node pool, a site's program. Every method is idempotent: asking again for what is already
+    under way returns its progress instead of starting it twice."""
+
     def replace(self, node: str) -> Replacement: ...
     def replacement_status(self, node: str) -> Replacement | None: ...
+    def reboot(self, node: str, reason: str) -> ActionResult: ...
+    def reset_gpu(self, node: str, gpu: int | None) -> ActionResult: ...
+    def status(self, node: str) -> ProviderStatus: ...
 
 
 class NoProvider:
-    """Real sources with no node provider configured: a replacement is refused, plainly,
-    and the remediation stops there for a person (the providers come with remediation)."""
+    """Real sources with no node provider configured: a replacement, reboot or reset is
+    refused, plainly, and the remediation stops there for a person."""
+
+    def _refuse(self, what: str, node: str) -> ClientError:
+        return ClientError(f"no node provider is configured to {what} {node} "
+                           "(FLEETWATCH_PROVIDER)", permanent=True)
 
     def replace(self, node: str) -> Replacement:
-        raise ClientError(f"no node provider is configured to replace {node}", permanent=True)
+        raise self._refuse("replace", node)
 
     def replacement_status(self, node: str) -> Replacement | None:
         return None
+
+    def reboot(self, node: str, reason: str) -> ActionResult:
+        raise self._refuse("reboot", node)
+
+    def reset_gpu(self, node: str, gpu: int | None) -> ActionResult:
+        raise self._refuse("reset a GPU of", node)
+
+    def status(self, node: str) -> ProviderStatus:
+        return ProviderStatus(node, "unknown", "no node provider configured")
 
 
 # FleetWatch's ownership markers (DESIGN.md, "Ownership").

@@ -41,3 +41,11 @@ class WebhookNotifier:
                               permanent=400 <= response.status_code < 500
                               and response.status_code != 429)
         return ActionResult(call, True, f"webhook answered {response.status_code}")
+
+
+def notifier_from_settings() -> Notifier:
+    """The notifier the configuration asks for."""
+    from django.conf import settings
+
+    return WebhookNotifier(settings.FLEETWATCH_NOTIFY_WEBHOOK_URL,
+                           timeout=settings.FLEETWATCH_HTTP_TIMEOUT)
