@@ -62,6 +62,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "fleetwatch.middleware.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -201,9 +202,12 @@ FLEETWATCH_STORM_MINUTES = env_int("FLEETWATCH_STORM_MINUTES", 10, minimum=1)
 # A node remediated again this soon waits for a person; K remediations in a week: RMA.
 FLEETWATCH_COOLDOWN_MINUTES = env_int("FLEETWATCH_COOLDOWN_MINUTES", 60, minimum=0)
 FLEETWATCH_RMA_AFTER = env_int("FLEETWATCH_RMA_AFTER", 3, minimum=1)
-# How long a flapped link must stay up before its node goes back into service, and how many
-# flaps in a week make it a replacement.
-FLEETWATCH_LINK_STABLE_MINUTES = env_float("FLEETWATCH_LINK_STABLE_MINUTES", 10.0, minimum=0)
+# How long a recovered link, switch or GPU temperature must stay good before FleetWatch puts
+# nodes back into service; how long a rebooted node has to come back before it is replaced;
+# how many flaps of one node in a week make it a replacement.
+FLEETWATCH_RECOVERY_STABLE_MINUTES = env_float("FLEETWATCH_RECOVERY_STABLE_MINUTES", 10.0,
+                                               minimum=0)
+FLEETWATCH_NODE_BACK_MINUTES = env_float("FLEETWATCH_NODE_BACK_MINUTES", 15.0, minimum=0)
 FLEETWATCH_FLAPS_BEFORE_REPLACE = env_int("FLEETWATCH_FLAPS_BEFORE_REPLACE", 3, minimum=1)
 # Where replacement, reboot and GPU reset come from: the simulation, Slurm's own reboot, a
 # Kubernetes node pool (delete the node, wait for a new one), or a site's program.

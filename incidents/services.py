@@ -20,13 +20,21 @@ from django.utils import timezone
 
 from collectors.clients import get_clients
 from collectors.clients.base import ActionResult, ClientError
-from collectors.models import Signal
+from collectors.models import Job, Node, Signal
 from incidents import selectors
 from incidents.audit import SYSTEM, actor_name, audit_record
 from incidents.diagnosis import Diagnosis, diagnose
-from incidents.models import Evidence, Incident, Remediation, Step
-from incidents.remediation.playbooks import playbook_get
-from incidents.remediation.steps import EXECUTORS, Block, Done, Outcome, StepContext, Wait
+from incidents.models import AuditEntry, Evidence, Incident, Remediation, Step
+from incidents.remediation import policy
+from incidents.remediation.steps import (
+    EXECUTORS,
+    Block,
+    Done,
+    Facts,
+    Outcome,
+    StepContext,
+    Wait,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +109,9 @@ def _incident_record(cluster_id: int, diagnosis: Diagnosis) -> tuple[Incident, b
     audit_record("incident.opened", f"incident {incident.pk}", incident=incident,
                  result=diagnosis.explanation,
                  data={"root_cause": diagnosis.root_cause, "confidence": diagnosis.confidence})
-    if diagnosis.confidence >= AUTO_REMEDIATION_MIN_CONFIDENCE and playbook_get(
-        diagnosis.playbook
-    ):
-        remediation_open(incident, actor=SYSTEM, mode=settings.FLEETWATCH_POLICY_MODE)
+    if diagnosis.confidence >= AUTO_REMEDIATION_MIN_CONFIDENCE and policy.playbook_choose(
+            incident)[0] is not None:
+        remediation_open(incident, actor=SYSTEM, automatic=True)
     return incident, True
 
 
@@ -129,12 +136,15 @@ def remediation_open(
     *,
     actor: str,
     user: AbstractBaseUser | None = None,
-    mode: str = Remediation.Mode.AUTO,
+    automatic: bool = False,
 ) -> Opened:
     """Create the remediation for an incident, unless one is live or already succeeded.
 
-    ``mode`` auto starts at once, approve waits for a person, observe records what it would do.
-    A person pressing "start" is the approval, so user-started remediations run in auto.
+    ``automatic`` (FleetWatch itself): the playbook's mode applies (auto starts at once,
+    approve waits for a person, observe records what it would do) and the safety rails may
+    hold it for a person. A person pressing "start" has made the decision: it runs in auto,
+    and only a node already in another remediation makes it wait. Risky steps keep their own
+    modes either way (policy.step_mode).
     """
     with transaction.atomic():
         incident = Incident.objects.select_for_update().get(pk=incident.pk)
@@ -143,39 +153,67 @@ def remediation_open(
         ).first()
         if current is not None:
             return Opened(current, False)
-        playbook = playbook_get(incident.playbook)
-        if playbook is None:
-            raise InvalidTransition(f"no playbook for {incident.root_cause}")
-        status = {
-            Remediation.Mode.AUTO: Remediation.Status.RUNNING,
-            Remediation.Mode.APPROVE: Remediation.Status.AWAITING_APPROVAL,
-            Remediation.Mode.OBSERVE: Remediation.Status.OBSERVED,
-        }[Remediation.Mode(mode)]
+        try:
+            decision = policy.decide(incident, automatic=automatic)
+        except LookupError as exc:
+            raise InvalidTransition(str(exc)) from exc
+        playbook, mode = decision.playbook, decision.mode
+        if mode == Remediation.Mode.OBSERVE:
+            status = Remediation.Status.OBSERVED
+        elif mode == Remediation.Mode.APPROVE or decision.hold_reason:
+            status = Remediation.Status.AWAITING_APPROVAL
+        else:
+            status = Remediation.Status.RUNNING
         now = timezone.now()
         remediation = Remediation.objects.create(
             incident=incident, playbook=playbook.name, mode=mode, status=status,
             requested_by=actor, requested_by_user=user,
+            nodes=list(incident.nodes) if playbook.touches_nodes else [],
+            hold_reason=decision.hold_reason,
             started_at=now if status == Remediation.Status.RUNNING else None,
             finished_at=now if status == Remediation.Status.OBSERVED else None,
         )
         observe = status == Remediation.Status.OBSERVED
         Step.objects.bulk_create([
             Step(remediation=remediation, order=i, kind=spec.kind, title=spec.title,
+                 mode=decision.step_modes.get(spec.risk, mode) if spec.risk else
+                 (Remediation.Mode.OBSERVE if observe else Remediation.Mode.AUTO),
                  status=Step.Status.SKIPPED if observe else Step.Status.PENDING,
                  detail=f"observe mode: would {spec.title[0].lower()}{spec.title[1:]}"
                  if observe else "")
             for i, spec in enumerate(playbook.steps, start=1)
         ])
+        if playbook.name != incident.playbook:
+            incident.playbook = playbook.name
+            incident.save(update_fields=["playbook"])
         audit_record(f"remediation.{'observed' if observe else 'created'}",
                      f"incident {incident.pk}", actor=actor, remediation=remediation,
-                     result=f"{playbook.name} in {mode} mode")
+                     result=f"{playbook.name} in {mode} mode"
+                     + (f"; {decision.escalation}" if decision.escalation else ""),
+                     data={"step_modes": decision.step_modes})
+        if decision.hold_reason:
+            audit_record("remediation.held", f"incident {incident.pk}", actor=SYSTEM,
+                         remediation=remediation, result=decision.hold_reason)
+            _incident_status(incident, Incident.Status.NEEDS_ATTENTION)
+        if decision.rma:
+            for node in incident.nodes:
+                _node_mark_rma(node, decision.hold_reason, remediation)
         if status == Remediation.Status.RUNNING:
             _incident_status(incident, Incident.Status.REMEDIATING)
             _step_enqueue(remediation.steps.get(order=1).pk)
         return Opened(remediation, True)
 
 
+def _node_mark_rma(node: str, why: str, remediation: Remediation) -> None:
+    """Take the node out of the pools FleetWatch replaces from, and say so."""
+    Node.objects.filter(name=node, cluster=remediation.incident.cluster).update(pool="rma")
+    audit_record("node.rma", node, remediation=remediation, result=why)
+
+
 def remediation_approve(remediation_id: int, user: AbstractBaseUser) -> Remediation:
+    """Approve a remediation waiting for a person: the whole of it (approve mode, or held by
+    a safety rail) or the risky step it stopped at. Two people approving at once: the row lock
+    lets one through and the other is told it is no longer waiting."""
     actor = actor_name(user)
     with transaction.atomic():
         rem = Remediation.objects.select_for_update().select_related("incident").get(
@@ -184,12 +222,29 @@ def remediation_approve(remediation_id: int, user: AbstractBaseUser) -> Remediat
             who = f" by {rem.approved_by}" if rem.approved_by else ""
             raise InvalidTransition(f"remediation {rem.pk} is {rem.get_status_display()}"
                                     f"{who}; nothing to approve")
+        busy = policy.node_busy(rem.nodes, exclude_incident=rem.incident_id)
+        if busy:
+            raise InvalidTransition(f"cannot start yet: {busy}")
         now = timezone.now()
+        step = rem.steps.select_for_update().filter(
+            status=Step.Status.AWAITING_APPROVAL).first()
+        if step is not None:
+            step.status, step.approved_by, step.approved_at = Step.Status.PENDING, actor, now
+            step.detail = f"approved by {actor}"
+            step.save()
+            rem.status, rem.hold_reason = Remediation.Status.RUNNING, ""
+            rem.save()
+            audit_record("step.approved", step.kind, actor=actor, remediation=rem, step=step,
+                         result=step.title)
+            _incident_status(rem.incident, Incident.Status.REMEDIATING)
+            _step_enqueue(step.pk)
+            return rem
         rem.status, rem.approved_by, rem.approved_at, rem.started_at = (
             Remediation.Status.RUNNING, actor, now, now)
+        held, rem.hold_reason = rem.hold_reason, ""
         rem.save()
         audit_record("remediation.approved", f"incident {rem.incident_id}", actor=actor,
-                     remediation=rem)
+                     remediation=rem, result=f"overriding: {held}" if held else "")
         _incident_status(rem.incident, Incident.Status.REMEDIATING)
         _step_enqueue(rem.steps.get(order=1).pk)
         return rem
@@ -205,6 +260,20 @@ def remediation_continue(remediation_id: int, user: AbstractBaseUser) -> Remedia
             raise InvalidTransition(f"remediation {rem.pk} is {rem.get_status_display()}, "
                                     "not waiting for a person")
         step = rem.steps.select_for_update().get(status=Step.Status.BLOCKED)
+        if step.mode == Remediation.Mode.OBSERVE and step.result.get("observed"):
+            # A risky step in observe mode stopped to say what it would do: continuing is a
+            # person's decision to let it do that now.
+            step.status, step.mode = Step.Status.PENDING, Remediation.Mode.AUTO
+            step.approved_by, step.approved_at = actor, timezone.now()
+            step.detail = f"{step.detail} Continued by {actor}: running it."
+            step.save()
+            rem.status, rem.blocked_reason = Remediation.Status.RUNNING, ""
+            rem.save()
+            audit_record("remediation.continued", f"incident {rem.incident_id}", actor=actor,
+                         remediation=rem, step=step, result=f"run {step.kind} now")
+            _incident_status(rem.incident, Incident.Status.REMEDIATING)
+            _step_enqueue(step.pk)
+            return rem
         step.status, step.finished_at = Step.Status.SUCCEEDED, timezone.now()
         step.result = {**step.result, "overridden_by": actor}
         step.detail = f"{step.detail} Continued by {actor}."
@@ -267,6 +336,12 @@ def step_run(step_id: int, reason: str = "start") -> str:
             return f"remediation is {rem.status}"
         if step.lease_until and step.lease_until > now:
             return "step is being run by another worker"
+        if step.status == Step.Status.AWAITING_APPROVAL:
+            return "step awaits approval"
+        if step.status == Step.Status.PENDING and not step.approved_by:
+            gate = _step_gate(step, rem)
+            if gate:
+                return gate
         if step.status == Step.Status.PENDING:
             step.status, step.started_at, step.attempts = Step.Status.RUNNING, now, 1
             step.deadline = now + timedelta(seconds=settings.FLEETWATCH_STEP_TIMEOUT_SECONDS)
@@ -299,22 +374,73 @@ def step_run(step_id: int, reason: str = "start") -> str:
         return _step_apply(step, outcome)
 
 
+def _step_gate(step: Step, rem: Remediation) -> str:
+    """A risky step whose own mode is approve waits for a click; one in observe mode records
+    what it would do and stops for a person. Called with the step row locked."""
+    if step.mode == Remediation.Mode.APPROVE:
+        step.status, step.detail = Step.Status.AWAITING_APPROVAL, (
+            f"{step.title}: this step needs a person's approval (FLEETWATCH_STEP_MODES)")
+        step.save()
+        rem.status, rem.hold_reason = Remediation.Status.AWAITING_APPROVAL, step.detail
+        rem.save()
+        audit_record("step.awaiting_approval", step.kind, remediation=rem, step=step,
+                     result=step.detail)
+        _incident_status(rem.incident, Incident.Status.NEEDS_ATTENTION)
+        return "awaiting approval"
+    if step.mode == Remediation.Mode.OBSERVE:
+        nodes = ", ".join(rem.nodes)
+        reason = (f"observe mode for this step: FleetWatch would {step.title[0].lower()}"
+                  f"{step.title[1:]} ({nodes}) and did nothing. Do it by hand and stop "
+                  "here, or continue to let FleetWatch do it now.")
+        step.status, step.detail, step.result = Step.Status.BLOCKED, reason, {"observed": True}
+        step.save()
+        rem.status, rem.blocked_reason = Remediation.Status.BLOCKED, reason
+        rem.save()
+        audit_record("step.observed", step.kind, remediation=rem, step=step, result=reason)
+        _incident_status(rem.incident, Incident.Status.NEEDS_ATTENTION)
+        return "observed"
+    return ""
+
+
 def _step_context(step: Step) -> StepContext:
     rem, incident = step.remediation, step.remediation.incident
     previous = {s.kind: s.result for s in rem.steps.filter(order__lt=step.order)}
 
-    def audit(verb: str, target: str, result: ActionResult | None, error: str | None) -> None:
+    def audit(verb: str, target: str, result: ActionResult | None, error: str | None,
+              duration_ms: float | None = None) -> None:
         audit_record(verb, target, remediation=rem, step=step, ok=error is None,
                      call=result.call if result else "",
                      result=error or (result.detail if result else ""),
-                     data={"changed": result.changed} if result else {})
+                     data={"changed": result.changed} if result else {},
+                     duration_ms=duration_ms)
 
     return StepContext(
         incident_id=incident.pk, root_cause=incident.root_cause,
         explanation=incident.explanation, nodes=list(incident.nodes), clients=get_clients(),
         grace_seconds=settings.FLEETWATCH_SLURM_GRACE_SECONDS, state=dict(step.result),
-        previous=previous, audit=audit,
+        previous=previous, audit=audit, gpus=_incident_gpus(incident),
+        jobs=_incident_job_owners(incident), switch=incident.switch,
+        facts=Facts(last_link_change=lambda node: _last_link_change(incident, node),
+                    mark_rma=lambda node, why: _node_mark_rma(node, why, rem)),
     )
+
+
+def _incident_gpus(incident: Incident) -> list[int]:
+    return sorted({g for g in incident.signals.exclude(gpu_index=None).values_list(
+        "gpu_index", flat=True)})
+
+
+def _incident_job_owners(incident: Incident) -> dict[str, str]:
+    owners = dict(Job.objects.filter(cluster=incident.cluster, slurm_id__in=incident.jobs)
+                  .values_list("slurm_id", "user"))
+    return {job: owners.get(job, "") for job in incident.jobs}
+
+
+def _last_link_change(incident: Incident, node: str) -> float | None:
+    """When the node's link last changed, as the collectors recorded it (NIC signals)."""
+    at = (Signal.objects.filter(cluster=incident.cluster, node_name=node, source="nic")
+          .order_by("-observed_at").values_list("observed_at", flat=True).first())
+    return at.timestamp() if at else None
 
 
 def _step_apply(step: Step, outcome: Outcome | ClientError) -> str:
@@ -383,9 +509,30 @@ def incident_resolve(incident: Incident, remediation: Remediation | None = None)
     now = timezone.now()
     incident.status, incident.resolved_at = Incident.Status.RESOLVED, now
     incident.phases = phase_durations(incident, remediation, now)
-    incident.save(update_fields=["status", "resolved_at", "phases"])
+    incident.repaired_by = _repaired_by(incident)
+    incident.save(update_fields=["status", "resolved_at", "phases", "repaired_by"])
     audit_record("incident.resolved", f"incident {incident.pk}", incident=incident,
                  result=", ".join(f"{k} {v:.1f}s" for k, v in incident.phases.items()))
+
+
+def _repaired_by(incident: Incident) -> str:
+    """"person" when anyone approved, continued or started something; else "automation"."""
+    people = incident.audit.exclude(actor=SYSTEM).exists() or AuditEntry.objects.filter(
+        remediation__incident=incident).exclude(actor=SYSTEM).exists()
+    return "person" if people else "automation"
+
+
+# Step kinds by the phase of a repair they belong to.
+PHASE_OF_STEP = {
+    "drain_and_cancel": "drain", "drain": "drain", "down_node": "drain",
+    "hold_switch_nodes": "drain", "cordon_and_drain": "drain",
+    "requeue": "requeue", "requeue_dead_jobs": "requeue",
+    "replace_node": "replace", "replace_if_not_back": "replace", "reboot": "replace",
+    "reset_or_reboot": "replace", "mark_rma": "replace",
+    "resume": "resume", "resume_node": "resume", "release_switch_nodes": "resume",
+    "verify_fault_cleared": "resume", "wait_link_stable": "resume",
+    "wait_switch_healthy": "resume", "wait_cool": "resume", "wait_node_back": "resume",
+}
 
 
 def phase_durations(
@@ -399,9 +546,21 @@ def phase_durations(
     if remediation is not None:
         if remediation.approved_at:
             phases["approval"] = secs(remediation.created_at, remediation.approved_at)
-        for step in remediation.steps.order_by("order"):
+        steps = list(remediation.steps.order_by("order"))
+        first = next((st.started_at for st in steps if st.started_at), None)
+        if first is not None:
+            # Decide: from the incident opening to the first step running (approval included).
+            phases["decide"] = secs(incident.opened_at, first)
+        grouped: dict[str, float] = {}
+        for step in steps:
             if step.started_at and step.finished_at:
                 phases[step.kind] = secs(step.started_at, step.finished_at)
+                phase = PHASE_OF_STEP.get(step.kind)
+                if phase:
+                    grouped[phase] = round(grouped.get(phase, 0.0) + phases[step.kind], 3)
+        # The repair's phases (drain, requeue, replace, resume) sum their steps; a step
+        # named like its phase ("requeue") is that phase's total.
+        phases.update(grouped)
         first_call = remediation.audit.exclude(call="").order_by("at").first()
         if first_call is not None:
             phases["first_action"] = secs(incident.detected_at, first_call.at)

@@ -1,14 +1,24 @@
-"""Playbooks as data: an ordered list of steps per root cause, shown before and while they run."""
+"""Playbooks as data: an ordered list of steps per root cause, shown before and while they run.
+
+A step names its executor (``incidents.remediation.steps.EXECUTORS``), a title a person reads
+on the incident page, and, for the risky ones, its risk class (``replace``, ``reboot``,
+``reset_gpu``): each risk class has a mode of its own (FLEETWATCH_STEP_MODES), so an automatic
+playbook can still ask a person before it replaces a node.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+REPLACE, REBOOT, RESET_GPU = "replace", "reboot", "reset_gpu"
+RISKS = (REPLACE, REBOOT, RESET_GPU)
 
 
 @dataclass(frozen=True)
 class StepSpec:
     kind: str  # a key of ``incidents.remediation.steps.EXECUTORS``
     title: str
+    risk: str = ""  # replace, reboot, reset_gpu: steps with a mode of their own
 
 
 @dataclass(frozen=True)
@@ -17,24 +27,146 @@ class Playbook:
     root_cause: str
     description: str
     steps: tuple[StepSpec, ...]
+    touches_nodes: bool = True  # False: notify only, never acts on a node
+    # False: the fleet budget does not apply (holding work off a dead switch's nodes takes
+    # nothing out of service that the switch has not already taken).
+    budgeted: bool = True
 
+
+NOTIFY = StepSpec("notify", "Notify the on-call channel")
+DRAIN_AND_CANCEL = StepSpec("drain_and_cancel",
+                            "Drain the Slurm node and cancel its jobs with SIGTERM")
+REQUEUE = StepSpec("requeue", "Requeue the cancelled jobs")
+RESUME_NODE = StepSpec("resume_node", "Resume the node in Slurm once it is healthy; "
+                                      "wait for the jobs to run again")
 
 REPLACE_NODE = Playbook(
     name="replace_node",
     root_cause="gpu_hardware",
     description="Take the node out of service, restart its jobs elsewhere, bring in a spare.",
     steps=(
-        StepSpec("notify", "Notify the on-call channel"),
-        StepSpec("drain_and_cancel", "Drain the Slurm node and cancel its jobs with SIGTERM"),
-        StepSpec("requeue", "Requeue the cancelled jobs"),
+        NOTIFY,
+        DRAIN_AND_CANCEL,
+        REQUEUE,
         StepSpec("check_no_auto_replace", "Check the node's pods for fleetwatch.io/no-auto-replace"),
         StepSpec("cordon_and_drain", "Cordon and drain the Kubernetes node"),
-        StepSpec("replace_node", "Replace the node from spare capacity"),
+        StepSpec("replace_node", "Replace the node from spare capacity", REPLACE),
         StepSpec("resume", "Resume the replacement in Slurm once healthy; wait for the jobs"),
     ),
 )
 
-PLAYBOOKS: dict[str, Playbook] = {p.name: p for p in (REPLACE_NODE,)}
+# The replacement for a node that keeps failing: the same, and the old node marked for RMA.
+REPLACE_AND_RMA = Playbook(
+    name="replace_and_rma",
+    root_cause="gpu_memory",
+    description="The node's GPUs keep failing: replace it and send it back (RMA).",
+    steps=(*REPLACE_NODE.steps[:-1],
+           StepSpec("mark_rma", "Mark the old node for RMA"), REPLACE_NODE.steps[-1]),
+)
+
+RESET_GPU_PLAYBOOK = Playbook(
+    name="reset_gpu",
+    root_cause="gpu_memory",
+    description="Drain and requeue, reset the GPU (or reboot the node when a reset cannot "
+                "help), check the fault is gone, resume.",
+    steps=(
+        NOTIFY, DRAIN_AND_CANCEL, REQUEUE,
+        StepSpec("reset_or_reboot", "Reset the faulty GPU, or reboot the node", RESET_GPU),
+        StepSpec("verify_fault_cleared", "Check the GPU fault is gone"),
+        RESUME_NODE,
+    ),
+)
+
+REBOOT_NODE = Playbook(
+    name="reboot_node",
+    root_cause="nvlink",
+    description="Drain and requeue, reboot the node, check the NVLink fault is gone, resume; "
+                "a fault that comes back is replaced.",
+    steps=(
+        NOTIFY, DRAIN_AND_CANCEL, REQUEUE,
+        StepSpec("reboot", "Reboot the node", REBOOT),
+        StepSpec("verify_fault_cleared", "Check the NVLink fault is gone"),
+        RESUME_NODE,
+    ),
+)
+
+HOLD_FLAPPING_LINK = Playbook(
+    name="hold_flapping_link",
+    root_cause="network_flap",
+    description="Requeue the job away from the node and keep the node drained until its link "
+                "has been stable for a while; repeated flaps replace it.",
+    steps=(
+        NOTIFY, DRAIN_AND_CANCEL, REQUEUE,
+        StepSpec("wait_link_stable", "Wait until the link has been stable"),
+        RESUME_NODE,
+    ),
+)
+
+HOLD_SWITCH = Playbook(
+    name="hold_switch",
+    root_cause="switch_failure",
+    description="Blame no node: notify, requeue the jobs that died, hold new work off the "
+                "switch's nodes until the switch is healthy again, then release them.",
+    steps=(
+        NOTIFY,
+        StepSpec("hold_switch_nodes", "Hold new work off the switch's nodes (Slurm drain)"),
+        StepSpec("requeue_dead_jobs", "Requeue the jobs that died with the switch"),
+        StepSpec("wait_switch_healthy", "Wait until every link under the switch is back"),
+        StepSpec("release_switch_nodes", "Resume the switch's nodes FleetWatch held"),
+    ),
+    budgeted=False,
+)
+
+COOL_DOWN = Playbook(
+    name="cool_down",
+    root_cause="thermal",
+    description="Drain (running work finishes), notify, resume once temperatures are normal.",
+    steps=(
+        StepSpec("drain", "Drain the Slurm node (running jobs finish)"),
+        NOTIFY,
+        StepSpec("wait_cool", "Wait until the GPUs are back to normal temperatures"),
+        RESUME_NODE,
+    ),
+)
+
+RECOVER_NODE = Playbook(
+    name="recover_node",
+    root_cause="node_unreachable",
+    description="Mark the node down, requeue its jobs, reboot it, replace it if it does not "
+                "come back.",
+    steps=(
+        NOTIFY,
+        StepSpec("down_node", "Mark the node DOWN in Slurm and requeue its jobs"),
+        StepSpec("reboot", "Reboot the node", REBOOT),
+        StepSpec("wait_node_back", "Wait for the node to come back"),
+        StepSpec("replace_if_not_back", "Replace the node if it did not come back", REPLACE),
+        RESUME_NODE,
+    ),
+)
+
+NOTIFY_OWNER = Playbook(
+    name="notify_owner",
+    root_cause="application_error",
+    description="Tell the job's owner what failed; never touch a node.",
+    steps=(StepSpec("notify_owner", "Notify the job's owner"),),
+    touches_nodes=False,
+)
+
+PLAYBOOKS: dict[str, Playbook] = {p.name: p for p in (
+    REPLACE_NODE, REPLACE_AND_RMA, RESET_GPU_PLAYBOOK, REBOOT_NODE, HOLD_FLAPPING_LINK,
+    HOLD_SWITCH, COOL_DOWN, RECOVER_NODE, NOTIFY_OWNER)}
+
+# What each root cause runs first (diagnosis recommends these names too).
+FOR_ROOT_CAUSE = {
+    "gpu_hardware": REPLACE_NODE.name,
+    "gpu_memory": RESET_GPU_PLAYBOOK.name,
+    "nvlink": REBOOT_NODE.name,
+    "network_flap": HOLD_FLAPPING_LINK.name,
+    "switch_failure": HOLD_SWITCH.name,
+    "thermal": COOL_DOWN.name,
+    "node_unreachable": RECOVER_NODE.name,
+    "application_error": NOTIFY_OWNER.name,
+}
 
 
 def playbook_get(name: str) -> Playbook | None:

@@ -9,9 +9,12 @@ provisioning) or ``Block`` (a person must decide). Every outside call goes throu
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from django.conf import settings
 
 from collectors.clients import Clients
 from collectors.clients.base import (
@@ -44,6 +47,14 @@ Outcome = Done | Wait | Block
 
 
 @dataclass
+class Facts:
+    """Reads and records the engine offers executors (backed by the database)."""
+
+    last_link_change: Callable[[str], float | None]  # epoch seconds of the node's last NIC signal
+    mark_rma: Callable[[str, str], None]  # node, why
+
+
+@dataclass
 class StepContext:
     incident_id: int
     root_cause: str
@@ -53,7 +64,15 @@ class StepContext:
     grace_seconds: int
     state: dict[str, Any]  # this step's saved result so far (survives polls and retries)
     previous: dict[str, dict[str, Any]]  # earlier steps' results, by kind
-    audit: Callable[[str, str, ActionResult | None, str | None], None]
+    # (verb, target, result, error, duration_ms of the outside call)
+    audit: Callable[[str, str, ActionResult | None, str | None, float | None], None]
+    # What the engine read from FleetWatch's own records for this step (executors never touch
+    # the database themselves): the faulty GPUs named by the evidence, the incident's jobs
+    # and their owners, the switch, and the history of the node's link.
+    gpus: list[int] = field(default_factory=list)
+    jobs: dict[str, str] = field(default_factory=dict)
+    switch: str = ""
+    facts: Facts | None = None
 
     @property
     def node(self) -> str:
@@ -61,12 +80,18 @@ class StepContext:
 
     def call(self, verb: str, target: str, fn: Callable[..., ActionResult],
              *args: Any) -> ActionResult:
+        # Timed around the outside call alone (monotonic: immune to clock steps), so the
+        # audit shows how long Slurm, Kubernetes or the provider took, not our bookkeeping.
+        started = time.monotonic()
         try:
             result = fn(*args)
-        except ClientError as exc:
-            self.audit(verb, target, None, str(exc))
+        except Exception as exc:
+            # A client bug or an unwrapped error is still an outside call with an unknown
+            # outcome: it is audited like a ClientError, then raised for the engine to handle.
+            error = str(exc) if isinstance(exc, ClientError) else f"{type(exc).__name__}: {exc}"
+            self.audit(verb, target, None, error, (time.monotonic() - started) * 1000)
             raise
-        self.audit(verb, target, result, None)
+        self.audit(verb, target, result, None, (time.monotonic() - started) * 1000)
         return result
 
 
@@ -207,12 +232,17 @@ def resume(ctx: StepContext) -> Outcome:
     return Done(f"{new} in service" + (f"; {running}" if running else ""), state)
 
 
-def _health_problems(ctx: StepContext, node: str) -> list[str]:
+def _health_problems(ctx: StepContext, node: str, *, slurm_down_ok: bool = False) -> list[str]:
+    """What keeps a node from service. ``slurm_down_ok``: FleetWatch marked it DOWN itself,
+    so DOWN alone is not a problem (NOT_RESPONDING still is)."""
     problems = []
     slurm = {n.name: n for n in ctx.clients.slurm.nodes()}
     if node not in slurm:
         problems.append("not registered in Slurm")
-    elif slurm[node].state == "DOWN":
+    elif "NOT_RESPONDING" in slurm[node].flags:
+        problems.append("Slurm says it is not responding")
+    elif slurm[node].state == "DOWN" and not (
+            slurm_down_ok and slurm[node].reason.startswith(SLURM_REASON_PREFIX)):
         problems.append("Slurm reports it DOWN")
     k8s = {n.name: n for n in ctx.clients.kubernetes.nodes()}
     if node not in k8s or k8s[node].ready is not True:
@@ -225,6 +255,300 @@ def _health_problems(ctx: StepContext, node: str) -> list[str]:
     return problems
 
 
+# --- the other playbooks' steps -------------------------------------------------------------
+
+# GPUs at or above this are not "back to normal" after a thermal slowdown.
+THERMAL_NORMAL_C = 80.0
+THERMAL_BITS = 0x20 | 0x40  # DCGM clock-event reasons: software and hardware thermal slowdown
+# XIDs that still mean "broken" when telemetry shows them after a reset or reboot.
+FAULT_XIDS = frozenset({48, 62, 63, 64, 74, 79, 94, 95, 119, 120, 136, 140, 143,
+                        144, 145, 146, 147, 148, 149, 150})
+
+
+def _stable_seconds() -> float:
+    return float(settings.FLEETWATCH_RECOVERY_STABLE_MINUTES) * 60.0
+
+
+def _running_on(ctx: StepContext, nodes: list[str]) -> list[str]:
+    return sorted(j.job_id for j in ctx.clients.slurm.jobs()
+                  if j.state == "RUNNING" and set(j.nodes) & set(nodes))
+
+
+def _stop_and_requeue(ctx: StepContext, state: dict[str, Any], nodes: list[str]) -> Outcome | None:
+    """Cancel (SIGTERM, the cluster's grace) the jobs running on ``nodes`` when first seen, wait
+    for them to stop, requeue them. None when done; a Wait while a job is still stopping."""
+    if "jobs" not in state:
+        state["jobs"] = _running_on(ctx, nodes)
+    for job_id in state["jobs"]:
+        if job_id not in state.setdefault("signalled", []):
+            ctx.call("slurm.cancel", f"job {job_id}", ctx.clients.slurm.cancel, job_id, "TERM",
+                     ctx.grace_seconds)
+            state["signalled"].append(job_id)
+    jobs = {j.job_id: j for j in ctx.clients.slurm.jobs()}
+    still = [j for j in state["jobs"] if jobs.get(j) and jobs[j].state == "RUNNING"]
+    if still:
+        return Wait(f"waiting for job(s) {', '.join(still)} to exit (SIGTERM)", state)
+    for job_id in state["jobs"]:
+        if job_id not in state.setdefault("requeued", []):
+            ctx.call("slurm.requeue", f"job {job_id}", ctx.clients.slurm.requeue, job_id)
+            state["requeued"].append(job_id)
+    return None
+
+
+def drain(ctx: StepContext) -> Outcome:
+    """Drain only: running work finishes, nothing new starts (thermal)."""
+    if ctx.state.get("drained"):
+        return Done(f"{ctx.node} drained", ctx.state)
+    ctx.call("slurm.drain", ctx.node, ctx.clients.slurm.drain, ctx.node, _reason(ctx))
+    return Done(f"{ctx.node} drained; running jobs finish, no new ones start",
+                {"drained": True})
+
+
+def down_node(ctx: StepContext) -> Outcome:
+    state = dict(ctx.state)
+    if not state.get("down"):
+        slurm = ctx.clients.slurm
+        down = getattr(slurm, "down", None)
+        if down is not None:
+            ctx.call("slurm.down", ctx.node, down, ctx.node, _reason(ctx))
+        else:  # a client without DOWN (the simulation): a drain holds work off just as well
+            ctx.call("slurm.drain", ctx.node, slurm.drain, ctx.node, _reason(ctx))
+        state["down"] = True
+    waiting = _stop_and_requeue(ctx, state, [ctx.node])
+    if waiting is not None:
+        return waiting
+    jobs = state["requeued"]
+    return Done(f"{ctx.node} marked down; " + (f"requeued job(s) {', '.join(jobs)}" if jobs
+                                               else "no jobs were running on it"), state)
+
+
+def _provider_ready(ctx: StepContext, node: str) -> tuple[bool, str]:
+    status = ctx.clients.provider.status(node)
+    return status.state == "ready", f"{status.state}{': ' + status.detail if status.detail else ''}"
+
+
+def reboot(ctx: StepContext) -> Outcome:
+    state = dict(ctx.state)
+    if not state.get("requested"):
+        ctx.call("provider.reboot", ctx.node, ctx.clients.provider.reboot, ctx.node,
+                 _reason(ctx))
+        state["requested"] = True
+    ready, status = _provider_ready(ctx, ctx.node)
+    if not ready:
+        return Wait(f"{ctx.node} rebooting ({status})", state)
+    return Done(f"{ctx.node} rebooted and back ({status})", state)
+
+
+def reset_or_reboot(ctx: StepContext) -> Outcome:
+    """Reset the faulty GPU when the fault allows it; when the provider says a reset cannot
+    help (the GPU is unreachable, or resets are not supported), reboot the node instead."""
+    state = dict(ctx.state)
+    provider = ctx.clients.provider
+    if "action" not in state:
+        gpu = ctx.gpus[0] if ctx.gpus else None
+        try:
+            ctx.call("provider.reset_gpu", f"{ctx.node} GPU {gpu}", provider.reset_gpu,
+                     ctx.node, gpu)
+            state["action"] = "reset"
+        except ClientError as exc:
+            if not exc.permanent:
+                raise
+            ctx.call("provider.reboot", ctx.node, provider.reboot, ctx.node, _reason(ctx))
+            state["action"], state["reset_refused"] = "reboot", str(exc)
+    ready, status = _provider_ready(ctx, ctx.node)
+    if not ready:
+        return Wait(f"{ctx.node}: {state['action']} under way ({status})", state)
+    return Done(f"{ctx.node}: {'GPU reset' if state['action'] == 'reset' else 'rebooted'}",
+                state)
+
+
+def verify_fault_cleared(ctx: StepContext) -> Outcome:
+    gpus = [m for m in ctx.clients.telemetry.gpu_metrics() if m.node == ctx.node]
+    if not gpus:
+        return Wait(f"waiting for {ctx.node}'s GPU telemetry", dict(ctx.state))
+    bad = [f"GPU {m.gpu}: XID {m.last_xid}" for m in gpus if m.last_xid in FAULT_XIDS]
+    bad += [f"GPU {m.gpu}: row remap failure" for m in gpus if m.row_remap_failure]
+    bad += [f"GPU {m.gpu}: no readings" for m in gpus
+            if m.utilization is None and m.temperature is None]
+    if bad:
+        # Waits until the step's deadline, then fails: the fault survived the repair and a
+        # person decides (the next fault on this node escalates to a replacement).
+        return Wait(f"fault still present on {ctx.node}: {'; '.join(bad)}", dict(ctx.state))
+    return Done(f"{ctx.node}: all {len(gpus)} GPUs report healthy", dict(ctx.state))
+
+
+def _link_quiet_for(ctx: StepContext, node: str) -> float | None:
+    """Seconds since the node's link last changed; None when it changed just now or never
+    reported a change (then the NIC state alone decides)."""
+    if ctx.facts is None:
+        return None
+    last = ctx.facts.last_link_change(node)
+    return None if last is None else max(0.0, time.time() - last)
+
+
+def _links_down(ctx: StepContext, nodes: list[str]) -> list[str]:
+    wanted = set(nodes)
+    return sorted({f"{p.node} {p.device}/{p.port}" for p in ctx.clients.telemetry.nic_ports()
+                   if p.node in wanted and p.state != "ACTIVE"})
+
+
+def _links_stable(ctx: StepContext, nodes: list[str]) -> tuple[bool, str]:
+    down = _links_down(ctx, nodes)
+    if down:
+        return False, f"link(s) down: {', '.join(down[:5])}"
+    need = _stable_seconds()
+    for node in nodes:
+        quiet = _link_quiet_for(ctx, node)
+        if quiet is not None and quiet < need:
+            return False, f"{node}'s link up {quiet:.0f}s of the {need:.0f}s it must stay up"
+    return True, f"links up and stable for {need:.0f}s"
+
+
+def wait_link_stable(ctx: StepContext) -> Outcome:
+    stable, detail = _links_stable(ctx, [ctx.node])
+    return Done(detail, dict(ctx.state)) if stable else Wait(detail, dict(ctx.state))
+
+
+def resume_node(ctx: StepContext) -> Outcome:
+    """Put the node (or the one that replaced it) back into service once it is healthy, then
+    wait for the jobs FleetWatch requeued to run again."""
+    state = dict(ctx.state)
+    node = ctx.previous.get("replace_if_not_back", {}).get("new_node") or ctx.node
+    if not state.get("resumed"):
+        problems = _health_problems(ctx, node, slurm_down_ok=True)
+        if problems:
+            return Wait(f"waiting for {node} to be healthy: {'; '.join(problems)}", state)
+        ctx.call("slurm.resume", node, ctx.clients.slurm.resume, node)
+        state["resumed"], state["node"] = True, node
+    requeued = [j for kind in ("requeue", "down_node", "requeue_dead_jobs")
+                for j in ctx.previous.get(kind, {}).get("requeued", [])]
+    jobs = {j.job_id: j for j in ctx.clients.slurm.jobs()}
+    waiting = [j for j in requeued if jobs.get(j) is None or jobs[j].state != "RUNNING"]
+    if waiting:
+        return Wait(f"{node} resumed; waiting for job(s) {', '.join(waiting)} to run again",
+                    state)
+    return Done(f"{node} back in service" + (f"; job(s) {', '.join(requeued)} running again"
+                                             if requeued else ""), state)
+
+
+def hold_switch_nodes(ctx: StepContext) -> Outcome:
+    """Drain the switch's nodes so no new work lands where the network is gone. A node
+    someone else already drained is left as it is, and is not FleetWatch's to release."""
+    state = dict(ctx.state)
+    held = state.setdefault("held", [])
+    left = state.setdefault("already_drained", [])
+    slurm = {n.name: n for n in ctx.clients.slurm.nodes()}
+    for node in ctx.nodes:
+        if node in held or node in left:
+            continue
+        seen = slurm.get(node)
+        if seen is not None and seen.reason and not seen.reason.startswith(SLURM_REASON_PREFIX):
+            left.append(node)
+            continue
+        ctx.call("slurm.drain", node, ctx.clients.slurm.drain, node,
+                 f"{_reason(ctx)} {ctx.switch}".strip())
+        held.append(node)
+    return Done(f"holding new work off {len(held)} node(s) under {ctx.switch or 'the switch'}"
+                + (f"; {len(left)} already drained by someone else" if left else ""), state)
+
+
+def requeue_dead_jobs(ctx: StepContext) -> Outcome:
+    """The jobs on the switch's nodes cannot talk any more: stop what still runs (it hangs in
+    NCCL), requeue them and the ones that died."""
+    state = dict(ctx.state)
+    if "dead" not in state:
+        state["dead"] = sorted(j.job_id for j in ctx.clients.slurm.jobs()
+                               if j.state in ("NODE_FAIL", "FAILED", "TIMEOUT")
+                               and set(j.nodes) & set(ctx.nodes))
+    waiting = _stop_and_requeue(ctx, state, ctx.nodes)
+    if waiting is not None:
+        return waiting
+    for job_id in state["dead"]:
+        if job_id not in state["requeued"]:
+            ctx.call("slurm.requeue", f"job {job_id}", ctx.clients.slurm.requeue, job_id)
+            state["requeued"].append(job_id)
+    jobs = state["requeued"]
+    return Done(f"requeued job(s) {', '.join(jobs)}" if jobs else "no jobs to requeue", state)
+
+
+def wait_switch_healthy(ctx: StepContext) -> Outcome:
+    stable, detail = _links_stable(ctx, ctx.nodes)
+    return Done(detail, dict(ctx.state)) if stable else Wait(detail, dict(ctx.state))
+
+
+def release_switch_nodes(ctx: StepContext) -> Outcome:
+    state = dict(ctx.state)
+    held = ctx.previous.get("hold_switch_nodes", {}).get("held", [])
+    done = state.setdefault("released", [])
+    for node in held:
+        if node not in done:
+            ctx.call("slurm.resume", node, ctx.clients.slurm.resume, node)
+            done.append(node)
+    return Done(f"released {len(done)} node(s)", state)
+
+
+def wait_cool(ctx: StepContext) -> Outcome:
+    state = dict(ctx.state)
+    gpus = [m for m in ctx.clients.telemetry.gpu_metrics() if m.node == ctx.node]
+    hot = [f"GPU {m.gpu} {m.temperature:.0f}C" for m in gpus
+           if m.temperature is not None and m.temperature >= THERMAL_NORMAL_C]
+    slowed = [f"GPU {m.gpu}" for m in gpus if m.clock_event_reasons & THERMAL_BITS]
+    if not gpus or hot or slowed:
+        state.pop("cool_since", None)
+        why = "no telemetry yet" if not gpus else "; ".join(
+            ([f"hot: {', '.join(hot)}"] if hot else [])
+            + ([f"thermal slowdown: {', '.join(slowed)}"] if slowed else []))
+        return Wait(f"{ctx.node} not cool yet ({why})", state)
+    state.setdefault("cool_since", time.time())
+    cool_for, need = time.time() - state["cool_since"], _stable_seconds()
+    if cool_for < need:
+        return Wait(f"{ctx.node} cool for {cool_for:.0f}s of {need:.0f}s", state)
+    return Done(f"{ctx.node}'s GPUs are back to normal temperatures", state)
+
+
+def wait_node_back(ctx: StepContext) -> Outcome:
+    state = dict(ctx.state)
+    state.setdefault("since", time.time())
+    problems = _health_problems(ctx, ctx.node, slurm_down_ok=True)
+    if not problems:
+        return Done(f"{ctx.node} is back", {**state, "came_back": True})
+    waited = time.time() - state["since"]
+    if waited >= float(settings.FLEETWATCH_NODE_BACK_MINUTES) * 60.0:
+        return Done(f"{ctx.node} did not come back in {waited:.0f}s ({'; '.join(problems)})",
+                    {**state, "came_back": False})
+    return Wait(f"waiting for {ctx.node} to come back: {'; '.join(problems)}", state)
+
+
+def replace_if_not_back(ctx: StepContext) -> Outcome:
+    if ctx.previous.get("wait_node_back", {}).get("came_back", True):
+        return Done(f"{ctx.node} came back: no replacement needed", {"replaced": False})
+    return replace_node(ctx)
+
+
+def notify_owner(ctx: StepContext) -> Outcome:
+    if ctx.state.get("sent"):
+        return Done("already notified", ctx.state)
+    owners = sorted(set(ctx.jobs.values()) - {""})
+    jobs = ", ".join(sorted(ctx.jobs)) or "a job"
+    subject = f"FleetWatch incident {ctx.incident_id}: job {jobs} failed in its own code"
+    result = ctx.call("notify", ", ".join(owners) or "on-call", ctx.clients.notifier.notify,
+                      subject, ctx.explanation,
+                      {"incident": ctx.incident_id, "root_cause": ctx.root_cause,
+                       "jobs": sorted(ctx.jobs), "owners": owners,
+                       "delivery_key": f"incident-{ctx.incident_id}-owner"})
+    return Done(f"told {', '.join(owners) or 'the on-call channel'}: {result.detail}",
+                {"sent": True, "owners": owners})
+
+
+def mark_rma(ctx: StepContext) -> Outcome:
+    if ctx.state.get("marked"):
+        return Done(f"{ctx.node} marked for RMA", ctx.state)
+    why = f"incident {ctx.incident_id}: {ctx.root_cause} again"
+    if ctx.facts is not None:
+        ctx.facts.mark_rma(ctx.node, why)
+    return Done(f"{ctx.node} marked for RMA ({why})", {"marked": True})
+
+
 EXECUTORS: dict[str, Callable[[StepContext], Outcome]] = {
     "notify": notify,
     "drain_and_cancel": drain_and_cancel,
@@ -233,4 +557,20 @@ EXECUTORS: dict[str, Callable[[StepContext], Outcome]] = {
     "cordon_and_drain": cordon_and_drain,
     "replace_node": replace_node,
     "resume": resume,
+    "drain": drain,
+    "down_node": down_node,
+    "reboot": reboot,
+    "reset_or_reboot": reset_or_reboot,
+    "verify_fault_cleared": verify_fault_cleared,
+    "wait_link_stable": wait_link_stable,
+    "resume_node": resume_node,
+    "hold_switch_nodes": hold_switch_nodes,
+    "requeue_dead_jobs": requeue_dead_jobs,
+    "wait_switch_healthy": wait_switch_healthy,
+    "release_switch_nodes": release_switch_nodes,
+    "wait_cool": wait_cool,
+    "wait_node_back": wait_node_back,
+    "replace_if_not_back": replace_if_not_back,
+    "notify_owner": notify_owner,
+    "mark_rma": mark_rma,
 }

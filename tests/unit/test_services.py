@@ -183,7 +183,12 @@ def test_the_live_pipeline_blames_a_dead_leaf_not_its_nodes(cluster: Any, sim_fl
     [incident] = Incident.objects.all()
     assert sorted(incident.nodes) == [f"gpu-{n:03d}" for n in range(1, 9)]
     assert "no node is blamed" in incident.explanation
-    assert not incident.remediations.exists()  # no playbook touches nodes for a switch
+    # The switch's playbook holds work off its nodes; it never cordons, reboots or replaces.
+    rem = incident.remediations.get()
+    assert rem.playbook == "hold_switch"
+    assert list(rem.steps.values_list("kind", flat=True)) == [
+        "notify", "hold_switch_nodes", "requeue_dead_jobs", "wait_switch_healthy",
+        "release_switch_nodes"]
     # Diagnosing the same window again extends the incident; it does not open another.
     assert [i.pk for i in services.diagnose_signals(ids)] == [incident.pk]
     assert Incident.objects.count() == 1

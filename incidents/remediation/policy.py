@@ -1,0 +1,214 @@
+"""The remediation policy: which playbook, in which mode, and whether the safety rails let it
+run on its own.
+
+Read by ``services.remediation_open`` and on approval. The rails, in the order they are checked:
+- one remediation per node at a time (a second one for a busy node waits);
+- a node remediated FLEETWATCH_RMA_AFTER times in a week is escalated for RMA, not repaired again;
+- a node repaired less than FLEETWATCH_COOLDOWN_MINUTES ago waits for a person;
+- the storm brake: more than FLEETWATCH_STORM_INCIDENTS new incidents in
+  FLEETWATCH_STORM_MINUTES pause automation;
+- the fleet budget: at most FLEETWATCH_BUDGET_MAX_NODES nodes, and FLEETWATCH_BUDGET_MAX_PERCENT
+  of a node pool or a leaf switch, in remediation at once.
+A rail never refuses outright: it holds the remediation for a person's approval and says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from collectors.models import Node
+from incidents.models import Incident, Remediation
+from incidents.remediation.playbooks import (
+    FOR_ROOT_CAUSE,
+    REPLACE_AND_RMA,
+    REPLACE_NODE,
+    Playbook,
+    playbook_get,
+)
+
+WEEK = timedelta(days=7)
+# Remediations that hold their nodes: running, waiting for a person, or waiting for approval
+# of a step after others already ran.
+HOLDING = (Remediation.Status.RUNNING, Remediation.Status.BLOCKED,
+           Remediation.Status.AWAITING_APPROVAL)
+
+
+@dataclass(frozen=True)
+class Decision:
+    playbook: Playbook
+    mode: str  # auto, approve, observe (the playbook's)
+    hold_reason: str = ""  # set: wait for a person although the mode is auto
+    rma: bool = False  # the node is escalated for RMA instead of repaired again
+    step_modes: dict[str, str] = field(default_factory=dict)  # risk class -> mode
+    escalation: str = ""  # why the playbook differs from the root cause's first choice
+
+
+def playbook_mode(root_cause: str) -> str:
+    return settings.FLEETWATCH_PLAYBOOK_MODES.get(root_cause, settings.FLEETWATCH_POLICY_MODE)
+
+
+def step_mode(risk: str, playbook_mode: str) -> str:
+    """A risky step's mode: observe everywhere when the playbook only observes; else the risk
+    class's own setting, which can be stricter (or, explicitly, looser) than the playbook's."""
+    if playbook_mode == Remediation.Mode.OBSERVE:
+        return Remediation.Mode.OBSERVE
+    return settings.FLEETWATCH_STEP_MODES.get(risk, Remediation.Mode.AUTO)
+
+
+def _node_history(nodes: Iterable[str], since: timedelta, exclude: int | None = None,
+                  root_cause: str | None = None) -> list[Remediation]:
+    """Remediations that acted on any of ``nodes`` (not observe-only ones) since then."""
+    wanted = set(nodes)
+    rows = (Remediation.objects.select_related("incident")
+            .filter(created_at__gte=timezone.now() - since)
+            .exclude(status__in=[Remediation.Status.OBSERVED, Remediation.Status.CANCELLED]))
+    if exclude is not None:
+        rows = rows.exclude(incident_id=exclude)
+    if root_cause is not None:
+        rows = rows.filter(incident__root_cause=root_cause)
+    return [r for r in rows if wanted & set(r.nodes or r.incident.nodes)]
+
+
+def playbook_choose(incident: Incident) -> tuple[Playbook | None, str]:
+    """The root cause's playbook, escalated where its history says the first choice did not
+    hold: a GPU memory fault or an NVLink fault back on the same node within a week, or a
+    link that keeps flapping, is a replacement (and, for memory, an RMA)."""
+    name = incident.playbook if playbook_get(incident.playbook) else FOR_ROOT_CAUSE.get(
+        incident.root_cause, "")
+    playbook = playbook_get(name)
+    if playbook is None or not incident.nodes:
+        return playbook, ""
+    before = _node_history(incident.nodes, WEEK, exclude=incident.pk,
+                           root_cause=incident.root_cause)
+    if incident.root_cause == "gpu_memory" and before:
+        return REPLACE_AND_RMA, (f"GPU memory fault again on {', '.join(incident.nodes)} "
+                                 f"({len(before)} earlier this week): replace and RMA")
+    if incident.root_cause == "nvlink" and before:
+        return REPLACE_NODE, (f"NVLink fault back after a reboot on {', '.join(incident.nodes)}: "
+                              "replace")
+    if (incident.root_cause == "network_flap"
+            and len(before) + 1 >= settings.FLEETWATCH_FLAPS_BEFORE_REPLACE):
+        return REPLACE_NODE, (f"link flapped {len(before) + 1} times this week on "
+                              f"{', '.join(incident.nodes)}: replace")
+    return playbook, ""
+
+
+def decide(incident: Incident, *, automatic: bool) -> Decision:
+    """What to run for ``incident``, and whether it may run without a person. ``automatic``:
+    FleetWatch started it (a person starting or approving it has made the decision)."""
+    playbook, escalation = playbook_choose(incident)
+    if playbook is None:
+        raise LookupError(f"no playbook for {incident.root_cause}")
+    mode = playbook_mode(incident.root_cause) if automatic else Remediation.Mode.AUTO
+    step_modes = {risk: step_mode(risk, mode) for risk in ("replace", "reboot", "reset_gpu")}
+    decision = Decision(playbook, mode, step_modes=step_modes, escalation=escalation)
+    if not playbook.touches_nodes or mode == Remediation.Mode.OBSERVE:
+        return decision
+    hold = hold_reason(incident, incident.nodes, automatic=automatic,
+                       budgeted=playbook.budgeted)
+    rma = bool(hold) and hold.startswith("escalated for RMA")
+    return Decision(playbook, mode, hold, rma, step_modes, escalation)
+
+
+def node_busy(nodes: Iterable[str], exclude_incident: int | None = None) -> str:
+    wanted = set(nodes)
+    live = (Remediation.objects.filter(status__in=HOLDING).select_related("incident")
+            .exclude(incident_id=exclude_incident))
+    for rem in live:
+        # A remediation held before it acted (approve mode, a rail) holds no node yet.
+        if rem.status == Remediation.Status.AWAITING_APPROVAL and rem.started_at is None:
+            continue
+        busy = wanted & set(rem.nodes or rem.incident.nodes)
+        if busy:
+            return (f"{', '.join(sorted(busy))} already in remediation {rem.pk} "
+                    f"(incident {rem.incident_id}); one remediation per node at a time")
+    return ""
+
+
+def hold_reason(incident: Incident, nodes: list[str], *, automatic: bool,
+                budgeted: bool = True) -> str:
+    """Why this remediation must wait for a person; empty when it may run now."""
+    busy = node_busy(nodes, exclude_incident=incident.pk)
+    if busy:
+        return busy  # even a person's click waits for the other remediation to finish
+    if not automatic:
+        return ""
+    week = _node_history(nodes, WEEK, exclude=incident.pk)
+    if len(week) >= settings.FLEETWATCH_RMA_AFTER:
+        return (f"escalated for RMA: {', '.join(nodes)} remediated {len(week)} times in the "
+                f"last 7 days (FLEETWATCH_RMA_AFTER={settings.FLEETWATCH_RMA_AFTER}); "
+                "approve to repair it once more")
+    cooldown = timedelta(minutes=settings.FLEETWATCH_COOLDOWN_MINUTES)
+    recent = [r for r in _node_history(nodes, cooldown, exclude=incident.pk)
+              if r.finished_at is not None]
+    if cooldown and recent:
+        return (f"cooldown: {', '.join(nodes)} was remediated {len(recent)} time(s) in the "
+                f"last {settings.FLEETWATCH_COOLDOWN_MINUTES} min "
+                "(FLEETWATCH_COOLDOWN_MINUTES); a person decides on a repeat")
+    storm = storm_count(exclude=incident.pk)
+    if storm >= settings.FLEETWATCH_STORM_INCIDENTS:
+        return (f"storm brake: {storm + 1} incidents opened in the last "
+                f"{settings.FLEETWATCH_STORM_MINUTES} min (more than "
+                f"{settings.FLEETWATCH_STORM_INCIDENTS}); automation paused until a person "
+                "looks")
+    return budget_exceeded(nodes) if budgeted else ""
+
+
+def storm_count(exclude: int | None = None) -> int:
+    since = timezone.now() - timedelta(minutes=settings.FLEETWATCH_STORM_MINUTES)
+    return Incident.objects.filter(opened_at__gte=since).exclude(pk=exclude).exclude(
+        root_cause="application_error").count()
+
+
+def nodes_in_remediation() -> set[str]:
+    busy: set[str] = set()
+    for rem in Remediation.objects.filter(status__in=HOLDING).select_related("incident"):
+        if rem.status == Remediation.Status.AWAITING_APPROVAL and rem.started_at is None:
+            continue
+        busy.update(rem.nodes or rem.incident.nodes)
+    return busy
+
+
+def budget_exceeded(nodes: list[str]) -> str:
+    busy = nodes_in_remediation()
+    after = busy | set(nodes)
+    limit = settings.FLEETWATCH_BUDGET_MAX_NODES
+    if len(after) > limit:
+        return (f"fleet budget: {len(after)} nodes would be in remediation at once, more "
+                f"than {limit} (FLEETWATCH_BUDGET_MAX_NODES)")
+    percent = settings.FLEETWATCH_BUDGET_MAX_PERCENT
+    rows = Node.objects.filter(name__in=after).values_list("name", "pool", "leaf_switch")
+    groups: dict[tuple[str, str], set[str]] = {}
+    for name, pool, leaf in rows:
+        for kind, value in (("pool", pool), ("leaf switch", leaf)):
+            if value:
+                groups.setdefault((kind, value), set()).add(name)
+    for (kind, value), members in sorted(groups.items()):
+        size = Node.objects.filter(
+            Q(pool=value) if kind == "pool" else Q(leaf_switch=value), in_service=True).count()
+        # A group of fewer nodes than it takes to reach the share still allows one.
+        allowed = max(1, int(size * percent / 100))
+        if size and len(members) > allowed:
+            return (f"fleet budget: {len(members)} of the {size} nodes of {kind} {value} "
+                    f"would be in remediation, more than {percent:g}% "
+                    "(FLEETWATCH_BUDGET_MAX_PERCENT)")
+    return ""
+
+
+def mean_time_to_repair(days: int = 7) -> dict[str, float | None]:
+    """Mean seconds from detection to resolution over the last ``days``, automated and
+    manual repairs apart."""
+    since = timezone.now() - timedelta(days=days)
+    out: dict[str, float | None] = {}
+    for who in ("automation", "person"):
+        rows = Incident.objects.filter(resolved_at__gte=since, repaired_by=who).values_list(
+            "detected_at", "resolved_at")
+        spans = [(end - start).total_seconds() for start, end in rows]
+        out[who] = sum(spans) / len(spans) if spans else None
+    return out
