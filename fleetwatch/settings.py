@@ -221,6 +221,8 @@ FLEETWATCH_PROVIDER_TIMEOUT = env_float("FLEETWATCH_PROVIDER_TIMEOUT", 600.0, mi
 FLEETWATCH_NOTIFY_WEBHOOK_SECRET = env_str("FLEETWATCH_NOTIFY_WEBHOOK_SECRET", "")
 FLEETWATCH_NOTIFY_SLACK_URL = env_str("FLEETWATCH_NOTIFY_SLACK_URL", "")
 FLEETWATCH_NOTIFY_EMAIL = env_list("FLEETWATCH_NOTIFY_EMAIL", [])
+# Where people reach this FleetWatch (links in notifications), e.g. https://fleetwatch.example.
+FLEETWATCH_BASE_URL = env_str("FLEETWATCH_BASE_URL", "")
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
 EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")

@@ -418,7 +418,7 @@ def _step_context(step: Step) -> StepContext:
         incident_id=incident.pk, root_cause=incident.root_cause,
         explanation=incident.explanation, nodes=list(incident.nodes), clients=get_clients(),
         grace_seconds=settings.FLEETWATCH_SLURM_GRACE_SECONDS, state=dict(step.result),
-        previous=previous, audit=audit, gpus=_incident_gpus(incident),
+        previous=previous, audit=audit, remediation_id=rem.pk, gpus=_incident_gpus(incident),
         jobs=_incident_job_owners(incident), switch=incident.switch,
         facts=Facts(last_link_change=lambda node: _last_link_change(incident, node),
                     mark_rma=lambda node, why: _node_mark_rma(node, why, rem)),

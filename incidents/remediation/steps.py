@@ -69,6 +69,7 @@ class StepContext:
     # What the engine read from FleetWatch's own records for this step (executors never touch
     # the database themselves): the faulty GPUs named by the evidence, the incident's jobs
     # and their owners, the switch, and the history of the node's link.
+    remediation_id: int = 0
     gpus: list[int] = field(default_factory=list)
     jobs: dict[str, str] = field(default_factory=dict)
     switch: str = ""
@@ -105,7 +106,10 @@ def notify(ctx: StepContext) -> Outcome:
     subject = f"FleetWatch incident {ctx.incident_id}: {ctx.root_cause} on {', '.join(ctx.nodes)}"
     result = ctx.call("notify", "on-call", ctx.clients.notifier.notify, subject, ctx.explanation,
                       {"incident": ctx.incident_id, "root_cause": ctx.root_cause,
-                       "nodes": ctx.nodes})
+                       "nodes": ctx.nodes,
+                       # A retried step does not notify the channels that already got it.
+                       "delivery_key": f"incident-{ctx.incident_id}-remediation-"
+                                       f"{ctx.remediation_id}-notify"})
     return Done(result.detail, {"sent": True, "call": result.call})
 
 
@@ -535,7 +539,8 @@ def notify_owner(ctx: StepContext) -> Outcome:
                       subject, ctx.explanation,
                       {"incident": ctx.incident_id, "root_cause": ctx.root_cause,
                        "jobs": sorted(ctx.jobs), "owners": owners,
-                       "delivery_key": f"incident-{ctx.incident_id}-owner"})
+                       "delivery_key": f"incident-{ctx.incident_id}-remediation-"
+                                       f"{ctx.remediation_id}-owner"})
     return Done(f"told {', '.join(owners) or 'the on-call channel'}: {result.detail}",
                 {"sent": True, "owners": owners})
 
