@@ -7,9 +7,13 @@ sources), ``diagnose`` (pure correlation, cheap) and ``remediate`` (slow outside
 from __future__ import annotations
 
 import os
+from contextvars import Token
 
 from celery import Celery
+from celery.signals import task_postrun, task_prerun
 from kombu import Queue
+
+from fleetwatch.request_id import request_id_reset, request_id_set
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetwatch.settings")
 
@@ -36,3 +40,25 @@ def _beat_schedule(sender: Celery, **_: object) -> None:
     }
     schedule["prune-telemetry"] = {"task": "collectors.tasks.prune_telemetry", "schedule": 600.0}
     sender.conf.beat_schedule = schedule
+
+
+# Every task runs with its own request id, ``task:<celery task id>``, so the audit entries a
+# step or a collector writes name the task that acted (and a worker log line can be matched to
+# them). Signals rather than a base Task class: every task gets it, the tasks stay as written.
+# The tokens are kept per task id because prerun and postrun are separate calls; both run in
+# the worker's thread for that task, so resetting restores whatever was there before (the web
+# request's id when a task runs eagerly inside a request).
+_request_id_tokens: dict[str, Token[str]] = {}
+
+
+@task_prerun.connect
+def _request_id_enter(task_id: str | None = None, **_: object) -> None:
+    if task_id:
+        _request_id_tokens[task_id] = request_id_set(f"task:{task_id}")
+
+
+@task_postrun.connect
+def _request_id_leave(task_id: str | None = None, **_: object) -> None:
+    token = _request_id_tokens.pop(task_id or "", None)
+    if token is not None:
+        request_id_reset(token)

@@ -1,20 +1,99 @@
-"""Appending to the audit trail."""
+"""The audit trail: append-only and hash-chained.
+
+Each entry's ``hash`` is sha256 over a canonical JSON form of its fields and ``prev_hash``, the
+hash of the entry before it (by id). Changing an entry breaks its own hash; removing or
+reordering one breaks the next entry's link. ``audit_verify`` walks the chain;
+``manage.py fleetwatch audit verify`` runs it.
+
+Appends are serialized so two writers never chain off the same predecessor:
+
+- PostgreSQL: ``pg_advisory_xact_lock`` before reading the last hash. The lock lasts until the
+  *outermost* transaction ends, because our row is invisible to other writers until then and
+  the next writer must chain off it; under READ COMMITTED (Django's default) the next writer's
+  lookup runs after our commit and sees our row. The cost: a transaction that audits holds the
+  audit lock until it commits, so audit late in long transactions, and never audit and then
+  wait on something slow inside the same transaction.
+- SQLite (the embedded demo): settings open every transaction with BEGIN IMMEDIATE, so the
+  database's single write lock is held from the start of the transaction to its end: a second
+  writer waits at BEGIN and reads the last hash only after the first has committed.
+
+Entries are only ever inserted: the model refuses save-after-insert, update and delete, and on
+PostgreSQL a trigger (migration 0002) refuses UPDATE and DELETE from any SQL session.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import connections, router, transaction
+from django.http import HttpRequest
+from django.utils import timezone
 
+from fleetwatch.request_id import current_request_id
 from incidents.models import AuditEntry, Incident, Remediation, Step
+
+if TYPE_CHECKING:
+    from rest_framework.request import Request
 
 SYSTEM = "system"
 
+# pg_advisory_xact_lock key for "appending to the audit trail" (any fixed bigint works; this
+# one is b"fwaudit1" read as an integer, unlikely to collide with another app's key).
+AUDIT_LOCK_KEY = int.from_bytes(b"fwaudit1", "big", signed=True)
 
-def actor_name(user: AbstractBaseUser | AnonymousUser | None) -> str:
+# Bumped if the canonical form ever changes, so old and new entries stay verifiable.
+HASH_VERSION = 1
+
+# The columns the hash covers, in the order audit_verify reads them.
+_HASHED = ("at", "actor", "request_id", "verb", "target", "call", "ok", "result",
+           "duration_ms", "data", "incident_id", "remediation_id", "step_id")
+
+
+def actor_name(user: AbstractBaseUser | AnonymousUser | None, *, token: bool = False) -> str:
+    """``system`` for no one, ``user:NAME`` for a person, ``token:NAME`` for an API token
+    (the token's owner, never the key)."""
     if user is None or not user.is_authenticated:
         return SYSTEM
-    return f"user:{user.get_username()}"
+    return f"{'token' if token else 'user'}:{user.get_username()}"
+
+
+def actor_from_request(request: HttpRequest | Request) -> str:
+    """Who is acting in a request. DRF's token authentication leaves the token in
+    ``request.auth`` (on the DRF request and the Django request underneath); a session login
+    leaves None there. Works for plain Django views too."""
+    return actor_name(getattr(request, "user", None),
+                      token=getattr(request, "auth", None) is not None)
+
+
+def _json_canonical(value: Any) -> Any:
+    """``value`` as it reads back from the database. PostgreSQL's jsonb keeps numbers as
+    decimals: a float such as 1e16 comes back as the integer 10000000000000000, so integral
+    floats hash as integers, or a faithfully stored entry would fail to verify."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _json_canonical(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_canonical(v) for v in value]
+    return value
+
+
+def entry_hash(fields: dict[str, Any], prev_hash: str) -> str:
+    """sha256 of one entry: sorted-key JSON of its ``_HASHED`` fields and ``prev_hash``."""
+    at: datetime = fields["at"]
+    body = {name: fields[name] for name in _HASHED}
+    body["at"] = at.astimezone(UTC).isoformat(timespec="microseconds")
+    body["prev_hash"] = prev_hash
+    body["v"] = HASH_VERSION
+    canonical = json.dumps(_json_canonical(body), sort_keys=True, separators=(",", ":"),
+                           ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def audit_record(
@@ -29,10 +108,95 @@ def audit_record(
     remediation: Remediation | None = None,
     step: Step | None = None,
     data: dict[str, Any] | None = None,
+    request_id: str | None = None,
+    duration_ms: float | None = None,
 ) -> AuditEntry:
+    """Append one entry to the chain. ``request_id`` defaults to the current request's or
+    task's; ``duration_ms`` is how long the outside call in ``call`` took."""
     if remediation is not None and incident is None:
         incident = remediation.incident
-    return AuditEntry.objects.create(
-        actor=actor, verb=verb, target=target[:200], call=call, ok=ok, result=result,
-        incident=incident, remediation=remediation, step=step, data=data or {},
+    # Fields exactly as they will read back (lengths the columns hold, data through JSON), so
+    # the hash computed here is the one audit_verify recomputes from the stored row.
+    fields: dict[str, Any] = {
+        "actor": actor[:150],
+        "request_id": (current_request_id() if request_id is None else request_id)[:64],
+        "verb": verb[:64],
+        "target": target[:200],
+        "call": call,
+        "ok": bool(ok),
+        "result": result,
+        "duration_ms": None if duration_ms is None else round(float(duration_ms), 3),
+        "data": json.loads(json.dumps(data or {})),
+        "incident_id": incident.pk if incident is not None else None,
+        "remediation_id": remediation.pk if remediation is not None else None,
+        "step_id": step.pk if step is not None else None,
+    }
+    alias = router.db_for_write(AuditEntry)
+    with transaction.atomic(using=alias):
+        connection = connections[alias]
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [AUDIT_LOCK_KEY])
+        # One backward step on the primary key index: the newest entry's hash.
+        prev_hash = (AuditEntry.objects.using(alias).order_by("-id")
+                     .values_list("hash", flat=True).first()) or ""
+        # Taken under the lock, so "at" never goes backwards along the chain.
+        fields["at"] = timezone.now()
+        entry = AuditEntry(**fields, prev_hash=prev_hash, hash=entry_hash(fields, prev_hash))
+        # The instance carries the objects, not just their ids, for callers that read them.
+        entry.incident, entry.remediation, entry.step = incident, remediation, step
+        entry.save(using=alias, force_insert=True)
+    return entry
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    ok: bool
+    checked: int  # entries whose hash and link were checked
+    bad_id: int | None = None  # the first entry that fails
+    reason: str = ""
+    unchained: int = 0  # entries written before hash chaining existed, not covered
+    head: str = ""  # the last good hash: note it somewhere else to catch a cut-off tail
+
+    def __str__(self) -> str:
+        if self.ok:
+            text = f"audit trail OK: {self.checked} entries"
+            if self.head:
+                text += f" (head {self.head})"
+            if self.unchained:
+                text += (f"; {self.unchained} earlier entries predate the hash chain and "
+                         "are not covered")
+            return text
+        return (f"audit trail BROKEN at entry {self.bad_id}: {self.reason} "
+                f"({self.checked} entries before it verified)")
+
+
+def audit_verify(using: str | None = None, chunk_size: int = 2000) -> VerifyResult:
+    """Walk the chain in id order; stop at the first entry that does not verify."""
+    alias = using or router.db_for_read(AuditEntry)
+    rows: Iterable[tuple[Any, ...]] = (
+        AuditEntry.objects.using(alias).order_by("id")
+        .values_list("id", "prev_hash", "hash", *_HASHED)
+        .iterator(chunk_size=chunk_size)
     )
+    checked = unchained = 0
+    last_id: int | None = None
+    last_hash = ""
+    for entry_id, prev_hash, stored, *values in rows:
+        if not stored and not prev_hash and not checked:
+            # Rows from before the chain (migration 0002 added the columns empty). Only a
+            # leading run of them is allowed; an empty hash further on is tampering.
+            unchained += 1
+            last_id = entry_id
+            continue
+        if prev_hash != last_hash:
+            where = f"entry {last_id}" if last_id is not None else "the start of the trail"
+            return VerifyResult(False, checked, entry_id,
+                                f"prev_hash does not match {where} (entry removed or reordered)",
+                                unchained)
+        if entry_hash(dict(zip(_HASHED, values, strict=True)), prev_hash) != stored:
+            return VerifyResult(False, checked, entry_id, "hash mismatch (entry changed)",
+                                unchained)
+        checked += 1
+        last_id, last_hash = entry_id, stored
+    return VerifyResult(True, checked, unchained=unchained, head=last_hash)

@@ -13,8 +13,9 @@ class StepSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Step
-        fields = ["order", "kind", "title", "status", "attempts", "checks", "detail",
-                  "started_at", "finished_at", "duration_seconds", "result", "error"]
+        fields = ["order", "kind", "title", "status", "mode", "approved_by", "approved_at",
+                  "attempts", "checks", "detail", "started_at", "finished_at",
+                  "duration_seconds", "result", "error"]
 
 
 class RemediationSerializer(serializers.ModelSerializer):
@@ -22,9 +23,9 @@ class RemediationSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Remediation
-        fields = ["id", "playbook", "mode", "status", "requested_by", "approved_by",
-                  "approved_at", "blocked_reason", "created_at", "started_at", "finished_at",
-                  "steps"]
+        fields = ["id", "incident", "playbook", "mode", "status", "nodes", "hold_reason",
+                  "requested_by", "approved_by", "approved_at", "blocked_reason", "created_at",
+                  "started_at", "finished_at", "steps"]
 
 
 class IncidentSerializer(serializers.ModelSerializer):
@@ -35,7 +36,7 @@ class IncidentSerializer(serializers.ModelSerializer):
         model = Incident
         fields = ["id", "cluster", "root_cause", "confidence", "explanation", "playbook",
                   "status", "nodes", "jobs", "switch", "detected_at", "opened_at",
-                  "resolved_at", "phases", "remediations"]
+                  "resolved_at", "phases", "repaired_by", "remediations"]
 
 
 class GpuSerializer(serializers.ModelSerializer):

@@ -3,9 +3,13 @@ grows in its own issue)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django.conf import settings
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
+from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -13,9 +17,14 @@ from rest_framework.views import APIView
 from collectors import services as collectors
 from collectors.models import Node
 from fleetwatch.roles import agent_node
-from incidents import selectors
-from incidents.api.serializers import IncidentSerializer, NodeSerializer, SignalBatchSerializer
-from incidents.models import Incident
+from incidents import selectors, services
+from incidents.api.serializers import (
+    IncidentSerializer,
+    NodeSerializer,
+    RemediationSerializer,
+    SignalBatchSerializer,
+)
+from incidents.models import Incident, Remediation
 
 
 class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
@@ -29,6 +38,52 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
     def replay(self, request: Request, pk: str | None = None) -> Response:
         """The incident's signals as a replay file (shared/REPLAY.md)."""
         return Response(selectors.incident_replay(self.get_object()))
+
+
+class CanOperate(BasePermission):
+    """Reading is for every signed-in role; changing a remediation is for operators."""
+
+    message = "operating remediations needs the operator role"
+
+    def has_permission(self, request: Request, view: object) -> bool:
+        if request.method in SAFE_METHODS:
+            return bool(request.user and request.user.is_authenticated)
+        return bool(request.user and request.user.has_perm("incidents.operate"))
+
+
+class RemediationViewSet(viewsets.ReadOnlyModelViewSet):
+    """Remediations, and the actions a person takes on one. An action that does not fit the
+    remediation's state (approving one that already finished, or that someone else approved
+    a moment ago) answers 409 with what it is now."""
+
+    serializer_class = RemediationSerializer
+    permission_classes = [CanOperate]
+    queryset = Remediation.objects.select_related("incident").prefetch_related(
+        "steps").order_by("-created_at")
+    filterset_fields = ["status", "playbook", "incident"]
+
+    def _act(self, fn: Callable[[int, Any], Remediation], pk: str | None) -> Response:
+        rem = self.get_object()
+        try:
+            fn(rem.pk, self.request.user)
+        except services.InvalidTransition as exc:
+            rem.refresh_from_db()
+            return Response({"detail": str(exc), "status": rem.status},
+                            status=status.HTTP_409_CONFLICT)
+        rem.refresh_from_db()
+        return Response(RemediationSerializer(rem).data)
+
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pk: str | None = None) -> Response:
+        return self._act(services.remediation_approve, pk)
+
+    @action(detail=True, methods=["post"], url_path="continue")
+    def continue_(self, request: Request, pk: str | None = None) -> Response:
+        return self._act(services.remediation_continue, pk)
+
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        return self._act(services.remediation_cancel, pk)
 
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):

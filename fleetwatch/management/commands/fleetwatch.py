@@ -16,7 +16,7 @@ from collectors.clients.base import ClientError
 
 
 class Command(BaseCommand):
-    help = "FleetWatch operations: seed, inject, sim, diagnose"
+    help = "FleetWatch operations: seed, inject, sim, diagnose, audit verify"
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
@@ -65,6 +65,11 @@ class Command(BaseCommand):
         diag.add_argument("--pretty", action="store_true")
         diag.add_argument("--check", action="store_true",
                           help="compare with each file's 'expect'; exit 1 if any differs")
+
+        audit = sub.add_parser("audit", help="the audit trail")
+        audit_actions = audit.add_subparsers(dest="audit_action", required=True)
+        audit_actions.add_parser("verify", help="check the hash chain; exit 1 at the first "
+                                 "entry changed, removed or reordered")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
@@ -138,6 +143,16 @@ class Command(BaseCommand):
             self.stdout.write(simulation.source_outage_set(opts["source_up"], down=False))
         if opts["show"]:
             self.stdout.write(json.dumps(simulation.fleet_snapshot(), indent=1, sort_keys=True))
+
+    def _audit(self, opts: dict[str, Any]) -> None:
+        from incidents.audit import audit_verify
+
+        if opts["audit_action"] == "verify":
+            result = audit_verify()
+            if not result.ok:
+                self.stderr.write(str(result))
+                sys.exit(1)
+            self.stdout.write(str(result))
 
     def _diagnose(self, opts: dict[str, Any]) -> None:
         from incidents.diagnosis.replay import ReplayError, diagnose_file
