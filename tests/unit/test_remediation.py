@@ -598,3 +598,28 @@ def test_mean_time_to_repair_keeps_automation_and_people_apart(cluster: Any) -> 
 def test_executors_are_reached_only_through_the_table() -> None:
     # Every executor the playbooks name is a function of this module: nothing else acts.
     assert {f.__module__ for f in EXECUTORS.values()} == {steps.__name__}
+
+
+def test_api_approve_answers_409_when_there_is_nothing_to_approve(
+        cluster: Any, settings: Any, operator: Any, viewer: Any, client: Any,
+        django_capture_on_commit_callbacks: Any) -> None:
+    from rest_framework.authtoken.models import Token
+
+    settings.FLEETWATCH_POLICY_MODE = "approve"
+    incident = open_incident(cluster, diag("thermal"), django_capture_on_commit_callbacks)
+    rem = incident.remediations.get()
+    url = f"/api/v1/remediations/{rem.pk}/approve/"
+    assert client.post(url).status_code == 401
+    viewer_key = Token.objects.create(user=viewer).key
+    r = client.post(url, HTTP_AUTHORIZATION=f"Token {viewer_key}")
+    assert r.status_code == 403 and "operator" in r.json()["detail"]
+    key = Token.objects.create(user=operator).key
+    with django_capture_on_commit_callbacks():
+        r = client.post(url, HTTP_AUTHORIZATION=f"Token {key}")
+    assert r.status_code == 200 and r.json()["status"] == "running"
+    again = client.post(url, HTTP_AUTHORIZATION=f"Token {key}")
+    assert again.status_code == 409
+    assert again.json() == {"detail": f"remediation {rem.pk} is running by user:olivia; "
+                                      "nothing to approve", "status": "running"}
+    listed = client.get("/api/v1/remediations/", HTTP_AUTHORIZATION=f"Token {viewer_key}")
+    assert listed.status_code == 200 and listed.json()["results"][0]["id"] == rem.pk
