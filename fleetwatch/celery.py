@@ -39,6 +39,10 @@ def _beat_schedule(sender: Celery, **_: object) -> None:
         for source in settings.FLEETWATCH_SOURCES
     }
     schedule["prune-telemetry"] = {"task": "collectors.tasks.prune_telemetry", "schedule": 600.0}
+    # Steps whose message a killed worker or a restarted broker lost.
+    schedule["steps-rescue"] = {"task": "incidents.tasks.steps_rescue",
+                                "schedule": settings.FLEETWATCH_WATCHDOG_SECONDS,
+                                "options": {"expires": settings.FLEETWATCH_WATCHDOG_SECONDS}}
     sender.conf.beat_schedule = schedule
 
 

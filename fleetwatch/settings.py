@@ -182,6 +182,10 @@ FLEETWATCH_SLURM_GRACE_SECONDS = env_int("FLEETWATCH_SLURM_GRACE_SECONDS", 120, 
 FLEETWATCH_STEP_POLL_SECONDS = env_float("FLEETWATCH_STEP_POLL_SECONDS", 1.0, minimum=0.1)
 FLEETWATCH_STEP_TIMEOUT_SECONDS = env_int("FLEETWATCH_STEP_TIMEOUT_SECONDS", 900, minimum=1)
 FLEETWATCH_STEP_MAX_ATTEMPTS = env_int("FLEETWATCH_STEP_MAX_ATTEMPTS", 3, minimum=1)
+# A step's lease: how long one run of it may take before another worker may run it again
+# (longer than the Celery time limit). The watchdog re-queues steps whose message was lost.
+FLEETWATCH_STEP_LEASE_SECONDS = env_float("FLEETWATCH_STEP_LEASE_SECONDS", 120.0, minimum=1)
+FLEETWATCH_WATCHDOG_SECONDS = env_float("FLEETWATCH_WATCHDOG_SECONDS", 30.0, minimum=0.5)
 FLEETWATCH_DEDUPE_MINUTES = env_int("FLEETWATCH_DEDUPE_MINUTES", 30, minimum=0)
 # Remediation policy. Modes per playbook (root cause) and per risky step kind override
 # FLEETWATCH_POLICY_MODE: "gpu_hardware=auto,thermal=approve"; "replace=approve,reboot=auto".

@@ -170,6 +170,10 @@ class Step(models.Model):
     # Held while an executor runs outside any transaction, so a duplicate delivery of the
     # same step backs off instead of making the outside calls a second time.
     lease_until = models.DateTimeField(null=True, blank=True)
+    # When the step is due to run or be re-checked (set when it is queued). The watchdog
+    # queues again a step whose time has long passed with nobody holding its lease: its
+    # message was lost with a killed worker or a restarted broker.
+    next_check_at = models.DateTimeField(null=True, blank=True, db_index=True)
     result: Any = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
 

@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 # Below this a diagnosis opens an incident for a person to read, but no remediation.
 AUTO_REMEDIATION_MIN_CONFIDENCE = 0.8
-LEASE_SECONDS = 120
 
 
 class InvalidTransition(Exception):
@@ -318,9 +317,33 @@ def _incident_status(incident: Incident, status: str) -> None:
 def _step_enqueue(step_id: int, reason: str = "start", countdown: float = 0) -> None:
     from incidents import tasks  # tasks import services: keep the cycle out of module load
 
+    # Recorded with the step (in the caller's transaction), so the watchdog knows when it is
+    # overdue if the message never arrives.
+    Step.objects.filter(pk=step_id).update(
+        next_check_at=timezone.now() + timedelta(seconds=countdown))
     transaction.on_commit(
         lambda: tasks.run_step.apply_async(args=[step_id, reason], countdown=countdown or None)
     )
+
+
+def steps_rescue() -> list[int]:
+    """Queue again the steps whose message was lost: due a while ago, nobody holding their
+    lease, their remediation still running. Running a step twice is safe (leased, and each
+    executor checks the outside state first), so erring towards a re-queue costs a no-op."""
+    now = timezone.now()
+    overdue = now - timedelta(seconds=max(settings.FLEETWATCH_WATCHDOG_SECONDS,
+                                          settings.FLEETWATCH_STEP_POLL_SECONDS * 3))
+    stuck = list(Step.objects.filter(
+        remediation__status=Remediation.Status.RUNNING,
+        status__in=[Step.Status.PENDING, Step.Status.RUNNING, Step.Status.WAITING],
+        next_check_at__lt=overdue).filter(Q(lease_until=None) | Q(lease_until__lt=now))
+        .values_list("pk", flat=True))
+    for step_id in stuck:
+        with transaction.atomic():
+            _step_enqueue(step_id, "watchdog")
+    if stuck:
+        log.warning("watchdog: re-queued step(s) %s", stuck)
+    return stuck
 
 
 def step_run(step_id: int, reason: str = "start") -> str:
@@ -351,7 +374,7 @@ def step_run(step_id: int, reason: str = "start") -> str:
             step.attempts += 1
         else:
             step.checks += 1
-        step.lease_until = now + timedelta(seconds=LEASE_SECONDS)
+        step.lease_until = now + timedelta(seconds=settings.FLEETWATCH_STEP_LEASE_SECONDS)
         step.save()
 
     # The step row says "running" (committed) before any outside call is made.

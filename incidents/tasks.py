@@ -20,3 +20,8 @@ def diagnose_signals(signal_ids: list[int]) -> None:
              reject_on_worker_lost=True)
 def run_step(step_id: int, reason: str = "start") -> None:
     services.step_run(step_id, reason)
+
+
+@shared_task(name="incidents.tasks.steps_rescue", ignore_result=True)
+def steps_rescue() -> None:
+    services.steps_rescue()

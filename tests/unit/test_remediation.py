@@ -623,3 +623,24 @@ def test_api_approve_answers_409_when_there_is_nothing_to_approve(
                                       "nothing to approve", "status": "running"}
     listed = client.get("/api/v1/remediations/", HTTP_AUTHORIZATION=f"Token {viewer_key}")
     assert listed.status_code == 200 and listed.json()["results"][0]["id"] == rem.pk
+
+
+def test_the_watchdog_requeues_a_step_whose_message_was_lost(
+        cluster: Any, settings: Any, django_capture_on_commit_callbacks: Any) -> None:
+    settings.FLEETWATCH_WATCHDOG_SECONDS = 30
+    incident = open_incident(cluster, diag("gpu_hardware"), django_capture_on_commit_callbacks)
+    rem = incident.remediations.get()
+    first = rem.steps.get(order=1)
+    assert first.next_check_at is not None  # set when it was queued
+    assert services.steps_rescue() == []  # not overdue yet
+    # The message vanished (worker killed, broker restarted) a minute ago.
+    Step.objects.filter(pk=first.pk).update(next_check_at=NOW.replace(year=2020))
+    Step.objects.filter(pk=rem.steps.get(order=2).pk).update(
+        next_check_at=NOW.replace(year=2020), lease_until=NOW.replace(year=2099))
+    with django_capture_on_commit_callbacks() as queued:
+        assert services.steps_rescue() == [first.pk]  # the leased one is someone's
+    assert len(queued) == 1
+    first.refresh_from_db()
+    assert first.next_check_at > NOW.replace(year=2020)
+    # Later steps, never queued, and steps of stopped remediations are left alone.
+    assert rem.steps.get(order=3).next_check_at is None
