@@ -8,9 +8,10 @@ and Prometheus) is configuration.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from collectors.clients.base import (
     KubernetesClient,
@@ -22,6 +23,7 @@ from collectors.clients.base import (
 from collectors.clients.notify import Notifier, notifier_from_settings
 
 if TYPE_CHECKING:
+    from collectors.clients.kubernetes import KubernetesApi
     from collectors.clients.sim import SimFleet
 
 
@@ -47,17 +49,49 @@ def get_clients() -> Clients:
         from collectors.clients.sim import SimKubernetes, SimProvider, SimSlurm, SimTelemetry
 
         fleet = sim_fleet()
-        return Clients(SimSlurm(fleet), SimKubernetes(fleet), SimTelemetry(fleet),
-                       SimProvider(fleet), notifier)
+        # A simulated fleet can still be repaired through another provider (a site's program
+        # under test, say): FLEETWATCH_PROVIDER decides, "sim" being the default.
+        provider = (SimProvider(fleet) if settings.FLEETWATCH_PROVIDER == "sim"
+                    else provider_from_settings())
+        return Clients(SimSlurm(fleet), SimKubernetes(fleet), SimTelemetry(fleet), provider,
+                       notifier)
     return Clients(real_slurm(), real_kubernetes(), real_telemetry(), provider_from_settings(),
                    notifier)
 
 
 def provider_from_settings() -> NodeProvider:
-    """FLEETWATCH_PROVIDER for real sources (the simulation brings its own)."""
-    if settings.FLEETWATCH_PROVIDER == "none":
+    """The node provider FLEETWATCH_PROVIDER names.
+
+    sim: the simulated fleet's spare pool; none: refuses every action; slurm: Slurm's own
+    reboot (no replacement, no GPU reset); kubernetes: replacement from the node's pool,
+    reboots through Slurm; command: FLEETWATCH_PROVIDER_COMMAND for everything.
+    """
+    from collectors.clients import providers
+
+    choice = settings.FLEETWATCH_PROVIDER
+    if choice == "none":
         return NoProvider()
-    raise NotImplementedError(f"FLEETWATCH_PROVIDER={settings.FLEETWATCH_PROVIDER}")
+    if choice == "sim":
+        from collectors.clients.sim import SimProvider
+
+        return SimProvider(sim_fleet())
+    # real_slurm()/real_kubernetes() are typed as the read interfaces; the providers need the
+    # real clients' reboot and node calls, which those are.
+    if choice == "slurm":
+        return providers.SlurmRebootProvider(cast("providers.RebootingSlurm", real_slurm()))
+    if choice == "kubernetes":
+        return providers.CompositeProvider(
+            replace=providers.KubernetesPoolProvider(cast("KubernetesApi", real_kubernetes())),
+            reboot=providers.SlurmRebootProvider(cast("providers.RebootingSlurm", real_slurm())))
+    if choice == "command":
+        command = settings.FLEETWATCH_PROVIDER_COMMAND
+        if not command.strip():
+            raise ImproperlyConfigured(
+                "FLEETWATCH_PROVIDER=command needs FLEETWATCH_PROVIDER_COMMAND: the program to "
+                "run, e.g. /opt/site/fleetwatch-provider.sh (see deploy/providers/)")
+        return providers.CommandProvider(command, settings.FLEETWATCH_PROVIDER_TIMEOUT)
+    raise ImproperlyConfigured(f"FLEETWATCH_PROVIDER={choice!r}: expected one of sim, none, "
+                               "slurm, kubernetes, command")
 
 
 def get_telemetry() -> TelemetryClient:

@@ -22,6 +22,33 @@
   for exporters scraped less often than the lookback; the price is that a vanished GPU is still
   reported for that long.
 
+Incremental polls (``changes(cursor, known)``, what the collector calls): dcgm-exporter is
+scraped every 15 s or so, scrape targets are spread over that interval, and FleetWatch polls
+every 5 s, so at each poll only about a third of the GPUs have a new sample. Reading every GPU
+every poll costs seconds at 100,000 GPUs (decoding the answer is most of it), so after the
+first poll the client asks only for what is new:
+
+- Utilisation and temperature: the samples newer than the last poll's evaluation time, less
+  ``SCRAPE_LAG`` (``U and timestamp(U) > t``; ``timestamp()`` of a selector is the sample's
+  own time). A scrape's samples carry its start time but become visible when it ends, so the
+  window reaches back ``SCRAPE_LAG`` seconds; a scrape slower than that is read at the GPU's
+  next scrape instead. A GPU without a new sample is not in the answer, or is listed in
+  ``unsampled_*`` when another field brought it: its reading is as stored, not missing.
+- The fault fields are read whole every poll, as before: their queries are sparse already.
+- A GPU that falls off the bus stops printing its series and Prometheus marks them stale: no
+  new sample to read. ``count by`` node of the GPUs with a utilisation or temperature series
+  (12,500 small series) is compared with ``known``, the GPUs FleetWatch holds as reporting on
+  each node; only for a node whose count fell are its GPUs' series listed (``present``), so
+  the collector can name the silent one. A node with no series at all is absent, not failed.
+- NIC ports: only the ports whose state is not ACTIVE, whose state or a counter changed in the
+  last ``NIC_CHANGE_WINDOW`` seconds (``changes()``), or that appeared since the last poll
+  (``unless ... @ t``), with all their fields in one query. A flap (DOWN, link_downed up,
+  ACTIVE again) stays in the answer for the whole window, so each step of it is read. A poll
+  more than ``NIC_CHANGE_WINDOW - NIC_CHANGE_SLACK`` seconds after the last reads every port.
+- The cursor holds the evaluation time Prometheus reported (its clock, not FleetWatch's) and
+  which Prometheus it came from; no cursor, another Prometheus, or ``lookback`` set: every
+  GPU and port is read, as ``gpu_metrics()`` and ``nic_ports()`` do.
+
 Errors: Prometheus unreachable, a timeout or a 5xx answer raise ``ClientError`` (transient,
 after ``urllib3`` retries with backoff); a query Prometheus rejects (400/422), a wrong URL
 (404) or refused credentials (401/403) raise ``ClientError(permanent=True)``. A series with a
@@ -35,7 +62,7 @@ import ipaddress
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,6 +76,7 @@ from collectors.clients.base import ClientError, GpuMetric, NicPort
 from collectors.clients.exposition import (
     CLOCK_THROTTLE_REASONS,
     CLOCKS_EVENT_REASONS,
+    IB_STATE_IDS,
     IB_STATES,
     NVLINK_ERROR_COUNTERS,
 )
@@ -100,6 +128,7 @@ NIC_QUERIES = (
     _Query("link_error_recovery", ("node_infiniband_link_error_recovery_total",)),
     _Query("symbol_error", ("node_infiniband_symbol_error_total",)),
 )
+NIC_FIELDS = {name: query.attr for query in NIC_QUERIES for name in query.names}
 # Gauges whose missing series means "nothing to report" (GpuMetric has no None for them).
 GPU_INT_FIELDS = ("last_xid", "clock_event_reasons", "row_remap_failure")
 
@@ -112,6 +141,21 @@ DCGM_FP64_BLANK = 140737488355328.0
 MAX_POINTS = 11_000  # Prometheus refuses a range query with more points per series
 MAX_WARNINGS_PER_QUERY = 20
 
+# Incremental polls (see the module docstring).
+READING_NAMES = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP")
+READING_FIELDS = ("utilization", "temperature")
+NODE_GROUP = ("Hostname", "hostname", "instance")
+# Seconds a scrape may take between its timestamp (its start) and its samples becoming
+# visible: new samples are read from the last poll's evaluation time less this. dcgm-exporter
+# serves values it has already collected, so its scrapes take milliseconds.
+SCRAPE_LAG = 2.0
+# A port whose state or counters changed within this many seconds is read every poll: long
+# enough to hold the sample before the change (node_exporter scraped every minute at worst)
+# and any poll's lateness; a poll further than WINDOW - SLACK from the last reads every port.
+NIC_CHANGE_WINDOW = 300.0
+NIC_CHANGE_SLACK = 120.0
+PRESENCE_NODES_PER_QUERY = 200  # nodes per regex when listing a node's GPUs (URL length)
+
 
 class HistoryPoint(NamedTuple):
     at: float  # epoch seconds
@@ -121,6 +165,40 @@ class HistoryPoint(NamedTuple):
 
 # node -> GPU index -> points in time order
 GpuHistory = dict[str, dict[int, list[HistoryPoint]]]
+
+
+GpuKey = tuple[str, int]  # (node, GPU index)
+
+
+class _GpuRead(NamedTuple):
+    gpus: list[GpuMetric]
+    sampled: dict[str, set[GpuKey]]  # per reading field, the GPUs it was read for
+    evaluated_at: float | None  # the earliest evaluation time of the reading queries
+
+
+@dataclass
+class TelemetryChanges:
+    """One poll's answer from ``PrometheusTelemetry.changes``.
+
+    ``complete_gpus``: every GPU with a series is in ``gpus`` (the first poll); otherwise only
+    the GPUs with a new utilisation/temperature sample or a non-quiet fault field, and a GPU
+    absent from ``gpus`` is unchanged, never missing. Fault fields of a GPU in ``gpus`` are
+    always current (absent from their sparse query: the quiet value). ``unsampled_*``: GPUs in
+    ``gpus`` whose utilisation or temperature had no new sample (the None there means "as
+    before"). ``reporting``: per node, how many GPUs have a utilisation or temperature series
+    now (incremental polls; a node absent has none). ``present``: for the nodes whose count
+    fell below what the caller knows, the GPU indexes that still report. ``complete_ports``:
+    every port is in ``ports``; otherwise only ports that are not ACTIVE or changed lately."""
+
+    gpus: list[GpuMetric]
+    ports: list[NicPort]
+    cursor: dict[str, Any]
+    complete_gpus: bool = True
+    complete_ports: bool = True
+    unsampled_utilization: set[GpuKey] = field(default_factory=set)
+    unsampled_temperature: set[GpuKey] = field(default_factory=set)
+    reporting: dict[str, int] = field(default_factory=dict)
+    present: dict[str, set[int]] = field(default_factory=dict)
 
 
 def node_from_instance(instance: str) -> str:
@@ -148,8 +226,22 @@ def _excerpt(series: object, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _evaluated_at(result: Sequence[Any]) -> float | None:
+    """The evaluation time Prometheus stamped on an instant query's answer (every sample of
+    an instant vector carries it), or None for an empty or odd answer."""
+    try:
+        return float(result[0]["value"][0])
+    except (IndexError, KeyError, TypeError, ValueError):
+        return None
+
+
 def _is_dcgm_blank(value: float) -> bool:
     return value >= DCGM_FP64_BLANK or DCGM_INT32_BLANK <= value <= 0x7FFFFFFF
+
+
+class _Blank(NamedTuple):
+    node: str
+    labels: dict[str, str]
 
 
 @dataclass
@@ -295,13 +387,16 @@ class PrometheusTelemetry:
         return None
 
     def _samples(self, expr: str, series: Iterable[Any], warnings: _Warnings,
-                 key_labels: Sequence[str]) -> Iterator[tuple[str, dict[str, str], float]]:
+                 key_labels: Sequence[str], blanks: list[tuple[str, dict[str, str]]] | None = None
+                 ) -> Iterator[tuple[str, dict[str, str], float]]:
         """(node, labels, value) of each readable series; the others become warnings.
+        ``blanks``: where to put (node, labels) of the series holding DCGM's blank value
+        (a sample that says "no value", which is news for a reading).
 
         Written for 100,000 series a query: the common case (a Hostname label, the key
         labels, a finite number) takes one short path, and only the odd series go through
         the checks that say what is wrong with them."""
-        blanks = 0
+        blank_count = 0
         for s in series:
             try:
                 labels = s["metric"]
@@ -314,15 +409,17 @@ class PrometheusTelemetry:
             except (KeyError, IndexError, TypeError, ValueError, AttributeError):
                 pass
             checked = self._sample_checked(expr, s, warnings, key_labels)
-            if checked == "blank":
-                blanks += 1  # no value: as if the exporter had skipped it
+            if isinstance(checked, _Blank):
+                blank_count += 1  # no value: as if the exporter had skipped it
+                if blanks is not None:
+                    blanks.append((checked.node, checked.labels))
             elif checked is not None:
                 yield checked
-        if blanks:
-            warnings.add(expr, f"{expr}: {blanks} DCGM blank value(s) read as missing")
+        if blank_count:
+            warnings.add(expr, f"{expr}: {blank_count} DCGM blank value(s) read as missing")
 
     def _sample_checked(self, expr: str, s: Any, warnings: _Warnings, key_labels: Sequence[str]
-                        ) -> tuple[str, dict[str, str], float] | str | None:
+                        ) -> tuple[str, dict[str, str], float] | _Blank | None:
         try:
             labels = s["metric"]
             raw = s["value"][1]
@@ -343,27 +440,40 @@ class PrometheusTelemetry:
             warnings.add(expr, f"{expr}: unreadable value {raw!r} skipped: {_excerpt(s)}")
             return None
         if _is_dcgm_blank(value):
-            return "blank"
+            return _Blank(node, labels)
         return node, labels, value
 
     def gpu_metrics(self) -> list[GpuMetric]:
         warnings = _Warnings()
-        gpus: dict[tuple[str, int], dict[str, Any]] = {}
+        read = self._gpu_read(None, warnings)
+        self._warnings["gpu_metrics"] = warnings.finish()
+        return read.gpus
+
+    def _gpu_read(self, since: float | None, warnings: _Warnings) -> _GpuRead:
+        """Every GPU with a series (``since`` None), or the GPUs with a utilisation or
+        temperature sample newer than ``since`` and those with a fault field to report.
+
+        A reading holding DCGM's blank value counts as read, with no value: a GPU whose
+        utilisation and temperature are both blank is reported with neither (off the bus)."""
+        gpus: dict[GpuKey, dict[str, Any]] = {}
+        sampled: dict[str, set[GpuKey]] = {attr: set() for attr in READING_FIELDS}
+        evaluated: list[float] = []
         for query in GPU_QUERIES:
-            expr = self._instant_expr(query, GPU_LEAN_GROUP if query.lean else GPU_GROUP)
-            for node, labels, value in self._samples(expr, self._query(expr), warnings, ("gpu",)):
-                try:
-                    index = int(labels["gpu"])
-                except ValueError:
-                    warnings.add(expr, f"{expr}: gpu label {labels['gpu']!r} is not an index: "
-                                       f"{_excerpt(labels)}")
-                    continue
-                gpu = gpus.get((node, index))
+            group = GPU_LEAN_GROUP if query.lean else GPU_GROUP
+            reading = query.attr in sampled
+            expr = (self._new_samples_expr(query, group, since)
+                    if reading and since is not None else self._instant_expr(query, group))
+            result = self._query(expr)
+            blanks: list[tuple[str, dict[str, str]]] | None = [] if reading else None
+            seen = sampled.get(query.attr)
+            if reading and (at := _evaluated_at(result)) is not None:
+                evaluated.append(at)
+            for node, labels, value in self._samples(expr, result, warnings, ("gpu",), blanks):
+                gpu = self._gpu_entry(gpus, expr, node, labels, query.lean, warnings)
                 if gpu is None:
-                    gpu = gpus[(node, index)] = {"uuid": "", "model": ""}
-                if not query.lean and not gpu["uuid"]:
-                    gpu["uuid"] = labels.get("UUID") or labels.get("uuid") or ""
-                    gpu["model"] = gpu["model"] or labels.get("modelName", "")
+                    continue
+                if seen is not None:
+                    seen.add((node, gpu["index"]))
                 if query.attr in GPU_INT_FIELDS:
                     gpu[query.attr] = int(value)
                 elif query.attr in gpu:
@@ -372,8 +482,11 @@ class PrometheusTelemetry:
                     gpu[query.attr] = max(gpu[query.attr], value)
                 else:
                     gpu[query.attr] = value
-        self._warnings["gpu_metrics"] = warnings.finish()
-        return [
+            for node, labels in blanks or ():
+                gpu = self._gpu_entry(gpus, expr, node, labels, query.lean, warnings)
+                if gpu is not None and seen is not None:
+                    seen.add((node, gpu["index"]))
+        metrics = [
             GpuMetric(
                 node=node, gpu=index, uuid=g["uuid"], model=g["model"],
                 utilization=g.get("utilization"), temperature=g.get("temperature"),
@@ -384,22 +497,129 @@ class PrometheusTelemetry:
                 nvlink_errors=g.get("nvlink_errors"), pcie_replays=g.get("pcie_replays"))
             for (node, index), g in gpus.items()
         ]
+        return _GpuRead(metrics, sampled, min(evaluated) if evaluated else None)
+
+    @staticmethod
+    def _gpu_entry(gpus: dict[GpuKey, dict[str, Any]], expr: str, node: str,
+                   labels: dict[str, str], lean: bool, warnings: _Warnings
+                   ) -> dict[str, Any] | None:
+        """The GPU a series belongs to (created on first sight), or None if its gpu label is
+        not an index."""
+        try:
+            index = int(labels["gpu"])
+        except ValueError:
+            warnings.add(expr, f"{expr}: gpu label {labels['gpu']!r} is not an index: "
+                               f"{_excerpt(labels)}")
+            return None
+        gpu = gpus.get((node, index))
+        if gpu is None:
+            gpu = gpus[(node, index)] = {"uuid": "", "model": "", "index": index}
+        if not lean and not gpu["uuid"]:
+            gpu["uuid"] = labels.get("UUID") or labels.get("uuid") or ""
+            gpu["model"] = gpu["model"] or labels.get("modelName", "")
+        return gpu
+
+    def _new_samples_expr(self, query: _Query, group: Sequence[str], since: float) -> str:
+        """The GPUs whose field has a sample newer than ``since`` (epoch seconds):
+        ``timestamp()`` of a selector is each sample's own time, not the evaluation's."""
+        selector = self._selector(query.names)
+        return f"max by ({', '.join(group)}) ({selector} and timestamp({selector}) > {since:.3f})"
+
+    def _reporting_expr(self) -> str:
+        # Each GPU once (max by drops duplicate jobs), whichever of the two fields it prints.
+        return (f"count by ({', '.join(NODE_GROUP)}) "
+                f"(max by ({', '.join(GPU_LEAN_GROUP)}) ({self._selector(READING_NAMES)}))")
+
+    def _reporting(self, warnings: _Warnings) -> tuple[dict[str, int], float | None]:
+        """GPUs with a utilisation or temperature series, per node, and when Prometheus
+        evaluated that."""
+        expr = self._reporting_expr()
+        result = self._query(expr)
+        counts: dict[str, int] = {}
+        for node, _, value in self._samples(expr, result, warnings, ()):
+            # Two series for one node (two instance labels): the smaller count is the safe
+            # one; it can cost a listing of the node's GPUs, never hide a silent one.
+            counts[node] = min(counts.get(node, int(value)), int(value))
+        return counts, _evaluated_at(result)
+
+    def _present_expr(self, nodes: Sequence[str]) -> str:
+        node_re = "|".join(re.escape(n) for n in nodes)
+        # The node under whichever label the exporter uses; `or` drops a GPU an earlier
+        # alternative already matched.
+        matchers = [f"{label}=~{promql_string(node_re)}" for label in NODE_LABELS]
+        matchers.append(f"instance=~{promql_string(f'({node_re})([.:].*)?')}")
+        lean = ", ".join(GPU_LEAN_GROUP)
+        return " or ".join(f"group by ({lean}) ({self._selector(READING_NAMES, m)})"
+                           for m in matchers)
+
+    def _present(self, nodes: Sequence[str], warnings: _Warnings) -> dict[str, set[int]]:
+        """The GPU indexes of these nodes that have a utilisation or temperature series."""
+        present: dict[str, set[int]] = {n: set() for n in nodes}
+        for start in range(0, len(nodes), PRESENCE_NODES_PER_QUERY):
+            expr = self._present_expr(nodes[start:start + PRESENCE_NODES_PER_QUERY])
+            for node, labels, _ in self._samples(expr, self._query(expr), warnings, ("gpu",)):
+                try:
+                    index = int(labels["gpu"])
+                except ValueError:
+                    continue
+                if node in present:
+                    present[node].add(index)
+        return present
 
     def nic_ports(self) -> list[NicPort]:
         warnings = _Warnings()
-        ports: dict[tuple[str, str, int], dict[str, Any]] = {}
+        values: dict[tuple[str, str, int], dict[str, int]] = {}
         for query in NIC_QUERIES:
             expr = self._instant_expr(query, NIC_GROUP)
-            for node, labels, value in self._samples(expr, self._query(expr), warnings,
-                                                     ("device", "port")):
-                try:
-                    port = int(labels["port"])
-                except ValueError:
-                    warnings.add(expr, f"{expr}: port label {labels['port']!r} is not a number")
-                    continue
-                ports.setdefault((node, labels["device"], port), {})[query.attr] = int(value)
+            self._port_values(expr, self._query(expr), warnings, values, query.attr)
+        ports = self._ports(values, warnings)
+        self._warnings["nic_ports"] = warnings.finish()
+        return ports
+
+    def _nic_changes_expr(self, since: float) -> str:
+        """Every field of the ports worth reading: not ACTIVE, a state or counter that changed
+        within NIC_CHANGE_WINDOW, or a port that had no series at ``since``."""
+        by = ", ".join(NIC_GROUP)
+        names = [name for query in NIC_QUERIES for name in query.names]
+        state = self._selector(("node_infiniband_state_id",))
+        window = f"{NIC_CHANGE_WINDOW:g}s"
+        worth = [f"max by ({by}) (changes({self._selector((name,))}[{window}])) > 0"
+                 for name in names]
+        worth.append(f"max by ({by}) ({state}) != {IB_STATE_IDS['ACTIVE']}")
+        worth.append(f"(max by ({by}) ({state}) unless max by ({by}) ({state} @ {since:.3f}))")
+        return (f"max by (__name__, {by}) ({self._selector(names)}) "
+                f"and on ({by}) ({' or '.join(worth)})")
+
+    def _nic_changes(self, since: float) -> list[NicPort]:
+        warnings = _Warnings()
+        values: dict[tuple[str, str, int], dict[str, int]] = {}
+        expr = self._nic_changes_expr(since)
+        self._port_values(expr, self._query(expr), warnings, values, None)
+        ports = self._ports(values, warnings)
+        self._warnings["nic_ports"] = warnings.finish()
+        return ports
+
+    def _port_values(self, expr: str, result: list[dict[str, Any]], warnings: _Warnings,
+                     values: dict[tuple[str, str, int], dict[str, int]],
+                     attr: str | None) -> None:
+        """Add each series' value to its port: the field ``attr``, or (None) the field its
+        metric name says."""
+        for node, labels, value in self._samples(expr, result, warnings, ("device", "port")):
+            try:
+                port = int(labels["port"])
+            except ValueError:
+                warnings.add(expr, f"{expr}: port label {labels['port']!r} is not a number")
+                continue
+            field_name = attr or NIC_FIELDS.get(labels.get("__name__", ""))
+            if field_name is None:
+                continue
+            values.setdefault((node, labels["device"], port), {})[field_name] = int(value)
+
+    @staticmethod
+    def _ports(values: dict[tuple[str, str, int], dict[str, int]],
+               warnings: _Warnings) -> list[NicPort]:
         result = []
-        for (node, device, port), p in sorted(ports.items()):
+        for (node, device, port), p in sorted(values.items()):
             if "state" not in p:
                 # Counters without a state: never guess a port down.
                 warnings.add("node_infiniband_state_id",
@@ -411,8 +631,54 @@ class PrometheusTelemetry:
                 link_downed=p.get("link_downed", 0),
                 link_error_recovery=p.get("link_error_recovery", 0),
                 symbol_error=p.get("symbol_error", 0)))
-        self._warnings["nic_ports"] = warnings.finish()
         return result
+
+    def changes(self, cursor: Mapping[str, Any] | None,
+                known: Mapping[str, int]) -> TelemetryChanges:
+        """What changed since the poll that returned ``cursor`` (see the module docstring).
+        ``known``: per node, how many of its GPUs FleetWatch holds as reporting (with a
+        utilisation or temperature); only read when the cursor is usable."""
+        source = f"{self.url} {self.matchers}".strip()
+        since: float | None = None
+        if cursor and cursor.get("source") == source and not self.lookback:
+            try:
+                since = float(cursor["at"])
+            except (KeyError, TypeError, ValueError):
+                since = None
+        if since is not None:
+            warnings = _Warnings()
+            reporting, at = self._reporting(warnings)
+            # A Prometheus whose clock went back (or another one behind the same URL): the
+            # cursor means nothing there; read everything.
+            if at is None or at >= since:
+                return self._changes_since(since, at, reporting, known, warnings, source)
+        warnings = _Warnings()
+        read = self._gpu_read(None, warnings)
+        self._warnings["gpu_metrics"] = warnings.finish()
+        ports = self.nic_ports()
+        at = read.evaluated_at
+        return TelemetryChanges(read.gpus, ports, {} if at is None or self.lookback
+                                else {"at": at, "source": source})
+
+    def _changes_since(self, since: float, at: float | None, reporting: dict[str, int],
+                       known: Mapping[str, int], warnings: _Warnings,
+                       source: str) -> TelemetryChanges:
+        read = self._gpu_read(since - SCRAPE_LAG, warnings)
+        dropped = sorted(n for n, count in reporting.items() if count < known.get(n, 0))
+        present = self._present(dropped, warnings) if dropped else {}
+        self._warnings["gpu_metrics"] = warnings.finish()
+        # The NIC window must reach back past the last poll and the sample before it.
+        complete_ports = at is None or at - since > NIC_CHANGE_WINDOW - NIC_CHANGE_SLACK
+        ports = self.nic_ports() if complete_ports else self._nic_changes(since - SCRAPE_LAG)
+        keys = {(m.node, m.gpu) for m in read.gpus}
+        return TelemetryChanges(
+            read.gpus, ports,
+            # No GPU reports at all (no evaluation time came back): keep the old cursor.
+            {"at": at if at is not None else since, "source": source},
+            complete_gpus=False, complete_ports=complete_ports,
+            unsampled_utilization=keys - read.sampled["utilization"],
+            unsampled_temperature=keys - read.sampled["temperature"],
+            reporting=reporting, present=present)
 
     def gpu_history(self, nodes: Sequence[str], start: datetime, end: datetime,
                     step_seconds: float = 15.0) -> GpuHistory:

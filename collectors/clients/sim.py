@@ -10,6 +10,20 @@ node's provisioning) takes N / speed real seconds. Training jobs take a step eve
 ``STEP_SECONDS`` simulated seconds, checkpoint every ``CHECKPOINT_EVERY`` steps and on SIGTERM,
 and resume from their latest checkpoint when Slurm starts them again. A job whose node loses a
 GPU hangs (as NCCL does): it makes no more progress and cannot checkpoint on SIGTERM.
+
+The node provider (``SimProvider``) replaces nodes from a spare pool, reboots them and resets
+their GPUs. Its model of what a repair fixes is deliberately simple:
+
+- a reboot, asked for as Slurm's ``scontrol reboot ASAP nextstate=RESUME`` would, drains the
+  node at once and starts when no job runs on it; the node is down (Kubernetes NotReady, Slurm
+  ``REBOOT_ISSUED``) for ``REBOOT_SECONDS`` simulated seconds, then comes back with every XID
+  cleared except on a GPU that has fallen off the bus (XID 79): the sim treats that as dead
+  hardware, which no reboot brings back. A node that still has such a GPU stays drained after
+  its reboot (as a boot-time node health check would leave it); any other node is resumed;
+- a GPU reset (``nvidia-smi --gpu-reset``) clears any fault of a GPU that is still on the bus
+  (ECC/row-remap, NVLink, GSP timeouts: the classes a reset is documented to recover) and is
+  refused for a fallen-off GPU, which the driver can no longer reach. It takes no simulated
+  time, and needs the GPU idle: no running job on the node.
 """
 
 from __future__ import annotations
@@ -36,6 +50,7 @@ from collectors.clients.base import (
     K8sNode,
     K8sPod,
     NicPort,
+    ProviderStatus,
     Replacement,
     SlurmJob,
     SlurmNode,
@@ -48,6 +63,7 @@ STEP_SECONDS = 6.0
 CHECKPOINT_EVERY = 10
 SIGTERM_EXIT_SECONDS = 10.0  # a healthy job saves its checkpoint and exits this fast
 PROVISION_SECONDS = 120.0
+REBOOT_SECONDS = 90.0  # POST, kernel, driver, kubelet and slurmd back up
 LINK_FLAP_SECONDS = 5.0
 SWITCH_DOWN_SECONDS = 30.0
 # XIDs after which the GPU can no longer make progress: the job on it hangs.
@@ -232,7 +248,50 @@ def advance(state: State, now: float, speed: float) -> None:
             job["exit_at"] = job["exit_state"] = None
             job["stalled_at"] = job["stopped_at"] = None
 
+    _advance_reboots(state, now, speed)
     _schedule(state, now)
+
+
+def _advance_reboots(state: State, now: float, speed: float) -> None:
+    """Start requested reboots on nodes whose jobs have ended (ASAP), finish due ones."""
+    busy: set[str] | None = None
+    for name, node in state["nodes"].items():
+        reboot = node.get("reboot")  # absent in fleets seeded before reboots existed
+        if not reboot:
+            continue
+        if reboot["started_at"] is None:
+            if busy is None:
+                busy = _busy_nodes(state)
+            if name in busy:
+                continue  # ASAP: the node is drained meanwhile, its jobs finish first
+            reboot["started_at"] = now
+            reboot["until"] = now + REBOOT_SECONDS / speed
+            node["ready"] = False  # the kubelet goes down with the machine
+        if reboot["until"] is not None and reboot["until"] <= now:
+            _finish_reboot(state, name)
+
+
+def _finish_reboot(state: State, name: str) -> None:
+    node = state["nodes"][name]
+    reboot = node.pop("reboot")
+    dead = []
+    for g in node["gpus"]:
+        if g["fallen_off"]:
+            dead.append(g["index"])  # dead hardware: its XID 79 and its fault stay
+            continue
+        g["last_xid"], g["xid_at"], g["fault_at"] = 0, None, None
+    node["ready"] = True
+    node["reboots"] = node.get("reboots", 0) + 1
+    node["last_reboot"] = {"reason": reboot["reason"], "finished_at": reboot["until"],
+                           "dead_gpus": dead}
+    if dead:
+        # A boot-time health check finds the GPU missing: nextstate=RESUME does not happen.
+        node["reason"] = (f"{SLURM_REASON_PREFIX} GPU {', '.join(map(str, dead))} still off "
+                          "the bus after reboot")
+    elif node["reason"] == reboot["reason"]:
+        # nextstate=RESUME: back in service, from a drain or from DOWN alike.
+        node["drained"] = node["down"] = False
+        node["reason"] = ""
 
 
 def _earliest_fault(state: State, node_names: list[str]) -> float | None:
@@ -378,7 +437,11 @@ class SimSlurm(_SimClient):
                 if not node["in_service"]:
                     continue
                 base = "DOWN" if node["down"] else ("ALLOCATED" if name in busy else "IDLE")
-                flags = ("DRAIN",) if node["drained"] else ()
+                flags: tuple[str, ...] = ("DRAIN",) if node["drained"] else ()
+                reboot = node.get("reboot")
+                if reboot:
+                    flags += ("REBOOT_ISSUED",) if reboot["started_at"] is not None \
+                        else ("REBOOT_REQUESTED",)
                 result.append(SlurmNode(name, base, flags, node["reason"], "gpu"))
             return result
 
@@ -569,7 +632,10 @@ class SimTelemetry(_SimClient):
 
 
 class SimProvider(_SimClient):
-    """Spare capacity: brings a spare node into service in Slurm and Kubernetes."""
+    """Spare capacity, reboots and GPU resets (see the module docstring for what each fixes).
+
+    ``reboot`` stands in for Slurm's own reboot and names its call that way; ``reset_gpu``
+    for ``nvidia-smi --gpu-reset`` run on the node."""
 
     source = "provider"
 
@@ -603,3 +669,93 @@ class SimProvider(_SimClient):
             new = existing["new_node"]
             ready = state["nodes"][new]["provisioning_until"] is None
             return Replacement(node, new, ready, "ready" if ready else "provisioning")
+
+    def reboot(self, node: str, reason: str) -> ActionResult:
+        reason = " ".join(reason.split())
+        if not reason.startswith(SLURM_REASON_PREFIX):
+            reason = f"{SLURM_REASON_PREFIX} {reason}".rstrip()
+        call = (f"scontrol reboot ASAP nextstate=RESUME {shlex.quote(f'reason={reason}')} "
+                f"{node}")
+        now = time.time()
+        with self._state() as state:
+            target = _node(state, node)
+            pending = target.get("reboot")
+            if pending:  # idempotent: one reboot at a time, a retry reports its progress
+                what = "in progress" if pending["started_at"] is not None else "requested"
+                return ActionResult(call, False, f"{node} reboot already {what}",
+                                    {"reason": pending["reason"]})
+            if not target["in_service"]:
+                raise ClientError(f"{node} is not in service ({target['pool']}): nothing to "
+                                  "reboot", permanent=True)
+            held = target["drained"] or target["down"]
+            if held and not target["reason"].startswith(SLURM_REASON_PREFIX):
+                # nextstate=RESUME would undo a person's drain: that is theirs to lift.
+                raise ClientError(f"{node} was drained by someone else ({target['reason']!r}); "
+                                  "not rebooting it with nextstate=RESUME", permanent=True)
+            target["reboot"] = {"reason": reason, "requested_at": now, "started_at": None,
+                                "until": None}
+            target["drained"], target["reason"] = True, reason  # ASAP drains at once
+            _advance_reboots(state, now, self.fleet.speed)
+            started = target["reboot"]["started_at"] is not None
+            return ActionResult(call, True, f"{node} rebooting" if started else
+                                f"{node} reboot requested: waiting for its jobs to end",
+                                {"reboot_seconds": REBOOT_SECONDS})
+
+    def reset_gpu(self, node: str, gpu: int | None) -> ActionResult:
+        call = (f"nvidia-smi --gpu-reset{'' if gpu is None else f' -i {gpu}'}  # on {node}")
+        with self._state() as state:
+            target = _node(state, node)
+            if gpu is None:
+                gpus = target["gpus"]
+            elif 0 <= gpu < len(target["gpus"]):
+                gpus = [target["gpus"][gpu]]
+            else:
+                raise ClientError(f"{node} has no GPU {gpu}", permanent=True)
+            fallen = [g["index"] for g in gpus if g["fallen_off"]]
+            if fallen:
+                raise ClientError(f"GPU has fallen off the bus: reset cannot reach it ({node} GPU "
+                                  f"{', '.join(map(str, fallen))})", permanent=True)
+            if target.get("reboot"):
+                raise ClientError(f"{node} is rebooting; reset its GPU once it is back")
+            busy = [j["id"] for j in state["jobs"].values()
+                    if j["state"] == "RUNNING" and node in j["nodes"]]
+            if busy:
+                # nvidia-smi refuses a GPU with processes on it: the job has to go first.
+                raise ClientError(f"{node} GPU in use by job(s) {', '.join(busy)}: drain and "
+                                  "requeue before a reset")
+            faulty = [g for g in gpus if g["last_xid"] or g["fault_at"] is not None]
+            if not faulty:
+                return ActionResult(call, False, f"{node}: no GPU fault to reset")
+            cleared = {str(g["index"]): g["last_xid"] for g in faulty}
+            for g in faulty:
+                g["last_xid"], g["xid_at"], g["fault_at"] = 0, None, None
+            return ActionResult(call, True, f"{node}: reset GPU "
+                                f"{', '.join(cleared)}; fault cleared", {"cleared_xids": cleared})
+
+    def status(self, node: str) -> ProviderStatus:
+        with self._state() as state:
+            target = _node(state, node)
+            reboot = target.get("reboot")
+            if reboot:
+                what = "in progress" if reboot["started_at"] is not None else \
+                    "requested, waiting for jobs to end"
+                return ProviderStatus(node, "rebooting", f"reboot {what}: {reboot['reason']}")
+            if target["provisioning_until"] is not None:
+                return ProviderStatus(node, "provisioning",
+                                      f"provisioning to replace {target.get('replaces', '')}")
+            replaced = state["replacements"].get(node)
+            if replaced is not None:
+                return ProviderStatus(node, "replaced", f"replaced by {replaced['new_node']}")
+            fallen = [str(g["index"]) for g in target["gpus"] if g["fallen_off"]]
+            if fallen:
+                return ProviderStatus(node, "failed",
+                                      f"GPU {', '.join(fallen)} fallen off the bus")
+            faults = [f"GPU {g['index']} XID {g['last_xid']}" for g in target["gpus"]
+                      if g["fault_at"] is not None]
+            if faults:
+                return ProviderStatus(node, "failed", "; ".join(faults))
+            if not target["in_service"]:
+                return ProviderStatus(node, "ready", "spare capacity, not in service")
+            last = target.get("last_reboot")
+            return ProviderStatus(node, "ready", f"up (rebooted {target.get('reboots', 0)} "
+                                  f"time(s))" if last else "up")

@@ -30,6 +30,15 @@ A small test-only control API under ``/_test/`` (and the same on the Python obje
 the cluster as a kubelet or a controller would: a node's Ready condition, a pod's readiness,
 a new event, and compaction of the watch history (so a test can force 410 Gone).
 
+Node pools (``pools=`` or the seed's ``"pools"``): a stand-in for a cloud's node-pool
+controller or the cluster-autoscaler, which this server otherwise lacks. With
+``pools={"gpu": {"spares": ["gpu-017", "gpu-018"], "delay": 1.0, "ready_delay": 0.5}}``, when a
+Node labelled ``<pool_label>=gpu`` (``fleetwatch.io/pool`` unless the pool names its own
+``"label"``) is deleted, the next spare name joins the pool ``delay`` seconds later as a new
+Node with the same pool label (an ADDED watch event, as when a new VM's kubelet registers),
+Ready at once or, with ``ready_delay``, NotReady first and Ready that much later (MODIFIED).
+No spares left: nothing joins (a pool at its maximum size). ``provisioned`` lists what it did.
+
 Run: ``python deploy/testing/k8s_server.py --port 0 --seed seed.json --kubeconfig out.yaml``
 (prints the port); or ``K8sTestServer(seed).start()`` from Python.
 """
@@ -678,7 +687,8 @@ class K8sTestServer:
                  port: int = 0, token: str | None = None, readonly_token: str | None = None,
                  history_size: int = 1000, bookmark_interval: float = 5.0,
                  max_watch_seconds: float = 1800.0, kubeconfig_path: str | Path | None = None,
-                 tls: bool = True) -> None:
+                 tls: bool = True, pools: dict[str, Obj] | None = None,
+                 pool_label: str = "fleetwatch.io/pool") -> None:
         self.host, self.requested_port = host, port
         # kubectl sends credentials only over TLS (client-go drops them for http:// servers),
         # so the token is checked over HTTPS with a throwaway self-signed certificate; with
@@ -703,6 +713,14 @@ class K8sTestServer:
         # the controllers' scale, so an evicted pod not yet replaced still counts.
         self.controllers: dict[tuple[str, str], Obj] = {}
         self.requests: deque[tuple[str, str, str]] = deque(maxlen=2000)
+        # The node-pool stand-in: pool name -> {"spares": [...], "delay": s, "ready_delay": s,
+        # "label": key}; what it provisioned as (deleted node, new node, pool).
+        self.pool_label = pool_label
+        self.pools: dict[str, Obj] = {name: {**copy.deepcopy(conf),
+                                             "spares": list(conf.get("spares") or [])}
+                                      for name, conf in (pools or {}).items()}
+        self.provisioned: list[tuple[str, str, str]] = []
+        self._timers: list[threading.Timer] = []
         self.stopping = False
         self.port = 0
         self._http: _HttpServer | None = None
@@ -751,6 +769,9 @@ class K8sTestServer:
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
+            timers, self._timers = self._timers, []
+        for timer in timers:
+            timer.cancel()
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
@@ -819,6 +840,8 @@ class K8sTestServer:
         for e in seed.get("events", []):
             self.create("events", e if "metadata" in e else core_event(
                 e["node"], e["reason"], e.get("message", ""), e.get("type", "Normal")))
+        for name, conf in (seed.get("pools") or {}).items():
+            self.pools[name] = {**copy.deepcopy(conf), "spares": list(conf.get("spares") or [])}
 
     # --- storage (call with or without the lock held: it is re-entrant enough) ---
 
@@ -909,7 +932,54 @@ class K8sTestServer:
             gone = copy.deepcopy(old)
             gone["metadata"]["resourceVersion"] = str(self.rv)
             self._record(store, "DELETED", gone, copy.deepcopy(old))
+            if store == "nodes":
+                self._node_left_pool(gone)
             return copy.deepcopy(gone)
+
+    # --- the node-pool stand-in (a cloud's node-pool controller / cluster-autoscaler) ---
+
+    def _pool_of(self, node: Obj) -> str | None:
+        labels = node["metadata"].get("labels") or {}
+        for name, conf in self.pools.items():
+            if labels.get(conf.get("label") or self.pool_label) == name:
+                return name
+        return None
+
+    def _node_left_pool(self, node: Obj) -> None:
+        """A pool member is gone: schedule its replacement (called with the lock held)."""
+        pool = self._pool_of(node)
+        if pool is None or self.stopping:
+            return
+        conf = self.pools[pool]
+        if not conf["spares"]:
+            return  # the pool is at its maximum size: nothing joins
+        new = conf["spares"].pop(0)
+        self.provisioned.append((node["metadata"]["name"], new, pool))
+        timer = threading.Timer(float(conf.get("delay", 1.0)), self._join_pool, (new, pool))
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+    def _join_pool(self, name: str, pool: str) -> None:
+        """A new VM's kubelet registers its Node (Ready unless the pool has a ready_delay)."""
+        conf = self.pools[pool]
+        ready_delay = float(conf.get("ready_delay", 0.0))
+        with self.cond:
+            if self.stopping:
+                return
+            self.create("nodes", expand_node({
+                "name": name, "labels": {conf.get("label") or self.pool_label: pool},
+                "ready": "False" if ready_delay > 0 else "True"}))
+            if ready_delay > 0:
+                timer = threading.Timer(ready_delay, self._pool_node_ready, (name,))
+                timer.daemon = True
+                self._timers.append(timer)
+                timer.start()
+
+    def _pool_node_ready(self, name: str) -> None:
+        with self.cond:
+            if not self.stopping and self.get("nodes", "", name) is not None:
+                self.set_node_ready(name, True)
 
     def get(self, store: str, namespace: str, name: str) -> Obj | None:
         with self.cond:
@@ -1596,13 +1666,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history-size", type=int, default=1000,
                         help="changes kept for watches; older resourceVersions get 410 Gone")
     parser.add_argument("--bookmark-interval", type=float, default=5.0)
+    parser.add_argument("--pools", help='node pools as JSON, e.g. \'{"gpu": {"spares": '
+                        '["gpu-017"], "delay": 1.0}}\': a deleted member is replaced')
     parser.add_argument("--no-tls", action="store_true",
                         help="plain http (kubectl then sends no token: requests are anonymous)")
     args = parser.parse_args(argv)
     server = K8sTestServer(args.seed, host=args.host, port=args.port, token=args.token,
                            history_size=args.history_size,
                            bookmark_interval=args.bookmark_interval,
-                           kubeconfig_path=args.kubeconfig, tls=not args.no_tls)
+                           kubeconfig_path=args.kubeconfig, tls=not args.no_tls,
+                           pools=json.loads(args.pools) if args.pools else None)
     port = server.start()
     print(port, flush=True)
     done = threading.Event()
