@@ -8,20 +8,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import current_app
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from collectors import normalize
 from collectors.bulk import update_columns
 from collectors.clients import Clients, get_clients
-from collectors.clients.base import ClientError, K8sEvent, NicPort
+from collectors.clients.base import ClientError, GpuMetric, K8sEvent, NicPort
 from collectors.models import (
     Cluster,
     CollectorRun,
@@ -347,75 +348,226 @@ def _k8s_events_unseen(events: list[K8sEvent], cursor: dict[str, Any],
 
 GPU_COLUMNS = ["uuid", "last_xid", "last_xid_at", "utilization", "temperature",
                "clock_event_reasons", "dbe_total", "row_remap_failure", "health", "updated_at"]
+# What change detection compares against, per GPU row.
+GPU_STORED = ("node_id", "index", "id", "last_xid", "last_xid_at", "clock_event_reasons",
+              "dbe_total", "row_remap_failure", "uuid", "utilization", "temperature", "health")
+
+
+@dataclass
+class TelemetryRead:
+    """One poll of the telemetry source, in the shape of ``PrometheusTelemetry.changes``'s
+    answer (see ``TelemetryChanges`` there for what each field means). A client without
+    ``changes`` (the simulation) reads every GPU and port each time: complete, no cursor."""
+
+    gpus: list[GpuMetric]
+    ports: list[NicPort]
+    cursor: dict[str, Any] = field(default_factory=dict)
+    complete_gpus: bool = True
+    complete_ports: bool = True
+    unsampled_utilization: set[tuple[str, int]] = field(default_factory=set)
+    unsampled_temperature: set[tuple[str, int]] = field(default_factory=set)
+    reporting: dict[str, int] = field(default_factory=dict)
+    present: dict[str, set[int]] = field(default_factory=dict)
 
 
 def collect_telemetry(cluster: Cluster, clients: Clients, run: RunLog) -> list[SignalDraft]:
-    metrics = clients.telemetry.gpu_metrics()
-    ports = clients.telemetry.nic_ports()
-    _client_warnings(clients.telemetry, run)  # this client keeps both reads' warnings
-    run.counts.update(gpus=len(metrics), nic_ports=len(ports))
-    ids = _nodes_ensure(cluster, [m.node for m in metrics] + [p.node for p in ports])
+    """GPU readings and faults, and NIC ports. A client with ``changes`` (Prometheus) is read
+    whole once and then for what changed since the last poll, with a cursor kept in the
+    source's health row: a GPU or port it does not mention is unchanged, never failed."""
+    telemetry = clients.telemetry
+    health = SourceHealth.objects.get(cluster=cluster, name="telemetry")
+    feed = getattr(telemetry, "changes", None)
+    if feed is None:
+        read = TelemetryRead(telemetry.gpu_metrics(), telemetry.nic_ports())
+    else:
+        cursor = dict(health.cursor or {})
+        read = feed(cursor, _gpus_reporting(cluster) if cursor else {})
+    _client_warnings(telemetry, run)  # this client keeps both reads' warnings
+    run.counts.update(gpus=len(read.gpus), nic_ports=len(read.ports),
+                      incremental=int(not read.complete_gpus))
+    ids = _nodes_ensure(cluster, [m.node for m in read.gpus] + [p.node for p in read.ports]
+                        + list(read.present))
+    drafts = _gpus(cluster, ids, read, run)
+    drafts += _nics(cluster, ids, read.ports, read.complete_ports, run)
+    if read.cursor != health.cursor:
+        health.cursor = read.cursor
+        health.save(update_fields=["cursor"])
+    return drafts
 
-    def gpus_stored() -> dict[tuple[int, int], tuple[Any, ...]]:
-        return {(r[0], r[1]): r[2:] for r in Gpu.objects.filter(node__cluster=cluster)
-                .values_list("node_id", "index", "id", "last_xid", "last_xid_at",
-                             "clock_event_reasons", "dbe_total", "row_remap_failure", "uuid",
-                             "utilization", "temperature", "health")}
 
-    stored = gpus_stored()
-    missing = {(ids[m.node], m.gpu) for m in metrics} - set(stored)
-    if missing:
-        Gpu.objects.bulk_create([Gpu(node_id=n, index=i) for n, i in sorted(missing)],
+def _gpus_reporting(cluster: Cluster) -> dict[str, int]:
+    """Per node, the GPUs FleetWatch holds as reporting (a utilisation or a temperature):
+    what Prometheus's per-node count is compared with to find a GPU that went silent."""
+    gpu, node = Gpu._meta.db_table, Node._meta.db_table
+    # One aggregate in the database rather than 100,000 rows brought back.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'SELECT n.name, COUNT(*) FROM "{gpu}" g JOIN "{node}" n ON n.id = g.node_id '
+            "WHERE n.cluster_id = %s AND (g.utilization IS NOT NULL OR g.temperature IS NOT NULL) "
+            "GROUP BY n.id, n.name", [cluster.pk])
+        return dict(cursor.fetchall())
+
+
+def _gpu_rows(cluster: Cluster, node_ids: Collection[int] | None
+              ) -> dict[tuple[int, int], tuple[Any, ...]]:
+    """Stored GPU rows by (node id, index): every GPU of the cluster, or of these nodes."""
+    if node_ids is None:
+        rows: Iterable[tuple[Any, ...]] = Gpu.objects.filter(node__cluster=cluster).order_by() \
+            .values_list(*GPU_STORED)
+    elif not node_ids:
+        return {}
+    elif connection.vendor == "postgresql":
+        # One array parameter: a few thousand ids as IN (%s, ...) cost more to send than
+        # the rows they select.
+        columns = ", ".join(f'"{Gpu._meta.get_field(name).column}"' for name in GPU_STORED)
+        with connection.cursor() as cursor:
+            cursor.execute(f'SELECT {columns} FROM "{Gpu._meta.db_table}" '
+                           'WHERE "node_id" = ANY(%s)', [sorted(node_ids)])
+            rows = cursor.fetchall()
+    else:
+        rows = Gpu.objects.filter(node_id__in=sorted(node_ids)).order_by().values_list(*GPU_STORED)
+    return {(r[0], r[1]): r[2:] for r in rows}
+
+
+def _gpu_nodes_unquiet(cluster: Cluster) -> set[int]:
+    """Nodes with a GPU whose stored fault fields are not quiet: an incremental answer that
+    leaves such a GPU out says its fields went quiet (sparse queries), so it is read back."""
+    return set(Gpu.objects.filter(node__cluster=cluster).filter(
+        ~Q(last_xid=0) | ~Q(clock_event_reasons=0) | Q(dbe_total__isnull=False)
+        | Q(row_remap_failure=True)).order_by().values_list("node_id", flat=True).distinct())
+
+
+def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryRead,
+          run: RunLog) -> list[SignalDraft]:
+    complete = read.complete_gpus
+    answer = {(ids[m.node], m.gpu): m for m in read.gpus}
+    # Every GPU of every node the answer touches (a node's health is all of its GPUs'), and
+    # of the nodes whose GPUs may have gone quiet or silent.
+    node_ids = None if complete else ({n for n, _ in answer} | {ids[n] for n in read.present}
+                                      | _gpu_nodes_unquiet(cluster))
+    stored = _gpu_rows(cluster, node_ids)
+    created = set(answer) - set(stored)
+    if created:
+        Gpu.objects.bulk_create([Gpu(node_id=n, index=i) for n, i in sorted(created)],
                                 ignore_conflicts=True, batch_size=5000)
-        stored = gpus_stored()
+        stored.update(_gpu_rows(cluster, {n for n, _ in created}))
+    names = {v: k for k, v in ids.items()}
+    answered_nodes = {m.node for m in read.gpus}
     now = timezone.now()
     drafts: list[SignalDraft] = []
     rows = []
     samples = []
-    failing: dict[str, bool] = {}
+    touched: set[int] = set()  # nodes with a GPU read or judged this poll
+    failing: set[int] = set()  # nodes with a failed GPU, read or as stored
     keep_samples = settings.FLEETWATCH_STORE_GPU_SAMPLES
-    for m in metrics:
-        node_id = ids[m.node]
-        pk, last_xid, last_xid_at, clocks, dbe, remap, *shown = stored[(node_id, m.gpu)]
-        if (m.last_xid != last_xid or (m.clock_event_reasons | clocks) & normalize.THERMAL_BITS
-                or m.dbe_total != dbe or bool(m.row_remap_failure) != remap):
-            drafts += normalize.gpu_changes(normalize.GpuSeen(last_xid, clocks, dbe, remap), m)
+    unsampled_u, unsampled_t = read.unsampled_utilization, read.unsampled_temperature
+    failed_health = Node.Health.FAILED
+    for key, (pk, last_xid, last_xid_at, clocks, dbe, remap, uuid, util, temp,
+              stored_health) in stored.items():
+        node_id = key[0]
+        m = answer.get(key)
+        sampled = True
+        if m is None:
+            m = _gpu_unreported(names[node_id], key[1], stored[key], read, answered_nodes)
+            if m is None:  # nothing new about it: as stored
+                if stored_health == failed_health:
+                    failing.add(node_id)
+                continue
+            silent = m.utilization is None and m.temperature is None
+            sampled = False
+        else:
+            gpu_key = (m.node, m.gpu)
+            fill_u, fill_t = gpu_key in unsampled_u, gpu_key in unsampled_t
+            if fill_u or fill_t or not m.uuid:
+                # A reading with no new sample since the last poll is what was stored.
+                m = replace(m, uuid=m.uuid or uuid,
+                            utilization=util if fill_u else m.utilization,
+                            temperature=temp if fill_t else m.temperature)
+            sampled = not (fill_u and fill_t)
+            silent = m.utilization is None and m.temperature is None
+            if not sampled and key in created:
+                silent = False  # never read yet: unknown, not silent (read at its next scrape)
+            if (m.last_xid != last_xid
+                    or (m.clock_event_reasons | clocks) & normalize.THERMAL_BITS
+                    or m.dbe_total != dbe or bool(m.row_remap_failure) != remap):
+                drafts += normalize.gpu_changes(
+                    normalize.GpuSeen(last_xid, clocks, dbe, remap), m)
         # A GPU with no readings at all has gone (off the bus); one missing field is a site
         # that does not collect it, never a failure.
-        silent = m.utilization is None and m.temperature is None
         failed = m.last_xid in FAILING_XIDS_FOR_HEALTH or bool(m.row_remap_failure) or silent
-        failing[m.node] = failing.get(m.node, False) or failed
-        health = Node.Health.FAILED if failed else Node.Health.HEALTHY
-        # A row is written only when something in it moved: the exporter is scraped every
-        # 15 s or so, and most polls in between read the very same values.
+        touched.add(node_id)
+        if failed:
+            failing.add(node_id)
+        health = failed_health if failed else Node.Health.HEALTHY
+        # A row is written only when something in it moved: most GPUs' readings are as
+        # they were at the last poll.
         if (m.last_xid != last_xid or m.clock_event_reasons != clocks or m.dbe_total != dbe
-                or bool(m.row_remap_failure) != remap
-                or shown != [m.uuid, m.utilization, m.temperature, health]):
+                or bool(m.row_remap_failure) != remap or m.uuid != uuid
+                or m.utilization != util or m.temperature != temp or health != stored_health):
             rows.append((pk, m.uuid, m.last_xid,
                          now if m.last_xid != last_xid else last_xid_at, m.utilization,
                          m.temperature, m.clock_event_reasons, m.dbe_total,
                          bool(m.row_remap_failure), health, now))
-        if keep_samples:
+        if keep_samples and sampled:
             samples.append(GpuSample(node_id=node_id, gpu_index=m.gpu, at=now,
                                      utilization=m.utilization, temperature=m.temperature))
     update_columns(Gpu, GPU_COLUMNS, rows)
     run.counts["gpus_changed"] = len(rows)
     GpuSample.objects.bulk_create(samples, batch_size=5000)
-    for health in (Node.Health.FAILED, Node.Health.HEALTHY):
-        names = [n for n, bad in failing.items() if (health == Node.Health.FAILED) == bad]
-        Node.objects.filter(cluster=cluster, name__in=names).exclude(health=health).update(
-            health=health)
-    drafts += _nics(cluster, ids, ports, run)
+    # A node's health is its GPUs': only the nodes this poll judged, only where it moved.
+    nodes = Node.objects.filter(cluster=cluster)
+    if not complete and len(touched) < 2000:
+        nodes = nodes.filter(id__in=sorted(touched))
+    moved = []
+    for node_id, was in nodes.order_by().values_list("id", "health"):
+        health = failed_health if node_id in failing else Node.Health.HEALTHY
+        if node_id in touched and was != health:
+            moved.append((node_id, health))
+    update_columns(Node, ["health"], moved)
     return drafts
 
 
-def _nics(cluster: Cluster, ids: dict[str, int], ports: list[NicPort],
+def _gpu_unreported(node: str, index: int, row: tuple[Any, ...], read: TelemetryRead,
+                    answered_nodes: set[str]) -> GpuMetric | None:
+    """What to make of a stored GPU the answer leaves out: None when that means nothing
+    changed; a GPU without readings when it went silent while its node's others still
+    report; its quiet fault fields when they went quiet (an incremental answer's sparse
+    queries leave such a GPU out)."""
+    _, last_xid, _, clocks, dbe, remap, uuid, util, temp, _ = row
+    reporting = util is not None or temp is not None
+    if read.complete_gpus:
+        # Every GPU with a series is in the answer: one missing from a node that answers
+        # has gone silent. A node with none at all is not read as failed.
+        present = node not in answered_nodes or not reporting
+    elif node in read.present:
+        present = index in read.present[node]
+    elif node in read.reporting:
+        # As many GPUs report as FleetWatch knows: every one it holds as reporting.
+        present = reporting
+    else:
+        return None  # no series from the node at all: nothing known, nothing changed
+    if not present:
+        if not reporting:
+            return None  # silent already
+        return GpuMetric(node, index, uuid, None, None, last_xid,
+                         clock_event_reasons=clocks, dbe_total=dbe, row_remap_failure=int(remap))
+    if read.complete_gpus or (last_xid == 0 and clocks == 0 and dbe is None and not remap):
+        return None
+    return GpuMetric(node, index, uuid, util, temp, 0)
+
+
+def _nics(cluster: Cluster, ids: dict[str, int], ports: list[NicPort], complete: bool,
           run: RunLog) -> list[SignalDraft]:
-    stored = {r[0]: r[1:] for r in Node.objects.filter(cluster=cluster).values_list(
-        "name", "nic_ports", "nic_state", "nic_link_downed")}
+    """Port readings and each node's NIC summary. ``complete``: every port is in ``ports``;
+    otherwise only those that changed lately, and a node's other ports are as stored."""
     by_node: dict[str, list[NicPort]] = {}
     for port in ports:
         by_node.setdefault(port.node, []).append(port)
+    nodes = Node.objects.filter(cluster=cluster)
+    if not complete and len(by_node) < 2000:
+        nodes = nodes.filter(name__in=sorted(by_node))
+    stored = {r[0]: r[1:] for r in nodes.order_by().values_list(
+        "name", "nic_ports", "nic_state", "nic_link_downed")}
     drafts: list[SignalDraft] = []
     changed = []
     for name, node_ports in by_node.items():
@@ -425,8 +577,15 @@ def _nics(cluster: Cluster, ids: dict[str, int], ports: list[NicPort],
             key = f"{port.device}/{port.port}"
             drafts += normalize.nic_changes(readings.get(key), port)
             readings[key] = normalize.nic_reading(port)
-        worst = next((p.state for p in node_ports if p.state != "ACTIVE"), "ACTIVE")
-        total = sum(p.link_downed for p in node_ports)
+        if complete:
+            worst = next((p.state for p in node_ports if p.state != "ACTIVE"), "ACTIVE")
+            total = sum(p.link_downed for p in node_ports)
+        else:
+            # Some of the node's ports were read; the others' last readings stand.
+            current = [readings[k] for k in sorted(readings)]
+            worst = next((str(r.get("state")) for r in current if r.get("state") != "ACTIVE"),
+                         "ACTIVE")
+            total = sum(int(r.get("link_downed") or 0) for r in current)
         if (readings, worst, total) != (before, state, downed):
             changed.append((ids[name], readings, worst, total))
     update_columns(Node, ["nic_ports", "nic_state", "nic_link_downed"], changed)

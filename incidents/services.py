@@ -434,7 +434,7 @@ def _step_context(step: Step) -> StepContext:
         audit_record(verb, target, remediation=rem, step=step, ok=error is None,
                      call=result.call if result else "",
                      result=error or (result.detail if result else ""),
-                     data={"changed": result.changed} if result else {},
+                     data={"changed": result.changed, **result.data} if result else {},
                      duration_ms=duration_ms)
 
     return StepContext(

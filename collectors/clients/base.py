@@ -7,6 +7,7 @@ methods check the current state first (so a retried step does nothing twice) and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -131,9 +132,13 @@ class K8sEvent:
 @dataclass(frozen=True)
 class Replacement:
     old_node: str
-    new_node: str
+    new_node: str  # may be "" until the provider knows (a node pool names it when it comes)
     ready: bool
     detail: str = ""
+    call: str = ""  # the outside call made, for the audit trail
+    # What the caller keeps and hands back to replacement_status(node, data), so any worker
+    # can follow the replacement without the provider holding state.
+    data: dict[str, object] = field(default_factory=dict)
 
 
 class SlurmClient(Protocol):
@@ -182,7 +187,8 @@ class NodeProvider(Protocol):
     under way returns its progress instead of starting it twice."""
 
     def replace(self, node: str) -> Replacement: ...
-    def replacement_status(self, node: str) -> Replacement | None: ...
+    def replacement_status(self, node: str,
+                           data: Mapping[str, object] | None = None) -> Replacement | None: ...
     def reboot(self, node: str, reason: str) -> ActionResult: ...
     def reset_gpu(self, node: str, gpu: int | None) -> ActionResult: ...
     def status(self, node: str) -> ProviderStatus: ...
@@ -199,7 +205,8 @@ class NoProvider:
     def replace(self, node: str) -> Replacement:
         raise self._refuse("replace", node)
 
-    def replacement_status(self, node: str) -> Replacement | None:
+    def replacement_status(self, node: str,
+                           data: Mapping[str, object] | None = None) -> Replacement | None:
         return None
 
     def reboot(self, node: str, reason: str) -> ActionResult:

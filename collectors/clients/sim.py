@@ -35,7 +35,7 @@ import os
 import random
 import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -661,7 +661,8 @@ class SimProvider(_SimClient):
                                            "ready_at": None}
             return Replacement(node, new, False, f"provisioning {new} from the spare pool")
 
-    def replacement_status(self, node: str) -> Replacement | None:
+    def replacement_status(self, node: str,
+                           data: Mapping[str, object] | None = None) -> Replacement | None:
         with self._state() as state:
             existing = state["replacements"].get(node)
             if existing is None:

@@ -90,7 +90,10 @@ class StepContext:
             # A client bug or an unwrapped error is still an outside call with an unknown
             # outcome: it is audited like a ClientError, then raised for the engine to handle.
             error = str(exc) if isinstance(exc, ClientError) else f"{type(exc).__name__}: {exc}"
-            self.audit(verb, target, None, error, (time.monotonic() - started) * 1000)
+            # A provider that ran a program says what it ran and what came back.
+            failed = (ActionResult(exc.call, False, error, dict(getattr(exc, "data", {})))
+                      if getattr(exc, "call", "") else None)
+            self.audit(verb, target, failed, error, (time.monotonic() - started) * 1000)
             raise
         self.audit(verb, target, result, None, (time.monotonic() - started) * 1000)
         return result
@@ -191,22 +194,26 @@ def cordon_and_drain(ctx: StepContext) -> Outcome:
 def replace_node(ctx: StepContext) -> Outcome:
     state = dict(ctx.state)
     provider = ctx.clients.provider
-    if "new_node" not in state:
+    if "requested" not in state:
         result = ctx.call("provider.replace", ctx.node, _replace_call(provider), ctx.node)
-        state["new_node"] = result.data["new_node"]
-    status = provider.replacement_status(ctx.node)
+        state["requested"] = True
+        state["new_node"] = result.data.get("new_node") or ""
+        state["provider_data"] = result.data.get("provider_data") or {}
+    status = provider.replacement_status(ctx.node, state.get("provider_data") or None)
     if status is None:
         raise ClientError(f"the provider lost the replacement for {ctx.node}")
+    # A node pool names the new node only once it has come; a spare is named at once.
+    state["new_node"] = status.new_node or state.get("new_node", "")
     if not status.ready:
-        return Wait(f"{state['new_node']} provisioning ({status.detail})", state)
+        return Wait(f"{state['new_node'] or 'a new node'} provisioning ({status.detail})", state)
     return Done(f"{state['new_node']} provisioned to replace {ctx.node}", state)
 
 
 def _replace_call(provider: Any) -> Callable[[str], ActionResult]:
     def call(node: str) -> ActionResult:
         r = provider.replace(node)
-        return ActionResult(f"provider replace {node}", True, r.detail,
-                            {"new_node": r.new_node})
+        return ActionResult(r.call or f"provider replace {node}", True, r.detail,
+                            {"new_node": r.new_node, "provider_data": dict(r.data)})
     return call
 
 
