@@ -174,6 +174,9 @@ class Step(models.Model):
     # queues again a step whose time has long passed with nobody holding its lease: its
     # message was lost with a killed worker or a restarted broker.
     next_check_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # The outside calls this step has completed ("verb target"), saved as each one returns:
+    # a step run again after its worker died mid-way does not make them a second time.
+    done_calls = models.JSONField(default=list, blank=True)
     result: Any = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
 

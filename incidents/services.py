@@ -442,10 +442,19 @@ def _step_context(step: Step) -> StepContext:
         explanation=incident.explanation, nodes=list(incident.nodes), clients=get_clients(),
         grace_seconds=settings.FLEETWATCH_SLURM_GRACE_SECONDS, state=dict(step.result),
         previous=previous, audit=audit, remediation_id=rem.pk, gpus=_incident_gpus(incident),
+        done_calls=set(step.done_calls), on_call_done=lambda key: _step_call_done(step.pk, key),
         jobs=_incident_job_owners(incident), switch=incident.switch,
         facts=Facts(last_link_change=lambda node: _last_link_change(incident, node),
                     mark_rma=lambda node, why: _node_mark_rma(node, why, rem)),
     )
+
+
+def _step_call_done(step_id: int, key: str) -> None:
+    """Save at once (autocommit: the executor runs outside any transaction) that this call
+    completed, so a run after a crash skips it. The step is leased to this worker."""
+    done = list(Step.objects.filter(pk=step_id).values_list("done_calls", flat=True).first()
+                or [])
+    Step.objects.filter(pk=step_id).update(done_calls=[*done, key])
 
 
 def _incident_gpus(incident: Incident) -> list[int]:

@@ -74,6 +74,9 @@ class StepContext:
     jobs: dict[str, str] = field(default_factory=dict)
     switch: str = ""
     facts: Facts | None = None
+    # The calls this step already completed in an earlier run, and how to record one more.
+    done_calls: set[str] = field(default_factory=set)
+    on_call_done: Callable[[str], None] | None = None
 
     @property
     def node(self) -> str:
@@ -81,6 +84,12 @@ class StepContext:
 
     def call(self, verb: str, target: str, fn: Callable[..., ActionResult],
              *args: Any) -> ActionResult:
+        key = f"{verb} {target}"
+        if key in self.done_calls:
+            # Made by an earlier run of this step that died before saving its result: not
+            # made again, not audited again (its audit entry exists).
+            return ActionResult(f"({verb} {target}: done before a restart)", False,
+                                "done by an earlier run of this step")
         # Timed around the outside call alone (monotonic: immune to clock steps), so the
         # audit shows how long Slurm, Kubernetes or the provider took, not our bookkeeping.
         started = time.monotonic()
@@ -96,6 +105,9 @@ class StepContext:
             self.audit(verb, target, failed, error, (time.monotonic() - started) * 1000)
             raise
         self.audit(verb, target, result, None, (time.monotonic() - started) * 1000)
+        self.done_calls.add(key)
+        if self.on_call_done is not None:
+            self.on_call_done(key)
         return result
 
 

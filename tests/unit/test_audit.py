@@ -352,10 +352,34 @@ def test_every_outside_call_is_audited_with_its_duration_even_when_it_blows_up()
         raise KeyError("nodes")
 
     ctx.call("slurm.drain", "n1", slow)
-    for fn in (refused, buggy):
+    for target, fn in (("n2", refused), ("n3", buggy)):
         with pytest.raises((ClientError, KeyError)):
-            ctx.call("slurm.drain", "n1", fn)
+            ctx.call("slurm.drain", target, fn)
     [(_, ok_error, ok_ms), (_, refused_error, _), (_, bug_error, _)] = seen
     assert ok_error is None and ok_ms is not None and 15 <= ok_ms < 1000
     assert refused_error == "slurmctld said no" and bug_error == "KeyError: 'nodes'"
     assert all(ms is not None and ms >= 0 for *_, ms in seen)
+
+
+def test_a_step_run_again_after_a_crash_skips_the_calls_it_had_completed() -> None:
+    from collectors.clients.base import ActionResult
+    from incidents.remediation.steps import StepContext
+
+    made: list[str] = []
+    saved: list[str] = []
+
+    def drain() -> ActionResult:
+        made.append("drain")
+        return ActionResult(call="scontrol update nodename=n1 state=DRAIN", changed=True)
+
+    def ctx(done: set[str]) -> StepContext:
+        return StepContext(incident_id=1, root_cause="gpu_hardware", explanation="",
+                           nodes=["n1"], clients=None, grace_seconds=0,  # type: ignore[arg-type]
+                           state={}, previous={}, audit=lambda *a: None, done_calls=done,
+                           on_call_done=saved.append)
+
+    ctx(set()).call("slurm.drain", "n1", drain)
+    assert saved == ["slurm.drain n1"]  # recorded as soon as the call returned
+    # The worker died before the step saved its result; the next run has the record.
+    again = ctx(set(saved)).call("slurm.drain", "n1", drain)
+    assert made == ["drain"] and not again.changed and "earlier run" in again.detail
