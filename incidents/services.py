@@ -91,6 +91,12 @@ def _incident_record(cluster_id: int, diagnosis: Diagnosis) -> tuple[Incident, b
         .order_by("-opened_at")
         .first()
     )
+    if existing is None and diagnosis.root_cause == "node_unreachable":
+        # A node FleetWatch is repairing (draining, rebooting, replacing) stops answering
+        # because of the repair: that is the repair's evidence, not a new incident.
+        holding = policy.remediation_holding(diagnosis.nodes)
+        if holding is not None:
+            existing = Incident.objects.select_for_update().get(pk=holding.incident_id)
     if existing is not None:
         added = _evidence_add(existing, diagnosis.evidence)
         if added:

@@ -116,7 +116,9 @@ def decide(incident: Incident, *, automatic: bool) -> Decision:
     return Decision(playbook, mode, hold, rma, step_modes, escalation)
 
 
-def node_busy(nodes: Iterable[str], exclude_incident: int | None = None) -> str:
+def remediation_holding(nodes: Iterable[str],
+                        exclude_incident: int | None = None) -> Remediation | None:
+    """The live remediation acting on any of ``nodes``, if one is."""
     wanted = set(nodes)
     live = (Remediation.objects.filter(status__in=HOLDING).select_related("incident")
             .exclude(incident_id=exclude_incident))
@@ -124,11 +126,18 @@ def node_busy(nodes: Iterable[str], exclude_incident: int | None = None) -> str:
         # A remediation held before it acted (approve mode, a rail) holds no node yet.
         if rem.status == Remediation.Status.AWAITING_APPROVAL and rem.started_at is None:
             continue
-        busy = wanted & set(rem.nodes or rem.incident.nodes)
-        if busy:
-            return (f"{', '.join(sorted(busy))} already in remediation {rem.pk} "
-                    f"(incident {rem.incident_id}); one remediation per node at a time")
-    return ""
+        if wanted & set(rem.nodes or rem.incident.nodes):
+            return rem
+    return None
+
+
+def node_busy(nodes: Iterable[str], exclude_incident: int | None = None) -> str:
+    rem = remediation_holding(nodes, exclude_incident)
+    if rem is None:
+        return ""
+    busy = set(nodes) & set(rem.nodes or rem.incident.nodes)
+    return (f"{', '.join(sorted(busy))} already in remediation {rem.pk} "
+            f"(incident {rem.incident_id}); one remediation per node at a time")
 
 
 def hold_reason(incident: Incident, nodes: list[str], *, automatic: bool,

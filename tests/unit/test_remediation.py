@@ -644,3 +644,16 @@ def test_the_watchdog_requeues_a_step_whose_message_was_lost(
     assert first.next_check_at > NOW.replace(year=2020)
     # Later steps, never queued, and steps of stopped remediations are left alone.
     assert rem.steps.get(order=3).next_check_at is None
+
+
+def test_a_node_going_quiet_during_its_own_repair_is_not_a_new_incident(
+        cluster: Any, django_capture_on_commit_callbacks: Any) -> None:
+    first = open_incident(cluster, diag("nvlink"), django_capture_on_commit_callbacks)
+    assert first.remediations.get().status == "running"
+    # The reboot makes the node stop answering: diagnosis says node_unreachable.
+    again = open_incident(cluster, diag("node_unreachable"), django_capture_on_commit_callbacks)
+    assert again.pk == first.pk and Incident.objects.count() == 1
+    # Once nothing repairs it, the same symptom is an incident of its own.
+    services.remediation_cancel(first.remediations.get().pk, None)  # type: ignore[arg-type]
+    other = open_incident(cluster, diag("node_unreachable"), django_capture_on_commit_callbacks)
+    assert other.pk != first.pk and other.root_cause == "node_unreachable"
