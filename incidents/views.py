@@ -15,7 +15,7 @@ from collectors.clients.base import ClientError
 from collectors.models import SourceHealth
 from incidents import selectors, services
 from incidents.audit import actor_name, audit_record
-from incidents.models import Incident, Remediation
+from incidents.models import Incident, Remediation, Step
 from incidents.remediation.playbooks import playbook_get
 
 
@@ -62,10 +62,13 @@ def incident_list(request: HttpRequest) -> HttpResponse:
 def _incident_context(incident: Incident) -> dict[str, object]:
     remediation = selectors.remediation_current(incident)
     playbook = playbook_get(incident.playbook)
+    steps = list(remediation.steps.all()) if remediation else []
     return {
         "incident": incident,
         "remediation": remediation,
-        "steps": list(remediation.steps.all()) if remediation else [],
+        "steps": steps,
+        "awaiting_step": next((s for s in steps if s.status == Step.Status.AWAITING_APPROVAL),
+                              None),
         "playbook": playbook,
         "timeline": selectors.incident_timeline(incident),
         "can_start": remediation is None or remediation.status in (

@@ -179,3 +179,24 @@ def test_chart_says_why_it_is_empty_when_prometheus_is_down(client: Client, oper
     chart = client.get(f"/incidents/{incident.pk}/chart.json").json()
     assert chart["series"] == {} and chart["error"].startswith("telemetry unavailable")
     assert client.get(f"/incidents/{incident.pk}/").status_code == 200  # the page still works
+
+
+def test_a_step_waiting_for_approval_says_so_and_what_approving_runs(
+        client: Client, operator: Any, sim_fleet: SimFleet, settings: Any,
+        django_capture_on_commit_callbacks: Any) -> None:
+    settings.FLEETWATCH_STEP_MODES = {"reboot": "approve"}
+    cluster = collectors.cluster_default()
+    with django_capture_on_commit_callbacks():
+        incident, _ = services.incident_record(cluster.pk, Diagnosis(
+            "nvlink", ("gpu-005",), 0.95, "reboot_node", "XID 74 on gpu-005",
+            datetime(2026, 12, 3, 10, 0, tzinfo=UTC)))
+    rem = incident.remediations.get()
+    reboot = rem.steps.get(kind="reboot")
+    with django_capture_on_commit_callbacks():  # the steps before it are done; it is next
+        rem.steps.filter(order__lt=reboot.order).update(status="succeeded")
+        assert services.step_run(reboot.pk) == "awaiting approval"
+    client.force_login(operator)
+    page = client.get(f"/incidents/{incident.pk}/").content.decode()
+    assert "Waiting for approval:" in page and "needs a person&#x27;s approval" in page
+    assert "This lets step 4 run now: <b>reboot the node</b> for <b>gpu-005</b>" in page
+    assert "approve first</span>" in page  # the step's own mode is shown
