@@ -118,9 +118,13 @@ def real_slurm() -> SlurmClient:
 def real_kubernetes() -> KubernetesClient:
     from collectors.clients.kubernetes import KubernetesApi
 
+    # An eviction a PodDisruptionBudget holds back is retried inside one step run for at most
+    # a third of the Celery soft time limit; after that the step fails transiently and the
+    # engine retries it later, instead of the time limit killing it mid-call.
     return KubernetesApi(kubeconfig=settings.FLEETWATCH_KUBECONFIG or None,
                          context=settings.FLEETWATCH_KUBE_CONTEXT or None,
-                         timeout=settings.FLEETWATCH_HTTP_TIMEOUT * 2)
+                         timeout=settings.FLEETWATCH_HTTP_TIMEOUT * 2,
+                         evict_max_wait=settings.CELERY_TASK_SOFT_TIME_LIMIT / 3)
 
 
 def real_telemetry() -> TelemetryClient:

@@ -251,7 +251,9 @@ def resume(ctx: StepContext) -> Outcome:
             "resumed_from_step": jobs[j].resumed_from_step}
         for j in requeued
     }
-    running = ", ".join(f"job {j} from step {jobs[j].resumed_from_step}" for j in requeued)
+    # Only the simulation knows a job's training step; real Slurm reports none (not "None").
+    running = ", ".join(f"job {j} running again" if jobs[j].resumed_from_step is None
+                        else f"job {j} from step {jobs[j].resumed_from_step}" for j in requeued)
     return Done(f"{new} in service" + (f"; {running}" if running else ""), state)
 
 
