@@ -292,6 +292,35 @@ def remediation_continue(remediation_id: int, user: AbstractBaseUser) -> Remedia
         return rem
 
 
+def remediation_retry(remediation_id: int, user: AbstractBaseUser) -> Remediation:
+    """Run a failed remediation's failed step again (a person fixed what stopped it). The
+    calls that step completed before it failed are not made again."""
+    actor = actor_name(user)
+    with transaction.atomic():
+        rem = Remediation.objects.select_for_update().select_related("incident").get(
+            pk=remediation_id)
+        step = rem.steps.select_for_update().filter(status=Step.Status.FAILED).first()
+        if rem.status != Remediation.Status.FAILED or step is None:
+            raise InvalidTransition(f"remediation {rem.pk} is {rem.get_status_display()}; "
+                                    "no failed step to retry")
+        busy = policy.node_busy(rem.nodes, exclude_incident=rem.incident_id)
+        if busy:
+            raise InvalidTransition(f"cannot retry yet: {busy}")
+        failed_with = step.error
+        step.status, step.attempts, step.checks = Step.Status.PENDING, 0, 0
+        step.finished_at, step.started_at, step.lease_until = None, None, None
+        step.detail = f"retried by {actor} after: {failed_with}"[:2000]
+        step.error = ""
+        step.save()
+        rem.status, rem.finished_at = Remediation.Status.RUNNING, None
+        rem.save()
+        audit_record("step.retried", step.kind, actor=actor, remediation=rem, step=step,
+                     result=f"failed with: {failed_with}")
+        _incident_status(rem.incident, Incident.Status.REMEDIATING)
+        _step_enqueue(step.pk)
+        return rem
+
+
 def remediation_cancel(remediation_id: int, user: AbstractBaseUser) -> Remediation:
     actor = actor_name(user)
     with transaction.atomic():

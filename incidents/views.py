@@ -107,6 +107,7 @@ ACTIONS = {
     "approve": services.remediation_approve,
     "continue": services.remediation_continue,
     "cancel": services.remediation_cancel,
+    "retry": services.remediation_retry,
 }
 
 

@@ -85,6 +85,11 @@ class RemediationViewSet(viewsets.ReadOnlyModelViewSet):
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         return self._act(services.remediation_cancel, pk)
 
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, pk: str | None = None) -> Response:
+        """Run the failed step of a failed remediation again."""
+        return self._act(services.remediation_retry, pk)
+
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = NodeSerializer

@@ -657,3 +657,25 @@ def test_a_node_going_quiet_during_its_own_repair_is_not_a_new_incident(
     services.remediation_cancel(first.remediations.get().pk, None)  # type: ignore[arg-type]
     other = open_incident(cluster, diag("node_unreachable"), django_capture_on_commit_callbacks)
     assert other.pk != first.pk and other.root_cause == "node_unreachable"
+
+
+def test_a_failed_step_can_be_retried_once_a_person_fixed_the_cause(
+        cluster: Any, operator: Any, django_capture_on_commit_callbacks: Any) -> None:
+    incident = open_incident(cluster, diag("gpu_hardware"), django_capture_on_commit_callbacks)
+    rem = incident.remediations.get()
+    with pytest.raises(services.InvalidTransition, match="no failed step to retry"):
+        services.remediation_retry(rem.pk, operator)
+    step = rem.steps.get(order=1)
+    with django_capture_on_commit_callbacks():
+        services._step_fail(Step.objects.select_related("remediation__incident").get(
+            pk=step.pk), "webhook answered 404")
+    rem.refresh_from_db()
+    assert rem.status == "failed"
+    with django_capture_on_commit_callbacks() as queued:
+        services.remediation_retry(rem.pk, operator)
+    assert len(queued) == 1
+    step.refresh_from_db()
+    rem.refresh_from_db()
+    assert (rem.status, step.status, step.attempts) == ("running", "pending", 0)
+    assert "retried by user:olivia after: webhook answered 404" in step.detail
+    assert AuditEntry.objects.filter(verb="step.retried", actor="user:olivia").count() == 1
