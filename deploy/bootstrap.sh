@@ -12,6 +12,10 @@ if [ "${1:-run}" = test ]; then
   command -v munged >/dev/null || need+=(munge)
   command -v prometheus >/dev/null || need+=(prometheus)
   command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
+  # The browser tests drive Debian's Chromium; the Kubernetes test server makes its TLS
+  # certificate with openssl; kubectl is on the machine (no Kubernetes package is installed).
+  command -v chromium >/dev/null || need+=(chromium)
+  command -v openssl >/dev/null || need+=(openssl)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

@@ -17,6 +17,39 @@ from fleetwatch.request_id import request_id_reset, request_id_set
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetwatch.settings")
 
+
+def _redis_restore_after_collect_tolerated() -> None:
+    """Keep a worker alive when its Redis broker goes away while it holds unacked messages.
+
+    Celery 5.7.0's consumer (kombu 5.7.0), on a lost broker connection, ``collect()``s the
+    connection (which clears the transport's ``client``) and then ``close()``s it. Closing a
+    Redis channel that still holds unacked messages (an acks_late step running, a step's
+    countdown poll waiting) tries to restore them through a new client built from that
+    ``client``: AttributeError, not a connection error, so the worker dies with "Unrecoverable
+    error" instead of reconnecting. Nothing can be restored through a dead connection anyway:
+    the messages stay in Redis's unacked set (restored after the visibility timeout) or were
+    lost with Redis, and the step watchdog re-queues remediation steps from the database.
+    tests/integration/test_chaos.py (the Redis restart) fails without this.
+    """
+    from kombu.transport import redis as kombu_redis
+
+    original = kombu_redis.QoS.restore_unacked
+    if getattr(original, "_fleetwatch", False):
+        return
+
+    def restore_unacked(self: kombu_redis.QoS, client: object = None) -> object:
+        if client is None and getattr(self.channel.connection, "client", None) is None:
+            # The transport was collected: forget the deliveries instead of crashing. A
+            # graceful shutdown closes channels before the transport, so it still restores.
+            self._delivered.clear()
+            return None
+        return original(self, client)
+
+    restore_unacked._fleetwatch = True  # type: ignore[attr-defined]
+    kombu_redis.QoS.restore_unacked = restore_unacked  # type: ignore[method-assign]
+
+
+_redis_restore_after_collect_tolerated()
 app = Celery("fleetwatch")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_queues = [Queue("collect"), Queue("diagnose"), Queue("remediate"), Queue("default")]

@@ -66,6 +66,10 @@ PROVISION_SECONDS = 120.0
 REBOOT_SECONDS = 90.0  # POST, kernel, driver, kubelet and slurmd back up
 LINK_FLAP_SECONDS = 5.0
 SWITCH_DOWN_SECONDS = 30.0
+# Test hook for the chaos tests: "k8s.evict=4,provider.replace=4" makes those actions sleep
+# that many real seconds BEFORE they change anything (and before taking the fleet's lock), so
+# a test can kill the worker inside the outside call, when the change has not happened yet.
+ACTION_DELAY_ENV = "FLEETWATCH_SIM_ACTION_DELAY"
 # XIDs after which the GPU can no longer make progress: the job on it hangs.
 FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 94, 95, 119, 120, 140, 143})
 GPUS_PER_NODE = 8
@@ -405,6 +409,14 @@ def _node(state: State, name: str) -> State:
         raise ClientError(f"unknown node {name!r}", permanent=True) from None
 
 
+def _action_delay(action: str) -> None:
+    """Sleep as FLEETWATCH_SIM_ACTION_DELAY asks for ``action`` (see ACTION_DELAY_ENV)."""
+    for item in os.environ.get(ACTION_DELAY_ENV, "").split(","):
+        name, _, seconds = item.partition("=")
+        if name.strip() == action and seconds.strip():
+            time.sleep(float(seconds))
+
+
 def _check_source(state: State, source: str) -> None:
     if source in state["down_sources"]:
         raise ClientError(f"{source} unreachable (simulated outage)")
@@ -584,6 +596,7 @@ class SimKubernetes(_SimClient):
 
     def evict(self, namespace: str, pod: str) -> ActionResult:
         call = f"POST /api/v1/namespaces/{namespace}/pods/{pod}/eviction"
+        _action_delay("k8s.evict")
         with self._state() as state:
             for i, p in enumerate(state["pods"]):
                 if p["namespace"] == namespace and p["name"] == pod:
@@ -640,6 +653,7 @@ class SimProvider(_SimClient):
     source = "provider"
 
     def replace(self, node: str) -> Replacement:
+        _action_delay("provider.replace")
         now = time.time()
         with self._state() as state:
             _node(state, node)
