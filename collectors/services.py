@@ -6,9 +6,11 @@ by name once their transaction has committed; whoever listens decides what the s
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -366,7 +368,6 @@ class TelemetryRead:
     complete_ports: bool = True
     unsampled_utilization: set[tuple[str, int]] = field(default_factory=set)
     unsampled_temperature: set[tuple[str, int]] = field(default_factory=set)
-    reporting: dict[str, int] = field(default_factory=dict)
     present: dict[str, set[int]] = field(default_factory=dict)
 
 
@@ -374,6 +375,28 @@ def collect_telemetry(cluster: Cluster, clients: Clients, run: RunLog) -> list[S
     """GPU readings and faults, and NIC ports. A client with ``changes`` (Prometheus) is read
     whole once and then for what changed since the last poll, with a cursor kept in the
     source's health row: a GPU or port it does not mention is unchanged, never failed."""
+    with _gc_paused():
+        return _collect_telemetry(cluster, clients, run)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for one poll. Decoding Prometheus's answers makes
+    hundreds of thousands of short-lived dicts and lists, and each collection they set off
+    walks every object the worker holds: measured, that is three times the decoding itself.
+    Reference counting frees them anyway; a cycle made meanwhile waits for the next
+    collection."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _collect_telemetry(cluster: Cluster, clients: Clients, run: RunLog) -> list[SignalDraft]:
     telemetry = clients.telemetry
     health = SourceHealth.objects.get(cluster=cluster, name="telemetry")
     feed = getattr(telemetry, "changes", None)
@@ -381,7 +404,7 @@ def collect_telemetry(cluster: Cluster, clients: Clients, run: RunLog) -> list[S
         read = TelemetryRead(telemetry.gpu_metrics(), telemetry.nic_ports())
     else:
         cursor = dict(health.cursor or {})
-        read = feed(cursor, _gpus_reporting(cluster) if cursor else {})
+        read = feed(cursor, _gpu_nodes_unquiet(cluster) if cursor else ())
     _client_warnings(telemetry, run)  # this client keeps both reads' warnings
     run.counts.update(gpus=len(read.gpus), nic_ports=len(read.ports),
                       incremental=int(not read.complete_gpus))
@@ -393,19 +416,6 @@ def collect_telemetry(cluster: Cluster, clients: Clients, run: RunLog) -> list[S
         health.cursor = read.cursor
         health.save(update_fields=["cursor"])
     return drafts
-
-
-def _gpus_reporting(cluster: Cluster) -> dict[str, int]:
-    """Per node, the GPUs FleetWatch holds as reporting (a utilisation or a temperature):
-    what Prometheus's per-node count is compared with to find a GPU that went silent."""
-    gpu, node = Gpu._meta.db_table, Node._meta.db_table
-    # One aggregate in the database rather than 100,000 rows brought back.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f'SELECT n.name, COUNT(*) FROM "{gpu}" g JOIN "{node}" n ON n.id = g.node_id '
-            "WHERE n.cluster_id = %s AND (g.utilization IS NOT NULL OR g.temperature IS NOT NULL) "
-            "GROUP BY n.id, n.name", [cluster.pk])
-        return dict(cursor.fetchall())
 
 
 def _gpu_rows(cluster: Cluster, node_ids: Collection[int] | None
@@ -429,12 +439,13 @@ def _gpu_rows(cluster: Cluster, node_ids: Collection[int] | None
     return {(r[0], r[1]): r[2:] for r in rows}
 
 
-def _gpu_nodes_unquiet(cluster: Cluster) -> set[int]:
-    """Nodes with a GPU whose stored fault fields are not quiet: an incremental answer that
-    leaves such a GPU out says its fields went quiet (sparse queries), so it is read back."""
+def _gpu_nodes_unquiet(cluster: Cluster) -> set[str]:
+    """Nodes with a GPU whose stored fault fields are not quiet. An incremental answer that
+    leaves such a GPU out says its fields went quiet (their queries are sparse), if the GPU
+    still reports: the client lists these nodes' GPUs to tell."""
     return set(Gpu.objects.filter(node__cluster=cluster).filter(
         ~Q(last_xid=0) | ~Q(clock_event_reasons=0) | Q(dbe_total__isnull=False)
-        | Q(row_remap_failure=True)).order_by().values_list("node_id", flat=True).distinct())
+        | Q(row_remap_failure=True)).order_by().values_list("node__name", flat=True).distinct())
 
 
 def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryRead,
@@ -442,9 +453,8 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryRead,
     complete = read.complete_gpus
     answer = {(ids[m.node], m.gpu): m for m in read.gpus}
     # Every GPU of every node the answer touches (a node's health is all of its GPUs'), and
-    # of the nodes whose GPUs may have gone quiet or silent.
-    node_ids = None if complete else ({n for n, _ in answer} | {ids[n] for n in read.present}
-                                      | _gpu_nodes_unquiet(cluster))
+    # of the nodes listed because their GPUs may have gone quiet or silent.
+    node_ids = None if complete else {n for n, _ in answer} | {ids[n] for n in read.present}
     stored = _gpu_rows(cluster, node_ids)
     created = set(answer) - set(stored)
     if created:
@@ -466,7 +476,6 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryRead,
               stored_health) in stored.items():
         node_id = key[0]
         m = answer.get(key)
-        sampled = True
         if m is None:
             m = _gpu_unreported(names[node_id], key[1], stored[key], read, answered_nodes)
             if m is None:  # nothing new about it: as stored
@@ -474,24 +483,29 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryRead,
                     failing.add(node_id)
                 continue
             silent = m.utilization is None and m.temperature is None
-            sampled = False
+            # No new readings; gone silent, its fault fields are as stored (no news there).
+            sampled, faults = False, not silent
         else:
             gpu_key = (m.node, m.gpu)
             fill_u, fill_t = gpu_key in unsampled_u, gpu_key in unsampled_t
+            if m.node in read.present and m.gpu not in read.present[m.node]:
+                # Its series ended after the readings it sent (they are read a little in the
+                # past, the node's GPUs are listed now): silent.
+                fill_u = fill_t = False
+                m = replace(m, utilization=None, temperature=None)
             if fill_u or fill_t or not m.uuid:
                 # A reading with no new sample since the last poll is what was stored.
                 m = replace(m, uuid=m.uuid or uuid,
                             utilization=util if fill_u else m.utilization,
                             temperature=temp if fill_t else m.temperature)
-            sampled = not (fill_u and fill_t)
+            sampled, faults = not (fill_u and fill_t), True
             silent = m.utilization is None and m.temperature is None
             if not sampled and key in created:
                 silent = False  # never read yet: unknown, not silent (read at its next scrape)
-            if (m.last_xid != last_xid
-                    or (m.clock_event_reasons | clocks) & normalize.THERMAL_BITS
-                    or m.dbe_total != dbe or bool(m.row_remap_failure) != remap):
-                drafts += normalize.gpu_changes(
-                    normalize.GpuSeen(last_xid, clocks, dbe, remap), m)
+        if faults and (m.last_xid != last_xid
+                       or (m.clock_event_reasons | clocks) & normalize.THERMAL_BITS
+                       or m.dbe_total != dbe or bool(m.row_remap_failure) != remap):
+            drafts += normalize.gpu_changes(normalize.GpuSeen(last_xid, clocks, dbe, remap), m)
         # A GPU with no readings at all has gone (off the bus); one missing field is a site
         # that does not collect it, never a failure.
         failed = m.last_xid in FAILING_XIDS_FOR_HEALTH or bool(m.row_remap_failure) or silent
@@ -538,20 +552,19 @@ def _gpu_unreported(node: str, index: int, row: tuple[Any, ...], read: Telemetry
     if read.complete_gpus:
         # Every GPU with a series is in the answer: one missing from a node that answers
         # has gone silent. A node with none at all is not read as failed.
-        present = node not in answered_nodes or not reporting
+        if node not in answered_nodes or not reporting:
+            return None
+        present = False
     elif node in read.present:
         present = index in read.present[node]
-    elif node in read.reporting:
-        # As many GPUs report as FleetWatch knows: every one it holds as reporting.
-        present = reporting
     else:
-        return None  # no series from the node at all: nothing known, nothing changed
+        return None  # not listed: as before (or nothing known of the node)
     if not present:
         if not reporting:
             return None  # silent already
         return GpuMetric(node, index, uuid, None, None, last_xid,
                          clock_event_reasons=clocks, dbe_total=dbe, row_remap_failure=int(remap))
-    if read.complete_gpus or (last_xid == 0 and clocks == 0 and dbe is None and not remap):
+    if last_xid == 0 and clocks == 0 and dbe is None and not remap:
         return None
     return GpuMetric(node, index, uuid, util, temp, 0)
 

@@ -156,6 +156,7 @@ def render_dcgm(
     driver_version: str = DEFAULT_DRIVER,
     instance_port: int | None = None,
     pods: Mapping[tuple[str, int], Mapping[str, str]] | None = None,
+    timestamps: Mapping[str, float] | None = None,
 ) -> str:
     """dcgm-exporter's ``/metrics`` page for these GPUs.
 
@@ -166,6 +167,10 @@ def render_dcgm(
     ``pods``: Kubernetes pod mapping, ``(node, gpu) -> {container, namespace, pod}``; when
     given, every GPU carries the three labels (empty for a GPU no pod holds), as the exporter
     does with ``--kubernetes``.
+    ``timestamps``: node -> epoch seconds printed on that node's samples. dcgm-exporter prints
+    none (Prometheus stamps each sample with its scrape); a test uses it to say when a node
+    was last scraped: Prometheus stores one sample per timestamp, so a node whose time does
+    not move has no new sample, as between two scrapes 15 s apart.
     """
     labels = {
         (m.node, m.gpu): format_labels(gpu_labels(
@@ -181,7 +186,9 @@ def render_dcgm(
             value = field.value(m)
             if value is None:
                 continue  # DCGM blank: the exporter skips the sample
-            lines.append(f"{field.name}{{{labels[(m.node, m.gpu)]}}} {format_value(value)}")
+            stamp = timestamps.get(m.node) if timestamps else None
+            lines.append(f"{field.name}{{{labels[(m.node, m.gpu)]}}} {format_value(value)}"
+                         + ("" if stamp is None else f" {int(stamp * 1000)}"))
         if lines:
             out += _family(field.name, field.type, field.help, lines)
     return "\n".join(out) + "\n" if out else ""

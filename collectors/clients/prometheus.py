@@ -16,38 +16,47 @@
   server's ``--query.lookback-delta``), and none at all of a series that vanished from its
   target's page or whose target stopped answering (Prometheus writes staleness markers). A GPU
   that is gone, or a node whose exporter is down, therefore drops out of ``gpu_metrics()``
-  within one scrape instead of being reported forever with its last values: FleetWatch keeps
-  what it stored and must not read the absence as a failure (the Slurm and Kubernetes
-  collectors see a dead node). ``lookback="10m"`` reads ``last_over_time(...[10m])`` instead,
+  within one scrape instead of being reported forever with its last values. A node with no
+  series at all is not a failure to FleetWatch (the Slurm and Kubernetes collectors see a
+  dead node); one GPU gone while its node's others report is one off the bus, and the
+  collector marks it failed. ``lookback="10m"`` reads ``last_over_time(...[10m])`` instead,
   for exporters scraped less often than the lookback; the price is that a vanished GPU is still
   reported for that long.
 
-Incremental polls (``changes(cursor, known)``, what the collector calls): dcgm-exporter is
+Incremental polls (``changes(cursor, watch)``, what the collector calls): dcgm-exporter is
 scraped every 15 s or so, scrape targets are spread over that interval, and FleetWatch polls
 every 5 s, so at each poll only about a third of the GPUs have a new sample. Reading every GPU
 every poll costs seconds at 100,000 GPUs (decoding the answer is most of it), so after the
 first poll the client asks only for what is new:
 
-- Utilisation and temperature: the samples newer than the last poll's evaluation time, less
-  ``SCRAPE_LAG`` (``U and timestamp(U) > t``; ``timestamp()`` of a selector is the sample's
-  own time). A scrape's samples carry its start time but become visible when it ends, so the
-  window reaches back ``SCRAPE_LAG`` seconds; a scrape slower than that is read at the GPU's
-  next scrape instead. A GPU without a new sample is not in the answer, or is listed in
-  ``unsampled_*`` when another field brought it: its reading is as stored, not missing.
+- Utilisation and temperature: the samples newer than the last poll's reading time
+  (``U and timestamp(U) > t``; ``timestamp()`` of a selector is the sample's own time),
+  evaluated ``SCRAPE_LAG`` seconds in the past. A scrape's samples carry its start time but
+  become visible only when it ends: reading up to a moment by which every scrape that started
+  before it has ended, and from that moment on at the next poll, reads each sample once (one
+  from a scrape slower than ``SCRAPE_LAG`` is read at the GPU's next scrape instead, 15 s
+  later). A GPU without a new sample is
+  not in the answer, or is listed in ``unsampled_*`` when another field brought it: its
+  reading is as stored, not missing. Both queries carry the lean labels; the identity labels
+  (UUID, model) come from a third query, only for the GPUs whose identity is new since the
+  last poll (a new GPU, a swapped one, one back from silence).
 - The fault fields are read whole every poll, as before: their queries are sparse already.
 - A GPU that falls off the bus stops printing its series and Prometheus marks them stale: no
-  new sample to read. ``count by`` node of the GPUs with a utilisation or temperature series
-  (12,500 small series) is compared with ``known``, the GPUs FleetWatch holds as reporting on
-  each node; only for a node whose count fell are its GPUs' series listed (``present``), so
-  the collector can name the silent one. A node with no series at all is absent, not failed.
+  new sample to read. The nodes that report fewer GPUs now than at the last poll's reading
+  time (``count by`` node, compared with itself ``@`` then: an answer of a few series) have
+  their GPUs listed (``present``), so the collector can name the silent one; so have the
+  nodes the caller asks to ``watch`` (those with a fault to clear: a GPU left out of a sparse
+  answer has quiet fields only if it still reports). A node with no series at all is never
+  listed, and never read as failed.
 - NIC ports: only the ports whose state is not ACTIVE, whose state or a counter changed in the
   last ``NIC_CHANGE_WINDOW`` seconds (``changes()``), or that appeared since the last poll
   (``unless ... @ t``), with all their fields in one query. A flap (DOWN, link_downed up,
   ACTIVE again) stays in the answer for the whole window, so each step of it is read. A poll
   more than ``NIC_CHANGE_WINDOW - NIC_CHANGE_SLACK`` seconds after the last reads every port.
-- The cursor holds the evaluation time Prometheus reported (its clock, not FleetWatch's) and
-  which Prometheus it came from; no cursor, another Prometheus, or ``lookback`` set: every
-  GPU and port is read, as ``gpu_metrics()`` and ``nic_ports()`` do.
+- The cursor holds the reading time, on Prometheus's clock (the evaluation time its answers
+  carry, never FleetWatch's), and which Prometheus it came from; no cursor, another
+  Prometheus, or ``lookback`` set: every GPU and port is read, as ``gpu_metrics()`` and
+  ``nic_ports()`` do.
 
 Errors: Prometheus unreachable, a timeout or a 5xx answer raise ``ClientError`` (transient,
 after ``urllib3`` retries with backoff); a query Prometheus rejects (400/422), a wrong URL
@@ -64,7 +73,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -146,8 +155,8 @@ READING_NAMES = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP")
 READING_FIELDS = ("utilization", "temperature")
 NODE_GROUP = ("Hostname", "hostname", "instance")
 # Seconds a scrape may take between its timestamp (its start) and its samples becoming
-# visible: new samples are read from the last poll's evaluation time less this. dcgm-exporter
-# serves values it has already collected, so its scrapes take milliseconds.
+# visible: readings are evaluated this long before Prometheus's now. dcgm-exporter serves
+# values it has already collected, so its scrapes take milliseconds.
 SCRAPE_LAG = 2.0
 # A port whose state or counters changed within this many seconds is read every poll: long
 # enough to hold the sample before the change (node_exporter scraped every minute at worst)
@@ -185,9 +194,9 @@ class TelemetryChanges:
     absent from ``gpus`` is unchanged, never missing. Fault fields of a GPU in ``gpus`` are
     always current (absent from their sparse query: the quiet value). ``unsampled_*``: GPUs in
     ``gpus`` whose utilisation or temperature had no new sample (the None there means "as
-    before"). ``reporting``: per node, how many GPUs have a utilisation or temperature series
-    now (incremental polls; a node absent has none). ``present``: for the nodes whose count
-    fell below what the caller knows, the GPU indexes that still report. ``complete_ports``:
+    before"). ``present``: for the nodes that report fewer GPUs than at the last poll and the
+    nodes the caller watches, the GPU indexes with a utilisation or temperature series now (a
+    node with none is absent: nothing is known of it). ``complete_ports``:
     every port is in ``ports``; otherwise only ports that are not ACTIVE or changed lately."""
 
     gpus: list[GpuMetric]
@@ -197,7 +206,6 @@ class TelemetryChanges:
     complete_ports: bool = True
     unsampled_utilization: set[GpuKey] = field(default_factory=set)
     unsampled_temperature: set[GpuKey] = field(default_factory=set)
-    reporting: dict[str, int] = field(default_factory=dict)
     present: dict[str, set[int]] = field(default_factory=dict)
 
 
@@ -355,10 +363,13 @@ class PrometheusTelemetry:
             raise ClientError(f"Prometheus at {self.url} answered something unreadable "
                               f"({what}): {exc}") from exc
 
-    def _query(self, expr: str) -> list[dict[str, Any]]:
+    def _query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """An instant query, evaluated now or ``at`` (epoch seconds, Prometheus's clock)."""
+        params = {"timeout": f"{self.timeout:g}s"}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
         with self._errors(expr):
-            result = self._prom.custom_query(
-                expr, params={"timeout": f"{self.timeout:g}s"}, timeout=self.timeout)
+            result = self._prom.custom_query(expr, params=params, timeout=self.timeout)
         if not isinstance(result, list):
             raise ClientError(f"Prometheus answered a {type(result).__name__} to {expr}, "
                               "not an instant vector")
@@ -449,9 +460,11 @@ class PrometheusTelemetry:
         self._warnings["gpu_metrics"] = warnings.finish()
         return read.gpus
 
-    def _gpu_read(self, since: float | None, warnings: _Warnings) -> _GpuRead:
+    def _gpu_read(self, since: float | None, warnings: _Warnings,
+                  at: float | None = None) -> _GpuRead:
         """Every GPU with a series (``since`` None), or the GPUs with a utilisation or
         temperature sample newer than ``since`` and those with a fault field to report.
+        ``at``: when to evaluate the readings (now if None); the fault fields are read now.
 
         A reading holding DCGM's blank value counts as read, with no value: a GPU whose
         utilisation and temperature are both blank is reported with neither (off the bus)."""
@@ -459,15 +472,18 @@ class PrometheusTelemetry:
         sampled: dict[str, set[GpuKey]] = {attr: set() for attr in READING_FIELDS}
         evaluated: list[float] = []
         for query in GPU_QUERIES:
-            group = GPU_LEAN_GROUP if query.lean else GPU_GROUP
             reading = query.attr in sampled
-            expr = (self._new_samples_expr(query, group, since)
-                    if reading and since is not None else self._instant_expr(query, group))
-            result = self._query(expr)
+            if reading and since is not None:
+                # Lean labels: the identity labels of the GPUs that have new ones come below.
+                query = replace(query, lean=True)
+                expr = self._new_samples_expr(query, GPU_LEAN_GROUP, since)
+            else:
+                expr = self._instant_expr(query, GPU_LEAN_GROUP if query.lean else GPU_GROUP)
+            result = self._query(expr, at) if reading else self._query(expr)
             blanks: list[tuple[str, dict[str, str]]] | None = [] if reading else None
             seen = sampled.get(query.attr)
-            if reading and (at := _evaluated_at(result)) is not None:
-                evaluated.append(at)
+            if reading and (evaluated_at := _evaluated_at(result)) is not None:
+                evaluated.append(evaluated_at)
             for node, labels, value in self._samples(expr, result, warnings, ("gpu",), blanks):
                 gpu = self._gpu_entry(gpus, expr, node, labels, query.lean, warnings)
                 if gpu is None:
@@ -486,6 +502,10 @@ class PrometheusTelemetry:
                 gpu = self._gpu_entry(gpus, expr, node, labels, query.lean, warnings)
                 if gpu is not None and seen is not None:
                     seen.add((node, gpu["index"]))
+        if since is not None:
+            expr = self._new_identity_expr(since)
+            for node, labels, _ in self._samples(expr, self._query(expr), warnings, ("gpu",)):
+                self._gpu_entry(gpus, expr, node, labels, False, warnings)
         metrics = [
             GpuMetric(
                 node=node, gpu=index, uuid=g["uuid"], model=g["model"],
@@ -525,22 +545,28 @@ class PrometheusTelemetry:
         selector = self._selector(query.names)
         return f"max by ({', '.join(group)}) ({selector} and timestamp({selector}) > {since:.3f})"
 
-    def _reporting_expr(self) -> str:
-        # Each GPU once (max by drops duplicate jobs), whichever of the two fields it prints.
-        return (f"count by ({', '.join(NODE_GROUP)}) "
-                f"(max by ({', '.join(GPU_LEAN_GROUP)}) ({self._selector(READING_NAMES)}))")
+    def _new_identity_expr(self, since: float) -> str:
+        """The GPUs whose identity labels (UUID, model) have no series at ``since``."""
+        selector = self._selector(READING_NAMES)
+        by = ", ".join(GPU_GROUP)
+        return f"max by ({by}) ({selector}) unless max by ({by}) ({selector} @ {since:.3f})"
 
-    def _reporting(self, warnings: _Warnings) -> tuple[dict[str, int], float | None]:
-        """GPUs with a utilisation or temperature series, per node, and when Prometheus
-        evaluated that."""
-        expr = self._reporting_expr()
-        result = self._query(expr)
-        counts: dict[str, int] = {}
-        for node, _, value in self._samples(expr, result, warnings, ()):
-            # Two series for one node (two instance labels): the smaller count is the safe
-            # one; it can cost a listing of the node's GPUs, never hide a silent one.
-            counts[node] = min(counts.get(node, int(value)), int(value))
-        return counts, _evaluated_at(result)
+    def _dropped_expr(self, since: float) -> str:
+        # Each GPU once (max by drops duplicate jobs), whichever of the two fields it prints.
+        gpus = f"max by ({', '.join(GPU_LEAN_GROUP)})"
+        count = f"count by ({', '.join(NODE_GROUP)})"
+        selector = self._selector(READING_NAMES)
+        return f"{count} ({gpus} ({selector})) < {count} ({gpus} ({selector} @ {since:.3f}))"
+
+    def _dropped(self, since: float, warnings: _Warnings) -> set[str]:
+        """The nodes with fewer GPUs reporting (a utilisation or temperature series) now than
+        at ``since``; a node with none now is not among them."""
+        expr = self._dropped_expr(since)
+        return {node for node, _, _ in self._samples(expr, self._query(expr), warnings, ())}
+
+    def _now(self) -> float | None:
+        """Prometheus's clock: the evaluation time it stamps on an answer."""
+        return _evaluated_at(self._query("vector(time())"))
 
     def _present_expr(self, nodes: Sequence[str]) -> str:
         node_re = "|".join(re.escape(n) for n in nodes)
@@ -634,10 +660,9 @@ class PrometheusTelemetry:
         return result
 
     def changes(self, cursor: Mapping[str, Any] | None,
-                known: Mapping[str, int]) -> TelemetryChanges:
+                watch: Iterable[str] = ()) -> TelemetryChanges:
         """What changed since the poll that returned ``cursor`` (see the module docstring).
-        ``known``: per node, how many of its GPUs FleetWatch holds as reporting (with a
-        utilisation or temperature); only read when the cursor is usable."""
+        ``watch``: nodes whose GPUs to list in ``present`` on an incremental poll."""
         source = f"{self.url} {self.matchers}".strip()
         since: float | None = None
         if cursor and cursor.get("source") == source and not self.lookback:
@@ -646,39 +671,40 @@ class PrometheusTelemetry:
             except (KeyError, TypeError, ValueError):
                 since = None
         if since is not None:
-            warnings = _Warnings()
-            reporting, at = self._reporting(warnings)
+            now = self._now()
             # A Prometheus whose clock went back (or another one behind the same URL): the
             # cursor means nothing there; read everything.
-            if at is None or at >= since:
-                return self._changes_since(since, at, reporting, known, warnings, source)
+            if now is None or now - SCRAPE_LAG >= since:
+                return self._changes_since(since, now, watch, source)
         warnings = _Warnings()
         read = self._gpu_read(None, warnings)
         self._warnings["gpu_metrics"] = warnings.finish()
         ports = self.nic_ports()
         at = read.evaluated_at
+        # Read now, so the samples of scrapes still running are read at the next poll.
         return TelemetryChanges(read.gpus, ports, {} if at is None or self.lookback
-                                else {"at": at, "source": source})
+                                else {"at": at - SCRAPE_LAG, "source": source})
 
-    def _changes_since(self, since: float, at: float | None, reporting: dict[str, int],
-                       known: Mapping[str, int], warnings: _Warnings,
+    def _changes_since(self, since: float, now: float | None, watch: Iterable[str],
                        source: str) -> TelemetryChanges:
-        read = self._gpu_read(since - SCRAPE_LAG, warnings)
-        dropped = sorted(n for n, count in reporting.items() if count < known.get(n, 0))
-        present = self._present(dropped, warnings) if dropped else {}
+        warnings = _Warnings()
+        # No answer to say what time it is (an odd Prometheus): read up to now, and keep
+        # the cursor where it was.
+        at = None if now is None else now - SCRAPE_LAG
+        read = self._gpu_read(since, warnings, at)
+        listed = sorted(self._dropped(since, warnings) | set(watch))
+        present = self._present(listed, warnings) if listed else {}
         self._warnings["gpu_metrics"] = warnings.finish()
         # The NIC window must reach back past the last poll and the sample before it.
-        complete_ports = at is None or at - since > NIC_CHANGE_WINDOW - NIC_CHANGE_SLACK
-        ports = self.nic_ports() if complete_ports else self._nic_changes(since - SCRAPE_LAG)
+        complete_ports = now is None or now - since > NIC_CHANGE_WINDOW - NIC_CHANGE_SLACK
+        ports = self.nic_ports() if complete_ports else self._nic_changes(since)
         keys = {(m.node, m.gpu) for m in read.gpus}
         return TelemetryChanges(
-            read.gpus, ports,
-            # No GPU reports at all (no evaluation time came back): keep the old cursor.
-            {"at": at if at is not None else since, "source": source},
+            read.gpus, ports, {"at": since if at is None else at, "source": source},
             complete_gpus=False, complete_ports=complete_ports,
             unsampled_utilization=keys - read.sampled["utilization"],
             unsampled_temperature=keys - read.sampled["temperature"],
-            reporting=reporting, present=present)
+            present={node: gpus for node, gpus in present.items() if gpus})
 
     def gpu_history(self, nodes: Sequence[str], start: datetime, end: datetime,
                     step_seconds: float = 15.0) -> GpuHistory:

@@ -98,6 +98,11 @@ class SimExporter:
         self.node = node
         self.instance_labels = instance_labels
         self.scrapes = 0  # pages served, for tests and the log
+        # For tests: GPUs the exporter no longer prints (the driver lost them: dcgm-exporter
+        # stops emitting their series), and nodes whose GPU samples carry a fixed time (no new
+        # sample until it moves; see render_dcgm's timestamps).
+        self.hidden: set[tuple[str, int]] = set()
+        self.sample_times: dict[str, float] = {}
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -107,12 +112,13 @@ class SimExporter:
         """The page for one node, or for the whole fleet when ``node`` is None."""
         node = node or self.node
         gpus = [_realistic(m) for m in self.telemetry.gpu_metrics()
-                if node is None or m.node == node]
+                if (node is None or m.node == node) and (m.node, m.gpu) not in self.hidden]
         ports = [p for p in self.telemetry.nic_ports() if node is None or p.node == node]
         combined = node is None and self.instance_labels
         pods = self._pods(gpus) if self.kubernetes else None
         return (render_dcgm(gpus, self.hostname_label, clock_field=self.clock_field,
-                            instance_port=DCGM_PORT if combined else None, pods=pods)
+                            instance_port=DCGM_PORT if combined else None, pods=pods,
+                            timestamps=dict(self.sample_times))
                 + render_node_infiniband(ports,
                                          instance_port=NODE_EXPORTER_PORT if combined else None))
 

@@ -27,7 +27,7 @@ from collectors.clients import Clients, sim
 from collectors.clients.base import ClientError, GpuMetric
 from collectors.clients.exposition import CLOCK_THROTTLE_REASONS
 from collectors.clients.notify import WebhookNotifier
-from collectors.clients.prometheus import PrometheusTelemetry
+from collectors.clients.prometheus import SCRAPE_LAG, PrometheusTelemetry
 from collectors.clients.sim import SimFleet, SimKubernetes, SimProvider, SimSlurm, SimTelemetry
 from collectors.clients.sim_exporter import SimExporter
 from collectors.services import collect_source
@@ -227,6 +227,158 @@ def test_collect_source_reads_prometheus(stack: Stack, db: None) -> None:
     run = CollectorRun.objects.get(source="telemetry")
     assert run.ok and run.counts["gpus"] == GPUS and run.counts["nic_ports"] == 16
     assert run.warnings == []
+
+
+# --- incremental polls: what collect_source reads after its first poll ----------------------
+
+
+def _clients(stack: Stack, telemetry: PrometheusTelemetry) -> Clients:
+    return Clients(SimSlurm(stack.fleet), SimKubernetes(stack.fleet), telemetry,
+                   SimProvider(stack.fleet), WebhookNotifier(None))
+
+
+def _collect(clients: Clients) -> dict[str, int]:
+    """One telemetry run; its counts."""
+    from collectors.models import CollectorRun
+
+    result = collect_source("telemetry", clients=clients)
+    assert result.healthy, result.error
+    run = CollectorRun.objects.filter(source="telemetry").order_by("-started_at").first()
+    assert run is not None and run.warnings == []
+    return dict(run.counts)
+
+
+def _prometheus_now(client: PrometheusTelemetry) -> float:
+    return float(client._query("vector(time())")[0]["value"][1])
+
+
+def test_a_poll_reads_only_the_samples_new_since_the_last(stack: Stack, db: None) -> None:
+    """gpu-004's page says its samples were taken at one moment: Prometheus keeps one sample
+    per timestamp, so gpu-004 has nothing new until that moment moves, like a node between
+    two of its scrapes 15 s apart, while every other node is scraped each second."""
+    from collectors.models import Gpu, SourceHealth
+
+    telemetry, node = stack.client(), "gpu-004"
+    clients = _clients(stack, telemetry)
+    stamps = f'timestamp(DCGM_FI_DEV_GPU_UTIL{{job="dcgm", Hostname="{node}"}})'
+
+    def stamped(at: float) -> bool:
+        series = telemetry._query(stamps)
+        return len(series) == 8 and all(abs(float(s["value"][1]) - at) < 0.01 for s in series)
+
+    def stored() -> dict[int, tuple[float | None, float | None, str]]:
+        return {g.index: (g.utilization, g.temperature, g.health)
+                for g in Gpu.objects.filter(node__name=node)}
+
+    def past_cursor(seconds: float) -> bool:
+        # Readings are evaluated SCRAPE_LAG seconds back: wait until that moment is past
+        # the cursor by more than a scrape of the other nodes.
+        cursor = SourceHealth.objects.get(name="telemetry").cursor["at"]
+        return _prometheus_now(telemetry) - SCRAPE_LAG > cursor + seconds
+
+    # A moment ahead of every scrape so far: the first page stamped with it makes Prometheus
+    # end the node's unstamped series (stale markers at that scrape's time), and a sample
+    # may only follow the last one in time.
+    frozen = time.time() + 2
+    stack.exporter.sample_times[node] = frozen
+    try:
+        wait_for(lambda: stamped(frozen), 15, f"{node}'s samples stamped {frozen}")
+        first = _collect(clients)  # no cursor: every GPU
+        assert first["incremental"] == 0 and first["gpus"] == GPUS
+        before = stored()
+        assert all(util is not None and health == "healthy" for util, _, health in before.values())
+
+        wait_for(lambda: past_cursor(1.5), 15, "Prometheus's clock past the cursor")
+        counts = _collect(clients)
+        # Every GPU but gpu-004's has a sample newer than the last poll; gpu-004's are
+        # neither read nor taken for missing.
+        assert counts["incremental"] == 1 and counts["gpus"] == GPUS - 8
+        assert stored() == before
+
+        # gpu-004 is scraped again: the next poll reads it.
+        moved = time.time() + 1
+        stack.exporter.sample_times[node] = moved
+        wait_for(lambda: stamped(moved), 15, f"{node}'s samples stamped {moved}")
+        wait_for(lambda: _prometheus_now(telemetry) - SCRAPE_LAG > moved, 15,
+                 "Prometheus's clock past the new samples")
+        counts = _collect(clients)
+        assert counts["incremental"] == 1 and counts["gpus"] == GPUS
+        now = {int(s["metric"]["gpu"]): float(s["value"][1]) for s in telemetry._query(
+            f'DCGM_FI_DEV_GPU_UTIL{{job="dcgm", Hostname="{node}"}}')}
+        assert {g: util for g, (util, _, _) in stored().items()} == now
+    finally:
+        del stack.exporter.sample_times[node]
+
+
+def test_a_gpu_gone_silent_while_its_node_reports_is_failed(stack: Stack, db: None) -> None:
+    """dcgm-exporter stops printing a GPU the driver lost; Prometheus marks its series stale.
+    No new sample says so: the per-node count does. A node whose GPUs all went quiet is
+    another matter (its exporter is down): not read as failed."""
+    from collectors.models import Gpu, Node
+
+    telemetry = stack.client()
+    clients = _clients(stack, telemetry)
+    silent, gone = ("gpu-005", 2), "gpu-006"
+
+    def reporting(node: str) -> int:
+        series = telemetry._query(f'count(DCGM_FI_DEV_GPU_TEMP{{job="dcgm", Hostname="{node}"}})')
+        return int(float(series[0]["value"][1])) if series else 0
+
+    assert _collect(clients)["incremental"] == 0
+    assert Gpu.objects.get(node__name=silent[0], index=silent[1]).health == "healthy"
+    stack.exporter.hidden.add(silent)
+    stack.exporter.hidden.update((gone, g) for g in range(8))
+    try:
+        wait_for(lambda: reporting(silent[0]) == 7 and reporting(gone) == 0, 15,
+                 f"{silent[0]} GPU {silent[1]} and {gone} stale in Prometheus")
+        counts = _collect(clients)
+        assert counts["incremental"] == 1
+        gpu = Gpu.objects.get(node__name=silent[0], index=silent[1])
+        assert (gpu.utilization, gpu.temperature, gpu.health) == (None, None, "failed")
+        others = Gpu.objects.filter(node__name=silent[0]).exclude(index=silent[1])
+        assert {g.health for g in others} == {"healthy"}
+        assert all(g.utilization is not None for g in others)
+        assert Node.objects.get(name=silent[0]).health == "failed"
+        # The whole node quiet: as it was.
+        assert {(g.health, g.utilization is not None)
+                for g in Gpu.objects.filter(node__name=gone)} == {("healthy", True)}
+        assert Node.objects.get(name=gone).health == "healthy"
+    finally:
+        stack.exporter.hidden.clear()
+    wait_for(lambda: reporting(silent[0]) == 8 and reporting(gone) == 8, 15,
+             "the GPUs back in Prometheus")
+    wait_for(lambda: _collect(clients) and Node.objects.get(name=silent[0]).health == "healthy",
+             15, f"{silent[0]} healthy again")
+    gpu = Gpu.objects.get(node__name=silent[0], index=silent[1])
+    assert gpu.health == "healthy" and gpu.utilization is not None
+
+
+def test_incremental_polls_see_every_step_of_a_link_flap(stack: Stack, db: None) -> None:
+    """Incremental polls read only the ports that changed lately, and still see the port go
+    DOWN with link_downed up, then come back ACTIVE, as reading every port did."""
+    from collectors.models import Node, Signal
+
+    telemetry, node = stack.client(), "gpu-012"
+    clients = _clients(stack, telemetry)
+    assert _collect(clients)["incremental"] == 0  # every port: the baseline
+    before = Node.objects.get(name=node).nic_link_downed
+    with stack.fleet.transaction() as state:
+        sim.inject_link_flap(state, node, 3, time.time(), SPEED)
+    runs: list[dict[str, int]] = []
+
+    def back() -> bool:
+        runs.append(_collect(clients))
+        return Signal.objects.filter(node_name=node, kind="nic_state", value="ACTIVE").exists()
+
+    wait_for(back, 30, f"{node}'s port DOWN and back ACTIVE through incremental polls")
+    assert all(r["incremental"] == 1 and r["nic_ports"] < 16 for r in runs)
+    signals = [(s.kind, s.value) for s in Signal.objects.filter(
+        node_name=node, source="nic").order_by("id")]
+    assert signals == [("nic_state", "DOWN"), ("nic_counter", str(before + 3)),
+                       ("nic_state", "ACTIVE")] or signals == [
+        ("nic_counter", str(before + 3)), ("nic_state", "DOWN"), ("nic_state", "ACTIVE")]
+    stored = Node.objects.get(name=node)
+    assert (stored.nic_state, stored.nic_link_downed) == ("ACTIVE", before + 3)
 
 
 def test_exporter_page_is_valid_exposition_format(stack: Stack) -> None:

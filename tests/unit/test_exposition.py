@@ -191,3 +191,40 @@ def test_queries_aggregate_by_identity_and_honour_options() -> None:
     assert "DCGM_FI_DEV_CLOCKS_EVENT_REASONS" in exprs["clock_event_reasons"]
     assert exprs["nvlink_errors"].startswith("sum by (")
     assert len(exprs) == len(GPU_QUERIES) <= 12  # a dozen queries whatever the fleet's size
+
+
+def test_sample_times_and_hidden_gpus(tmp_path: Path) -> None:
+    """Test devices of the simulated exporter: a node's samples stamped with a time of their
+    own (Prometheus then has one sample per time: no new one until it moves), and a GPU the
+    exporter no longer prints (the driver lost it)."""
+    text = render_dcgm([gpu(index=0), gpu("gpu-002", 1)], timestamps={"gpu-002": 1700000000.25})
+    lines = [line for line in text.splitlines() if line.startswith("DCGM_FI_DEV_GPU_UTIL{")]
+    assert lines[0].endswith("} 97.5") and lines[1].endswith("} 97.5 1700000000250")
+    fleet = SimFleet(tmp_path / "fleet.json", 20)
+    fleet.seed()
+    exporter = SimExporter(tmp_path / "fleet.json", 20)
+    exporter.hidden.add(("gpu-003", 5))
+    util = parse(exporter.render())["DCGM_FI_DEV_GPU_UTIL"]
+    assert len(util) == 16 * 8 - 1
+    assert ("gpu-003", "5") not in {(labels["Hostname"], labels["gpu"]) for labels, _ in util}
+
+
+def test_incremental_queries() -> None:
+    """The PromQL of an incremental poll (what tests/bench/collectors.py's model evaluates,
+    and tests/integration/test_prometheus.py runs against a real Prometheus)."""
+    client = PrometheusTelemetry("http://127.0.0.1:1", matchers='job="dcgm"')
+    util = next(q for q in GPU_QUERIES if q.attr == "utilization")
+    assert client._new_samples_expr(util, ("Hostname", "gpu"), 1700000000.5) == (
+        'max by (Hostname, gpu) (DCGM_FI_DEV_GPU_UTIL{job="dcgm"} and '
+        'timestamp(DCGM_FI_DEV_GPU_UTIL{job="dcgm"}) > 1700000000.500)')
+    dropped = client._dropped_expr(1700000000.5)
+    assert dropped.startswith("count by (Hostname, hostname, instance) (max by (")
+    assert " < count by (" in dropped and dropped.endswith("@ 1700000000.500))")
+    assert "unless" in client._new_identity_expr(1700000000.5)
+    nic = client._nic_changes_expr(1700000000.5)
+    assert nic.startswith("max by (__name__, Hostname, hostname, instance, device, port) (")
+    assert 'changes(node_infiniband_link_downed_total{job="dcgm"}[300s])) > 0' in nic
+    assert 'node_infiniband_state_id{job="dcgm"}) != 4' in nic
+    assert '@ 1700000000.500' in nic
+    present = client._present_expr(["gpu-001", "gpu-002"])
+    assert present.count("group by (") == 3 and 'Hostname=~"gpu\\\\-001|gpu\\\\-002"' in present
