@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.core.paginator import Page, Paginator
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.views.decorators.http import require_POST
 
 from collectors import simulation
 from collectors.clients.base import ClientError
-from collectors.models import SourceHealth
 from incidents import selectors, services
 from incidents.audit import actor_name, audit_record
+from incidents.filters import AuditFilter, IncidentFilter, JobFilter, NodeFilter
 from incidents.models import Incident, Remediation, Step
 from incidents.remediation.playbooks import playbook_get
+
+PAGE_SIZE = 50
 
 
 def _require_operator(request: HttpRequest) -> None:
@@ -24,45 +31,99 @@ def _require_operator(request: HttpRequest) -> None:
         raise PermissionDenied("operators only")
 
 
+def _paginate(request: HttpRequest, rows: QuerySet[Any], per_page: int = PAGE_SIZE) -> Page:
+    # get_page: a page number out of range shows the last page rather than an error.
+    return Paginator(rows, per_page).get_page(request.GET.get("page"))
+
+
+def _grid_group(request: HttpRequest) -> tuple[str | None, bool]:
+    """The grid's group from the query: ``group=*`` all nodes, ``group=`` the nodes with no
+    leaf (or pool), absent: the dashboard chooses."""
+    group = request.GET.get("group")
+    return (None if group == "*" else group), group is not None
+
+
+def _dashboard_context(request: HttpRequest) -> dict[str, object]:
+    group, given = _grid_group(request)
+    return selectors.dashboard(request.GET.get("by", "leaf"), group, group_given=given)
+
+
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
-    return render(request, "incidents/dashboard.html", _dashboard_context())
+    return render(request, "incidents/dashboard.html", _dashboard_context(request))
 
 
 @login_required
 def dashboard_live(request: HttpRequest) -> HttpResponse:
-    return render(request, "partials/dashboard_live.html", _dashboard_context())
-
-
-def _dashboard_context() -> dict[str, object]:
-    return {
-        "counts": selectors.fleet_counts(),
-        "open_incidents": selectors.incidents_open()[:50],
-        "recent": Incident.objects.filter(status=Incident.Status.RESOLVED)[:10],
-        "sources": SourceHealth.objects.all(),
-    }
+    return render(request, "partials/dashboard_live.html", _dashboard_context(request))
 
 
 @login_required
 def gpu_grid(request: HttpRequest) -> JsonResponse:
-    return JsonResponse(selectors.gpu_grid())
+    return JsonResponse(selectors.gpu_grid(request.GET.get("by", "leaf"), _grid_group(request)[0]))
+
+
+@login_required
+def node_list(request: HttpRequest) -> HttpResponse:
+    facets = selectors.node_facets()
+    filters = NodeFilter(request.GET, queryset=selectors.nodes_for_list(), facets=facets)
+    page = _paginate(request, filters.qs)
+    return render(request, "incidents/node_list.html", {
+        "filter": filters, "page": page, "facets": facets,
+        "rows": selectors.nodes_gpu_summary(list(page))})
+
+
+def _node_or_404(request: HttpRequest, name: str) -> Any:
+    node = selectors.node_get(name, request.GET.get("cluster"))
+    if node is None:
+        raise Http404(f"no node {name}")
+    return node
+
+
+@login_required
+def node_detail(request: HttpRequest, name: str) -> HttpResponse:
+    node = _node_or_404(request, name)
+    return render(request, "incidents/node_detail.html", selectors.node_detail(node))
+
+
+@login_required
+def node_telemetry(request: HttpRequest, name: str) -> JsonResponse:
+    node = _node_or_404(request, name)
+    try:
+        minutes = min(max(int(request.GET.get("minutes", "60")), 1), 24 * 60)
+    except ValueError:
+        minutes = 60
+    return JsonResponse(selectors.node_telemetry(node, minutes))
+
+
+@login_required
+def job_list(request: HttpRequest) -> HttpResponse:
+    filters = JobFilter(request.GET, queryset=selectors.jobs_for_list(),
+                        facets=selectors.job_facets())
+    return render(request, "incidents/job_list.html",
+                  {"filter": filters, "page": _paginate(request, filters.qs)})
+
+
+@login_required
+def job_detail(request: HttpRequest, slurm_id: str) -> HttpResponse:
+    job = selectors.job_get(slurm_id, request.GET.get("cluster"))
+    if job is None:
+        raise Http404(f"no job {slurm_id}")
+    return render(request, "incidents/job_detail.html", selectors.job_detail(job))
 
 
 @login_required
 def incident_list(request: HttpRequest) -> HttpResponse:
-    incidents = Incident.objects.all()
-    status = request.GET.get("status")
-    if status in Incident.Status.values:
-        incidents = incidents.filter(status=status)
+    filters = IncidentFilter(request.GET, queryset=selectors.incidents_for_list())
     return render(request, "incidents/incident_list.html",
-                  {"incidents": incidents[:200], "status": status,
-                   "statuses": Incident.Status.choices})
+                  {"filter": filters, "page": _paginate(request, filters.qs)})
 
 
 def _incident_context(incident: Incident) -> dict[str, object]:
     remediation = selectors.remediation_current(incident)
     playbook = playbook_get(incident.playbook)
     steps = list(remediation.steps.all()) if remediation else []
+    failed_step = next((s for s in steps if s.status == Step.Status.FAILED), None)
     return {
         "incident": incident,
         "remediation": remediation,
@@ -74,12 +135,19 @@ def _incident_context(incident: Incident) -> dict[str, object]:
         "can_start": remediation is None or remediation.status in (
             Remediation.Status.CANCELLED, Remediation.Status.FAILED,
             Remediation.Status.OBSERVED),
+        # Retry is offered only where the service accepts it: a failed remediation with a
+        # failed step.
+        "failed_step": failed_step if remediation and
+        remediation.status == Remediation.Status.FAILED else None,
+        "steps_after_failed": [s for s in steps if failed_step and s.order > failed_step.order],
+        "pending_steps": [s for s in steps if s.status in (Step.Status.PENDING,
+                                                          Step.Status.BLOCKED)],
     }
 
 
 @login_required
 def incident_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    incident = get_object_or_404(Incident, pk=pk)
+    incident = get_object_or_404(Incident.objects.select_related("cluster"), pk=pk)
     return render(request, "incidents/incident_detail.html", _incident_context(incident))
 
 
@@ -100,6 +168,16 @@ def incident_replay(request: HttpRequest, pk: int) -> JsonResponse:
     incident = get_object_or_404(Incident, pk=pk)
     response = JsonResponse(selectors.incident_replay(incident), json_dumps_params={"indent": 1})
     response["Content-Disposition"] = f'attachment; filename="incident-{pk}.replay.json"'
+    return response
+
+
+@login_required
+def incident_postmortem(request: HttpRequest, pk: int) -> HttpResponse:
+    """The incident as a Markdown postmortem, ready to paste into a review document."""
+    incident = get_object_or_404(Incident.objects.select_related("cluster"), pk=pk)
+    text = render_to_string("incidents/postmortem.md", selectors.incident_postmortem(incident))
+    response = HttpResponse(text, content_type="text/markdown; charset=utf-8")
+    response["Content-Disposition"] = f'inline; filename="incident-{pk}-postmortem.md"'
     return response
 
 
@@ -158,3 +236,32 @@ def inject_fault(request: HttpRequest) -> HttpResponse:
     audit_record("demo.inject", what, actor=actor_name(request.user), result=what)
     messages.success(request, f"Injected {what}. The next collection picks it up.")
     return redirect("dashboard")
+
+
+@login_required
+def audit_list(request: HttpRequest) -> HttpResponse:
+    filters = AuditFilter(request.GET, queryset=selectors.audit_for_list())
+    return render(request, "incidents/audit_list.html", {
+        "filter": filters, "page": _paginate(request, filters.qs),
+        "verify": selectors.audit_verify_status()})
+
+
+@login_required
+def audit_verify(request: HttpRequest) -> HttpResponse:
+    """Walk the audit chain now (it reads the whole table: only when asked). htmx swaps the
+    result into the audit page; without JavaScript, back to the page, which shows it."""
+    verify = selectors.audit_verify_status(run=True)
+    if request.headers.get("HX-Request"):
+        return render(request, "partials/audit_verify.html", {"verify": verify})
+    return redirect("audit-list")
+
+
+@login_required
+def source_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "incidents/source_list.html",
+                  {"sources": selectors.sources_overview()})
+
+
+@login_required
+def policy_page(request: HttpRequest) -> HttpResponse:
+    return render(request, "incidents/policy.html", selectors.policy_overview())

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Avg, DurationField, F, Q
 from django.utils import timezone
 
 from collectors.models import Node
@@ -214,10 +214,11 @@ def mean_time_to_repair(days: int = 7) -> dict[str, float | None]:
     """Mean seconds from detection to resolution over the last ``days``, automated and
     manual repairs apart."""
     since = timezone.now() - timedelta(days=days)
-    out: dict[str, float | None] = {}
-    for who in ("automation", "person"):
-        rows = Incident.objects.filter(resolved_at__gte=since, repaired_by=who).values_list(
-            "detected_at", "resolved_at")
-        spans = [(end - start).total_seconds() for start, end in rows]
-        out[who] = sum(spans) / len(spans) if spans else None
-    return out
+    # One aggregate in the database: a week of a big fleet's incidents never comes to Python.
+    rows = (Incident.objects.filter(resolved_at__gte=since,
+                                    repaired_by__in=["automation", "person"])
+            .values("repaired_by")
+            .annotate(mean=Avg(F("resolved_at") - F("detected_at"), output_field=DurationField())))
+    means = {r["repaired_by"]: r["mean"] for r in rows}
+    return {who: means[who].total_seconds() if means.get(who) is not None else None
+            for who in ("automation", "person")}

@@ -1,65 +1,119 @@
-/* FleetWatch charts: the dashboard's GPU health grid and the incident's utilisation chart.
-   Both read JSON from the page's data-src and redraw in place every few seconds. */
+/* FleetWatch charts and live-region helpers.
+
+   Charts: every element with data-chart reads JSON from its data-src and redraws in place
+   every few seconds. "grid" is the dashboard's GPU health heatmap; "timeseries" draws one
+   field of the JSON (data-field: {name: {x, y}}) as one line per name, with the fault and
+   resolution marked when data-marks is set. Elements sharing a data-src share one fetch.
+
+   Live regions (htmx polling): a confirmation a person has opened (<details open>), or a
+   field they are typing in, is not swapped away under them; the poll waits until it is
+   closed. Focus is kept across swaps. */
 (function () {
   "use strict";
   const config = { displaylogo: false, responsive: true };
+  const COLORS = { ok: "#2e9d5b", unknown: "#9aa0a6", bad: "#d93025" };
 
-  async function load(el) {
-    const response = await fetch(el.dataset.src, { headers: { Accept: "application/json" } });
+  async function load(src) {
+    const response = await fetch(src, { headers: { Accept: "application/json" } });
     if (!response.ok) throw new Error(response.status);
     return response.json();
   }
 
-  async function drawGrid(el) {
-    const d = await load(el);
-    if (!d.z.length) { el.textContent = "No GPU telemetry yet."; return; }
+  function say(el, text) {
+    window.Plotly.purge(el);
+    el.textContent = text;
+    el.dataset.state = "empty";
+  }
+
+  function drawGrid(el, d) {
+    if (!d.z.length) { say(el, "No GPU telemetry yet for these nodes."); return; }
+    el.textContent = "";
     const trace = {
       type: "heatmap", z: d.z, x: d.x, y: d.y, text: d.text, hoverinfo: "text",
       zmin: 0, zmax: 2, showscale: false, xgap: 2, ygap: 2,
-      colorscale: [[0, "#2e9d5b"], [0.5, "#9aa0a6"], [1, "#d93025"]],
+      colorscale: [[0, COLORS.ok], [0.5, COLORS.unknown], [1, COLORS.bad]],
     };
     const layout = {
       margin: { l: 130, r: 10, t: 10, b: 30 }, height: Math.max(240, 18 * d.y.length + 50),
       yaxis: { autorange: "reversed", automargin: true }, paper_bgcolor: "rgba(0,0,0,0)",
     };
     window.Plotly.react(el, [trace], layout, config);
+    el.dataset.state = "drawn";
+    el.dataset.rows = String(d.y.length);
+    if (d.truncated) el.title = `Showing ${d.y.length} of ${d.total} nodes: pick a group or use the Nodes page.`;
   }
 
-  async function drawUtil(el) {
-    const d = await load(el);
-    const traces = Object.entries(d.series).map(([node, s]) => ({
-      type: "scatter", mode: "lines", name: node, x: s.x, y: s.y,
+  function drawSeries(el, d) {
+    if (d.error) { say(el, d.error); return; }  // e.g. Prometheus unreachable: say so
+    const data = d[el.dataset.field] || {};
+    const traces = Object.entries(data).map(([name, s]) => ({
+      type: "scatter", mode: "lines", name: name, x: s.x, y: s.y,
     }));
-    if (d.error) {
-      // Telemetry (Prometheus) could not be read: say so instead of an empty chart.
-      window.Plotly.purge(el);
-      el.textContent = d.error;
-      return;
-    }
-    const marks = [{ at: d.fault_at, label: "fault", color: "#d93025" }];
-    if (d.resolved_at) marks.push({ at: d.resolved_at, label: "resolved", color: "#2e9d5b" });
+    if (!traces.length) { say(el, "No samples in this window."); return; }
+    el.textContent = "";
+    const marks = [];
+    if (el.dataset.marks && d.fault_at) marks.push({ at: d.fault_at, label: "fault", color: COLORS.bad });
+    if (el.dataset.marks && d.resolved_at) marks.push({ at: d.resolved_at, label: "resolved", color: COLORS.ok });
+    const yaxis = { title: { text: el.dataset.ytitle || "" } };
+    if (el.dataset.ymax) yaxis.range = [0, Number(el.dataset.ymax)];
     const layout = {
-      margin: { l: 50, r: 10, t: 20, b: 40 }, height: 320,
-      yaxis: { title: { text: "GPU util %" }, range: [0, 105] },
-      xaxis: { type: "date" }, paper_bgcolor: "rgba(0,0,0,0)",
+      margin: { l: 50, r: 10, t: 20, b: 40 }, height: 320, yaxis: yaxis,
+      xaxis: { type: "date" }, paper_bgcolor: "rgba(0,0,0,0)", legend: { orientation: "h" },
       shapes: marks.map((m) => ({ type: "line", xref: "x", yref: "paper", x0: m.at, x1: m.at,
         y0: 0, y1: 1, line: { color: m.color, dash: "dot" } })),
       annotations: marks.map((m) => ({ x: m.at, y: 1, yref: "paper", text: m.label,
         showarrow: false, font: { color: m.color } })),
     };
     window.Plotly.react(el, traces, layout, config);
+    el.dataset.state = "drawn";
+    el.dataset.series = String(traces.length);
   }
 
-  function every(el, draw, ms) {
-    const run = () => draw(el).catch((e) => { el.dataset.error = String(e); });
-    run();
-    setInterval(run, ms);
+  const DRAW = { grid: drawGrid, timeseries: drawSeries };
+  const PERIOD = { grid: 5000, timeseries: 3000 };
+
+  function start() {
+    const bySrc = new Map();
+    document.querySelectorAll("[data-chart]").forEach((el) => {
+      if (!bySrc.has(el.dataset.src)) bySrc.set(el.dataset.src, []);
+      bySrc.get(el.dataset.src).push(el);
+    });
+    bySrc.forEach((els, src) => {
+      const run = async () => {
+        try {
+          const d = await load(src);
+          els.forEach((el) => DRAW[el.dataset.chart](el, d));
+        } catch (e) {
+          els.forEach((el) => { el.dataset.error = String(e); });
+        }
+      };
+      run();
+      setInterval(run, PERIOD[els[0].dataset.chart] || 5000);
+    });
   }
 
-  document.addEventListener("DOMContentLoaded", () => {
-    const grid = document.getElementById("gpu-grid");
-    if (grid) every(grid, drawGrid, 5000);
-    const util = document.getElementById("util-chart");
-    if (util) every(util, drawUtil, 3000);
+  // Do not poll a live region away from under an open confirmation, or from under a field
+  // someone is typing in (the dashboard's group search).
+  document.addEventListener("htmx:beforeRequest", (evt) => {
+    const elt = evt.detail.elt;
+    if (!elt || !elt.querySelector) return;
+    const active = document.activeElement;
+    const typing = active && elt.contains(active) && active.matches("input, select, textarea");
+    if (elt.querySelector("details[open]") || typing) evt.preventDefault();
   });
+  // Keep keyboard focus on the same control after a live swap.
+  let focused = null;
+  document.addEventListener("htmx:beforeSwap", () => {
+    const a = document.activeElement;
+    focused = a && a.id ? a.id : null;
+  });
+  document.addEventListener("htmx:afterSwap", () => {
+    if (focused) {
+      const el = document.getElementById(focused);
+      if (el && el !== document.activeElement) el.focus({ preventScroll: true });
+    }
+  });
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
 })();
