@@ -232,10 +232,18 @@ class Spool:
         out = []
         with self.path.open() as fh:
             for line in fh:
-                if line.strip():
+                if not line.strip():
+                    continue
+                try:
                     out.append(json.loads(line))
-                    if len(out) >= limit:
-                        break
+                except json.JSONDecodeError:
+                    # A line torn by a crash or a full disk while it was written (likely on
+                    # the very node that is failing): skipped, and gone at the next drop,
+                    # rather than stopping the agent on every start.
+                    log.warning("spool %s: unreadable line skipped: %.120s", self.path, line)
+                    continue
+                if len(out) >= limit:
+                    break
         return out
 
     def drop(self, count: int) -> None:
@@ -273,7 +281,9 @@ class Pusher:
         if response.status_code == 201:
             return
         raise PushFailed(f"FleetWatch answered {response.status_code}: {response.text[:300]}",
-                         retry=response.status_code >= 500 or response.status_code == 429)
+                         # 401/404: a token being rotated, a proxy mid-deploy: keep the spool.
+                         retry=response.status_code >= 500
+                         or response.status_code in (401, 404, 408, 429))
 
 
 class PushFailed(Exception):

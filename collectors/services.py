@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import current_app
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
@@ -89,7 +90,12 @@ def collect_source(source: str, *, clients: Clients | None = None) -> CollectRes
             _run_record(cluster, source, started_at, started, run, "")
             signals_announce(ids)
         return CollectResult(source, True, ids)
-    except ClientError as exc:
+    except (ClientError, SoftTimeLimitExceeded) as exc:
+        # A source slower than the task's time limit is as down as one that refuses: it
+        # turns red with the reason, and changes no node.
+        if isinstance(exc, SoftTimeLimitExceeded):
+            exc = ClientError(f"{source} did not answer within the task time limit "
+                              "(FLEETWATCH_TASK_SOFT_TIME_LIMIT)")
         log.warning("collector %s failed: %s", source, exc)
         with transaction.atomic():
             health_changes = source_health_record(cluster, source, str(exc), started)

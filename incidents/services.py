@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
@@ -152,6 +153,7 @@ def remediation_open(
     modes either way (policy.step_mode).
     """
     with transaction.atomic():
+        policy.decisions_serialized()
         incident = Incident.objects.select_for_update().get(pk=incident.pk)
         current = incident.remediations.filter(
             status__in=[*Remediation.ACTIVE, Remediation.Status.SUCCEEDED]
@@ -215,12 +217,14 @@ def _node_mark_rma(node: str, why: str, remediation: Remediation) -> None:
     audit_record("node.rma", node, remediation=remediation, result=why)
 
 
-def remediation_approve(remediation_id: int, user: AbstractBaseUser) -> Remediation:
+def remediation_approve(remediation_id: int, user: AbstractBaseUser | None,
+                        actor: str | None = None) -> Remediation:
     """Approve a remediation waiting for a person: the whole of it (approve mode, or held by
     a safety rail) or the risky step it stopped at. Two people approving at once: the row lock
     lets one through and the other is told it is no longer waiting."""
-    actor = actor_name(user)
+    actor = actor or actor_name(user)
     with transaction.atomic():
+        policy.decisions_serialized()
         rem = Remediation.objects.select_for_update().select_related("incident").get(
             pk=remediation_id)
         if rem.status != Remediation.Status.AWAITING_APPROVAL:
@@ -255,9 +259,10 @@ def remediation_approve(remediation_id: int, user: AbstractBaseUser) -> Remediat
         return rem
 
 
-def remediation_continue(remediation_id: int, user: AbstractBaseUser) -> Remediation:
+def remediation_continue(remediation_id: int, user: AbstractBaseUser | None,
+                         actor: str | None = None) -> Remediation:
     """A person overrides a blocking check (no-auto-replace) and lets the playbook go on."""
-    actor = actor_name(user)
+    actor = actor or actor_name(user)
     with transaction.atomic():
         rem = Remediation.objects.select_for_update().select_related("incident").get(
             pk=remediation_id)
@@ -292,11 +297,13 @@ def remediation_continue(remediation_id: int, user: AbstractBaseUser) -> Remedia
         return rem
 
 
-def remediation_retry(remediation_id: int, user: AbstractBaseUser) -> Remediation:
+def remediation_retry(remediation_id: int, user: AbstractBaseUser | None,
+                      actor: str | None = None) -> Remediation:
     """Run a failed remediation's failed step again (a person fixed what stopped it). The
     calls that step completed before it failed are not made again."""
-    actor = actor_name(user)
+    actor = actor or actor_name(user)
     with transaction.atomic():
+        policy.decisions_serialized()
         rem = Remediation.objects.select_for_update().select_related("incident").get(
             pk=remediation_id)
         step = rem.steps.select_for_update().filter(status=Step.Status.FAILED).first()
@@ -321,8 +328,9 @@ def remediation_retry(remediation_id: int, user: AbstractBaseUser) -> Remediatio
         return rem
 
 
-def remediation_cancel(remediation_id: int, user: AbstractBaseUser) -> Remediation:
-    actor = actor_name(user)
+def remediation_cancel(remediation_id: int, user: AbstractBaseUser | None,
+                       actor: str | None = None) -> Remediation:
+    actor = actor or actor_name(user)
     with transaction.atomic():
         rem = Remediation.objects.select_for_update().select_related("incident").get(
             pk=remediation_id)
@@ -385,7 +393,7 @@ def step_run(step_id: int, reason: str = "start") -> str:
     """Run (or re-check) one step. Safe to call any number of times for the same step."""
     now = timezone.now()
     with transaction.atomic():
-        step = (Step.objects.select_for_update()
+        step = (Step.objects.select_for_update(of=("self",))
                 .select_related("remediation__incident").get(pk=step_id))
         rem = step.remediation
         if step.status in (*Step.DONE, Step.Status.BLOCKED):
@@ -402,7 +410,7 @@ def step_run(step_id: int, reason: str = "start") -> str:
                 return gate
         if step.status == Step.Status.PENDING:
             step.status, step.started_at, step.attempts = Step.Status.RUNNING, now, 1
-            step.deadline = now + timedelta(seconds=settings.FLEETWATCH_STEP_TIMEOUT_SECONDS)
+            step.deadline = now + timedelta(seconds=_step_timeout(step.kind))
             audit_record("step.started", step.kind, remediation=rem, step=step,
                          result=step.title)
         elif reason == "retry":
@@ -418,12 +426,17 @@ def step_run(step_id: int, reason: str = "start") -> str:
         outcome: Outcome | ClientError = EXECUTORS[step.kind](ctx)
     except ClientError as exc:
         outcome = exc
+    except SoftTimeLimitExceeded:
+        # A source or provider slower than the task's time limit: try again later, as any
+        # transient failure (the calls it completed are recorded and not made twice).
+        outcome = ClientError("the step ran past the task time limit "
+                              "(FLEETWATCH_TASK_SOFT_TIME_LIMIT); retrying", permanent=False)
     except Exception as exc:  # a bug in an executor must not leave the step leased forever
         log.exception("step %s crashed", step.pk)
         outcome = ClientError(f"{type(exc).__name__}: {exc}", permanent=True)
 
     with transaction.atomic():
-        step = (Step.objects.select_for_update()
+        step = (Step.objects.select_for_update(of=("self",))
                 .select_related("remediation__incident").get(pk=step_id))
         step.lease_until = None
         if step.status in Step.DONE:  # cancelled while we were out
@@ -458,6 +471,18 @@ def _step_gate(step: Step, rem: Remediation) -> str:
         _incident_status(rem.incident, Incident.Status.NEEDS_ATTENTION)
         return "observed"
     return ""
+
+
+# Steps that wait on the physical world (a job to end and the GPUs to cool, a link to stay
+# up, a switch to be fixed, a node to come back) get longer than the others before they fail.
+LONG_WAITS = {"wait_cool": 24 * 3600.0, "wait_link_stable": 24 * 3600.0,
+              "wait_switch_healthy": 24 * 3600.0}
+
+
+def _step_timeout(kind: str) -> float:
+    if kind == "wait_node_back":
+        return settings.FLEETWATCH_NODE_BACK_MINUTES * 60.0 + settings.FLEETWATCH_STEP_TIMEOUT_SECONDS
+    return max(LONG_WAITS.get(kind, 0.0), float(settings.FLEETWATCH_STEP_TIMEOUT_SECONDS))
 
 
 def _step_context(step: Step) -> StepContext:
@@ -522,6 +547,9 @@ def _step_apply(step: Step, outcome: Outcome | ClientError) -> str:
         _step_advance(step)
         return "succeeded"
     if isinstance(outcome, Wait):
+        # Attempts count failures in a row: a step that waits for an hour may meet a few
+        # source blips without failing the repair.
+        step.attempts = 1
         step.result, step.detail = outcome.result, outcome.detail
         if step.deadline and now > step.deadline:
             return _step_fail(step, f"timed out: {outcome.detail}")

@@ -7,11 +7,16 @@ queue, and the step (idempotent, leased) runs again on another worker.
 from __future__ import annotations
 
 from celery import shared_task
+from django.db import DatabaseError
 
 from incidents import services
 
 
-@shared_task(name="incidents.tasks.diagnose_signals", ignore_result=True)
+# A diagnosis lost to a database hiccup or a killed worker would leave the fault
+# undiagnosed for good (signals are stored once, on change): acknowledged late, retried.
+@shared_task(name="incidents.tasks.diagnose_signals", ignore_result=True, acks_late=True,
+             reject_on_worker_lost=True, autoretry_for=(DatabaseError,), retry_backoff=True,
+             max_retries=5)
 def diagnose_signals(signal_ids: list[int]) -> None:
     services.diagnose_signals(signal_ids)
 

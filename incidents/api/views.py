@@ -4,7 +4,6 @@ grows in its own issue)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from django.conf import settings
 from rest_framework import status, viewsets
@@ -24,6 +23,7 @@ from incidents.api.serializers import (
     RemediationSerializer,
     SignalBatchSerializer,
 )
+from incidents.audit import actor_from_request
 from incidents.models import Incident, Remediation
 
 
@@ -62,10 +62,11 @@ class RemediationViewSet(viewsets.ReadOnlyModelViewSet):
         "steps").order_by("-created_at")
     filterset_fields = ["status", "playbook", "incident"]
 
-    def _act(self, fn: Callable[[int, Any], Remediation], pk: str | None) -> Response:
+    def _act(self, fn: Callable[..., Remediation], pk: str | None) -> Response:
         rem = self.get_object()
         try:
-            fn(rem.pk, self.request.user)
+            # Named as the token when a program called (token:NAME), else the person.
+            fn(rem.pk, self.request.user, actor=actor_from_request(self.request))
         except services.InvalidTransition as exc:
             rem.refresh_from_db()
             return Response({"detail": str(exc), "status": rem.status},

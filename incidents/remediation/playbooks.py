@@ -137,7 +137,7 @@ RECOVER_NODE = Playbook(
     steps=(
         NOTIFY,
         StepSpec("down_node", "Mark the node DOWN in Slurm and requeue its jobs"),
-        StepSpec("reboot", "Reboot the node", REBOOT),
+        StepSpec("reboot_request", "Ask for a reboot of the node", REBOOT),
         StepSpec("wait_node_back", "Wait for the node to come back"),
         StepSpec("replace_if_not_back", "Replace the node if it did not come back", REPLACE),
         RESUME_NODE,

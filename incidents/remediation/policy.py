@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Avg, DurationField, F, Q
 from django.utils import timezone
 
@@ -47,6 +48,19 @@ class Decision:
     rma: bool = False  # the node is escalated for RMA instead of repaired again
     step_modes: dict[str, str] = field(default_factory=dict)  # risk class -> mode
     escalation: str = ""  # why the playbook differs from the root cause's first choice
+
+
+# pg_advisory_xact_lock key for "deciding what may run": b"fwpolicy" as an integer.
+POLICY_LOCK_KEY = int.from_bytes(b"fwpolicy", "big", signed=True)
+
+
+def decisions_serialized() -> None:
+    """Take, for the rest of the transaction, the lock every policy decision takes: two
+    diagnosis workers opening remediations for the same node (or one each that together
+    pass the budget) decide one after the other, each seeing the other's commit."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [POLICY_LOCK_KEY])
 
 
 def playbook_mode(root_cause: str) -> str:

@@ -119,13 +119,23 @@ def notify(ctx: StepContext) -> Outcome:
     if ctx.state.get("sent"):
         return Done("already notified", ctx.state)
     subject = f"FleetWatch incident {ctx.incident_id}: {ctx.root_cause} on {', '.join(ctx.nodes)}"
-    result = ctx.call("notify", "on-call", ctx.clients.notifier.notify, subject, ctx.explanation,
+    try:
+        result = _notify_call(ctx, subject)
+    except ClientError as exc:
+        # Every channel failed: recorded (audit, deliveries) and shown, but a notification
+        # outage must not hold back the repair of a dead node.
+        return Done(f"notification failed, repair goes on: {exc}", {"sent": False,
+                                                                   "error": str(exc)})
+    return Done(result.detail, {"sent": True, "call": result.call})
+
+
+def _notify_call(ctx: StepContext, subject: str) -> ActionResult:
+    return ctx.call("notify", "on-call", ctx.clients.notifier.notify, subject, ctx.explanation,
                       {"incident": ctx.incident_id, "root_cause": ctx.root_cause,
                        "nodes": ctx.nodes,
                        # A retried step does not notify the channels that already got it.
                        "delivery_key": f"incident-{ctx.incident_id}-remediation-"
                                        f"{ctx.remediation_id}-notify"})
-    return Done(result.detail, {"sent": True, "call": result.call})
 
 
 def drain_and_cancel(ctx: StepContext) -> Outcome:
@@ -136,8 +146,11 @@ def drain_and_cancel(ctx: StepContext) -> Outcome:
     jobs = {j.job_id: j for j in ctx.clients.slurm.jobs()}
     if "jobs" not in state:
         # Remember which jobs were on the node when we acted: those are the ones to requeue.
-        state["jobs"] = sorted(j.job_id for j in jobs.values()
-                               if j.state == "RUNNING" and ctx.node in j.nodes)
+        # After a crash the ones already cancelled are no longer RUNNING: the record of the
+        # cancels made brings them back.
+        state["jobs"] = sorted({j.job_id for j in jobs.values()
+                                if j.state == "RUNNING" and ctx.node in j.nodes}
+                               | _cancelled_before(ctx))
         state["checkpoint_before"] = {j: jobs[j].checkpoint_step for j in state["jobs"]}
     for job_id in state["jobs"]:
         if job_id not in state.setdefault("signalled", []):
@@ -299,11 +312,17 @@ def _running_on(ctx: StepContext, nodes: list[str]) -> list[str]:
                   if j.state == "RUNNING" and set(j.nodes) & set(nodes))
 
 
+def _cancelled_before(ctx: StepContext) -> set[str]:
+    """Jobs an earlier run of this step cancelled (from its record of completed calls)."""
+    return {key.removeprefix("slurm.cancel job ") for key in ctx.done_calls
+            if key.startswith("slurm.cancel job ")}
+
+
 def _stop_and_requeue(ctx: StepContext, state: dict[str, Any], nodes: list[str]) -> Outcome | None:
     """Cancel (SIGTERM, the cluster's grace) the jobs running on ``nodes`` when first seen, wait
     for them to stop, requeue them. None when done; a Wait while a job is still stopping."""
     if "jobs" not in state:
-        state["jobs"] = _running_on(ctx, nodes)
+        state["jobs"] = sorted(set(_running_on(ctx, nodes)) | _cancelled_before(ctx))
     for job_id in state["jobs"]:
         if job_id not in state.setdefault("signalled", []):
             ctx.call("slurm.cancel", f"job {job_id}", ctx.clients.slurm.cancel, job_id, "TERM",
@@ -362,6 +381,23 @@ def reboot(ctx: StepContext) -> Outcome:
     if not ready:
         return Wait(f"{ctx.node} rebooting ({status})", state)
     return Done(f"{ctx.node} rebooted and back ({status})", state)
+
+
+def reboot_request(ctx: StepContext) -> Outcome:
+    """Ask for a reboot of a node that stopped answering and move on: whether it comes back
+    is the next step's question. A provider that cannot reboot an unresponsive node (Slurm
+    reboots through the node's own slurmd) is noted, not fatal: the replacement follows."""
+    if ctx.state.get("requested") or ctx.state.get("refused"):
+        return Done("reboot already requested", dict(ctx.state))
+    try:
+        ctx.call("provider.reboot", ctx.node, ctx.clients.provider.reboot, ctx.node,
+                 _reason(ctx))
+    except ClientError as exc:
+        if not exc.permanent:
+            raise
+        return Done(f"reboot refused ({exc}); waiting to see whether {ctx.node} comes back",
+                    {"refused": str(exc)})
+    return Done(f"reboot of {ctx.node} requested", {"requested": True})
 
 
 def reset_or_reboot(ctx: StepContext) -> Outcome:
@@ -467,14 +503,16 @@ def hold_switch_nodes(ctx: StepContext) -> Outcome:
         if node in held or node in left:
             continue
         seen = slurm.get(node)
-        if seen is not None and seen.reason and not seen.reason.startswith(SLURM_REASON_PREFIX):
+        if seen is not None and seen.reason:
+            # Drained already, by a person or by another FleetWatch repair (a node whose GPU
+            # died stays drained after its replacement): not this incident's to release.
             left.append(node)
             continue
-        ctx.call("slurm.drain", node, ctx.clients.slurm.drain, node,
-                 f"{_reason(ctx)} {ctx.switch}".strip())
-        held.append(node)
+        result = ctx.call("slurm.drain", node, ctx.clients.slurm.drain, node,
+                          f"{_reason(ctx)} {ctx.switch}".strip())
+        (held if result.changed else left).append(node)
     return Done(f"holding new work off {len(held)} node(s) under {ctx.switch or 'the switch'}"
-                + (f"; {len(left)} already drained by someone else" if left else ""), state)
+                + (f"; {len(left)} already drained (left as they are)" if left else ""), state)
 
 
 def requeue_dead_jobs(ctx: StepContext) -> Outcome:
@@ -586,6 +624,7 @@ EXECUTORS: dict[str, Callable[[StepContext], Outcome]] = {
     "drain": drain,
     "down_node": down_node,
     "reboot": reboot,
+    "reboot_request": reboot_request,
     "reset_or_reboot": reset_or_reboot,
     "verify_fault_cleared": verify_fault_cleared,
     "wait_link_stable": wait_link_stable,

@@ -273,3 +273,15 @@ def test_agent_command_runs_a_pass_with_a_token_file(fleet_nodes: None, live_ser
                  "--spool", str(tmp_path / "spool.jsonl"))
     assert list(Signal.objects.filter(source="kernel").values_list("node_name", "message")) == [
         ("gpu-006", "mlx5_core 0000:0c:00.0 enp12s0np0: Link down")]
+
+
+def test_a_torn_spool_line_is_skipped_not_fatal(tmp_path: Path) -> None:
+    spool = agent.Spool(tmp_path / "spool.jsonl")
+    spool.add([{"at": "2026-12-03T10:00:00Z", "source": "kernel", "message": "a"}])
+    with spool.path.open("a") as fh:
+        fh.write('{"at": "2026-12-03T10:00:01Z", "sour')  # power lost mid-write
+        fh.write("\n")
+    spool.add([{"at": "2026-12-03T10:00:02Z", "source": "kernel", "message": "b"}])
+    assert [s["message"] for s in spool.pending(10)] == ["a", "b"]
+    spool.drop(1)
+    assert [s["message"] for s in spool.pending(10)] == ["b"]

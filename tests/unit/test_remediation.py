@@ -102,7 +102,8 @@ def test_every_root_cause_has_a_playbook_of_known_steps() -> None:
     # The risky steps carry their risk class, so they can have modes of their own.
     risky = {s.kind: s.risk for p in PLAYBOOKS.values() for s in p.steps if s.risk}
     assert risky == {"replace_node": "replace", "reset_or_reboot": "reset_gpu",
-                     "reboot": "reboot", "replace_if_not_back": "replace"}
+                     "reboot": "reboot", "reboot_request": "reboot",
+                     "replace_if_not_back": "replace"}
 
 
 # --- playbooks on the simulated fleet ----------------------------------------------------------
@@ -619,8 +620,10 @@ def test_api_approve_answers_409_when_there_is_nothing_to_approve(
     assert r.status_code == 200 and r.json()["status"] == "running"
     again = client.post(url, HTTP_AUTHORIZATION=f"Token {key}")
     assert again.status_code == 409
-    assert again.json() == {"detail": f"remediation {rem.pk} is running by user:olivia; "
+    # The approval was made with a token: the audit trail and the answer name the token.
+    assert again.json() == {"detail": f"remediation {rem.pk} is running by token:olivia; "
                                       "nothing to approve", "status": "running"}
+    assert AuditEntry.objects.get(verb="remediation.approved").actor == "token:olivia"
     listed = client.get("/api/v1/remediations/", HTTP_AUTHORIZATION=f"Token {viewer_key}")
     assert listed.status_code == 200 and listed.json()["results"][0]["id"] == rem.pk
 
@@ -679,3 +682,44 @@ def test_a_failed_step_can_be_retried_once_a_person_fixed_the_cause(
     assert (rem.status, step.status, step.attempts) == ("running", "pending", 0)
     assert "retried by user:olivia after: webhook answered 404" in step.detail
     assert AuditEntry.objects.filter(verb="step.retried", actor="user:olivia").count() == 1
+
+
+def test_a_switch_hold_leaves_a_node_another_repair_drained() -> None:
+    # gpu-011's GPU died last week: replaced, and left drained by that repair.
+    world = FakeWorld(slurm_nodes={
+        "gpu-011": SlurmNode("gpu-011", "IDLE", ("DRAIN",), "fleetwatch: incident 5 gpu_hardware"),
+        "gpu-012": SlurmNode("gpu-012", "IDLE")})
+    out = EXECUTORS["hold_switch_nodes"](ctx_for(world, "hold_switch_nodes",
+                                                 nodes=["gpu-011", "gpu-012"], switch="leaf-b"))
+    assert out.result == {"held": ["gpu-012"], "already_drained": ["gpu-011"]}
+    EXECUTORS["release_switch_nodes"](ctx_for(world, "release_switch_nodes",
+                                              previous={"hold_switch_nodes": out.result}))
+    assert "resume gpu-011" not in world.made and "resume gpu-012" in world.made
+
+
+def test_an_unresponsive_node_slurm_cannot_reboot_goes_on_to_the_replacement() -> None:
+    world = FakeWorld(slurm_nodes={"gpu-003": SlurmNode("gpu-003", "DOWN",
+                                                        ("NOT_RESPONDING",), "Not responding")})
+
+    def refuse(node: str, reason: str) -> ActionResult:
+        raise ClientError(f"{node} is not responding: Slurm reboots through its slurmd",
+                          permanent=True)
+
+    ctx = ctx_for(world, "reboot_request", root_cause="node_unreachable")
+    ctx.clients.provider.reboot = refuse  # type: ignore[method-assign]
+    out = EXECUTORS["reboot_request"](ctx)
+    assert isinstance(out, Done) and "reboot refused" in out.detail
+    assert "not responding" in out.result["refused"]
+
+
+def test_a_notification_outage_does_not_hold_back_the_repair() -> None:
+    world = FakeWorld()
+    ctx = ctx_for(world, "notify", root_cause="gpu_hardware")
+
+    def down(subject: str, body: str, payload: dict[str, Any]) -> ActionResult:
+        raise ClientError("every notification channel failed: POST https://hooks.example/x")
+
+    ctx.clients.notifier.notify = down  # type: ignore[method-assign]
+    out = EXECUTORS["notify"](ctx)
+    assert isinstance(out, Done) and out.result["sent"] is False
+    assert "notification failed, repair goes on" in out.detail
