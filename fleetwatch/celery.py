@@ -22,31 +22,52 @@ def _redis_restore_after_collect_tolerated() -> None:
     """Keep a worker alive when its Redis broker goes away while it holds unacked messages.
 
     Celery 5.7.0's consumer (kombu 5.7.0), on a lost broker connection, ``collect()``s the
-    connection (which clears the transport's ``client``) and then ``close()``s it. Closing a
-    Redis channel that still holds unacked messages (an acks_late step running, a step's
-    countdown poll waiting) tries to restore them through a new client built from that
-    ``client``: AttributeError, not a connection error, so the worker dies with "Unrecoverable
-    error" instead of reconnecting. Nothing can be restored through a dead connection anyway:
-    the messages stay in Redis's unacked set (restored after the visibility timeout) or were
-    lost with Redis, and the step watchdog re-queues remediation steps from the database.
-    tests/integration/test_chaos.py (the Redis restart) fails without this.
+    connection (which clears the transport's ``client``, then the channel's ``connection``)
+    and reconnects. Two things then touch the old channel and crash the worker with
+    "Unrecoverable error" (an AttributeError, not a connection error) instead of letting it
+    carry on: closing it restores its unacked messages (``QoS.restore_unacked``), and a task
+    that was running when the connection dropped acknowledges its message when it finishes
+    (``QoS.ack``/``reject``). Nothing can be done over a dead connection anyway: the messages
+    stay in Redis's unacked set (redelivered after the visibility timeout; a redelivered step
+    finds itself done and does nothing) or were lost with Redis, and the step watchdog
+    re-queues remediation steps from the database. tests/integration/test_chaos.py (the Redis
+    restart) fails without this. Re-check on a Celery/kombu upgrade.
     """
     from kombu.transport import redis as kombu_redis
 
-    original = kombu_redis.QoS.restore_unacked
-    if getattr(original, "_fleetwatch", False):
+    if getattr(kombu_redis.QoS, "_fleetwatch", False):
         return
 
-    def restore_unacked(self: kombu_redis.QoS, client: object = None) -> object:
-        if client is None and getattr(self.channel.connection, "client", None) is None:
-            # The transport was collected: forget the deliveries instead of crashing. A
-            # graceful shutdown closes channels before the transport, so it still restores.
-            self._delivered.clear()
-            return None
-        return original(self, client)
+    def dead(qos: kombu_redis.QoS) -> bool:
+        connection = getattr(qos.channel, "connection", None)
+        return connection is None or getattr(connection, "client", None) is None
 
-    restore_unacked._fleetwatch = True  # type: ignore[attr-defined]
+    original_restore = kombu_redis.QoS.restore_unacked
+    original_ack = kombu_redis.QoS.ack
+    original_reject = kombu_redis.QoS.reject
+
+    def restore_unacked(self: kombu_redis.QoS, client: object = None) -> object:
+        if client is None and dead(self):
+            self._delivered.clear()  # forget them: see above
+            return None
+        return original_restore(self, client)
+
+    def ack(self: kombu_redis.QoS, delivery_tag: object) -> None:
+        if dead(self):
+            self._delivered.pop(delivery_tag, None)
+            return
+        original_ack(self, delivery_tag)
+
+    def reject(self: kombu_redis.QoS, delivery_tag: object, requeue: bool = False) -> None:
+        if dead(self):
+            self._delivered.pop(delivery_tag, None)
+            return
+        original_reject(self, delivery_tag, requeue=requeue)
+
     kombu_redis.QoS.restore_unacked = restore_unacked  # type: ignore[method-assign]
+    kombu_redis.QoS.ack = ack  # type: ignore[method-assign]
+    kombu_redis.QoS.reject = reject  # type: ignore[method-assign]
+    kombu_redis.QoS._fleetwatch = True  # type: ignore[attr-defined]
 
 
 _redis_restore_after_collect_tolerated()

@@ -68,12 +68,12 @@ def test_slurm_reboot_asap_then_ready(cluster: SlurmCluster,
     # Asked again (a retried step): no second reboot.
     assert not slurm_provider.reboot("gpu-002", "incident 21 nvlink: reboot first").changed
 
-    wait_for(lambda: "gpu-002" in cluster.reboot_requests(), 30, "RebootProgram on gpu-002")
+    wait_for(lambda: "gpu-002" in cluster.reboot_requests(), 90, "RebootProgram on gpu-002")
     assert cluster.reboot_requests() == ["gpu-002"]  # only the node asked for
     cluster.complete_reboot("gpu-002")
-    cluster.wait_for_nodes("IDLE", nodes=["gpu-002"], timeout=30)
+    cluster.wait_for_nodes("IDLE", nodes=["gpu-002"], timeout=90)  # generous: a loaded CI host
     status = wait_for(lambda: (s := slurm_provider.status("gpu-002")).state == "ready" and s,
-                      30, "the provider to call gpu-002 ready")
+                      90, "the provider to call gpu-002 ready")
     assert status.detail == "IDLE"
     assert "Reason=" not in scontrol_node(cluster, "gpu-002")
 

@@ -71,7 +71,7 @@ def marker(cluster: SlurmCluster, job_id: str, run: int) -> Path:
 
 def test_reads_match_what_slurm_shows(cluster: SlurmCluster, client: SlurmCli) -> None:
     job_id = submit(cluster, "llama-pretrain", "gpu-[001-002]")
-    wait_for(lambda: squeue(cluster, job_id) == "RUNNING", 30, f"job {job_id} to run")
+    wait_for(lambda: squeue(cluster, job_id) == "RUNNING", 90, f"job {job_id} to run")
 
     nodes = {n.name: n for n in client.nodes()}
     assert sorted(nodes) == NODES
@@ -118,7 +118,7 @@ def test_drain_is_idempotent_and_resume_only_undoes_fleetwatch(
 
     assert client.resume("gpu-003").changed
     # slurmctld pings a resumed node before it counts as responding again ("IDLE*" meanwhile).
-    cluster.wait_for_nodes("IDLE", nodes=["gpu-003"], timeout=30)
+    cluster.wait_for_nodes("IDLE", nodes=["gpu-003"], timeout=90)
     assert not client.resume("gpu-003").changed
 
     # An administrator's drain is theirs: not resumed, and its reason not overwritten.
@@ -139,7 +139,7 @@ def test_drain_is_idempotent_and_resume_only_undoes_fleetwatch(
 def test_cancel_sends_sigterm_and_requeue_runs_the_job_again(
         cluster: SlurmCluster, client: SlurmCli) -> None:
     job_id = submit(cluster, "moe-finetune", "gpu-002")
-    wait_for(lambda: squeue(cluster, job_id) == "RUNNING", 30, f"job {job_id} to run")
+    wait_for(lambda: squeue(cluster, job_id) == "RUNNING", 90, f"job {job_id} to run")
     # Not stopped yet: requeue() leaves a running job alone (it may be one already requeued).
     assert not client.requeue(job_id).changed
 
@@ -147,7 +147,7 @@ def test_cancel_sends_sigterm_and_requeue_runs_the_job_again(
     assert cancelled.changed
     assert cancelled.call == f"scancel {job_id}"
     assert cancelled.data["kill_wait_seconds"] == 2
-    wait_for(marker(cluster, job_id, 0).exists, 30, "the job's SIGTERM handler to run")
+    wait_for(marker(cluster, job_id, 0).exists, 90, "the job's SIGTERM handler to run")
     assert not client.cancel(job_id, "TERM", 2).changed  # a retried step signals nothing
     wait_for(lambda: job(client, job_id).state not in {"RUNNING", "COMPLETING"}, 30,
              f"job {job_id} to end")
@@ -162,23 +162,23 @@ def test_cancel_sends_sigterm_and_requeue_runs_the_job_again(
     assert not client.requeue(job_id).changed  # a retry does not requeue it twice
 
     # It runs again (after AuthInfo's cred_expire), and is a job like any other.
-    wait_for(lambda: squeue(cluster, job_id) == "RUNNING", 30, f"job {job_id} to run again")
+    wait_for(lambda: squeue(cluster, job_id) == "RUNNING", 90, f"job {job_id} to run again")
     again = job(client, job_id)
     assert again.state == "RUNNING"
     assert again.restart_count == 1
     assert not client.requeue(job_id).changed
     assert client.cancel(job_id, "SIGTERM", 2).changed
-    wait_for(marker(cluster, job_id, 1).exists, 30, "the second run's SIGTERM handler to run")
+    wait_for(marker(cluster, job_id, 1).exists, 90, "the second run's SIGTERM handler to run")
 
 
 def test_requeue_hold_keeps_the_job_pending(cluster: SlurmCluster, client: SlurmCli) -> None:
     job_id = submit(cluster, "vit-sweep", "gpu-001")
-    wait_for(lambda: squeue(cluster, job_id) == "RUNNING", 30, f"job {job_id} to run")
+    wait_for(lambda: squeue(cluster, job_id) == "RUNNING", 90, f"job {job_id} to run")
     try:
         held = client.requeue_hold(job_id)
         assert held.changed
         assert held.call == f"scontrol requeuehold {job_id}"
-        wait_for(marker(cluster, job_id, 0).exists, 30, "the job's SIGTERM handler to run")
+        wait_for(marker(cluster, job_id, 0).exists, 90, "the job's SIGTERM handler to run")
         assert squeue(cluster, job_id) == "PENDING"
         assert "held" in squeue(cluster, job_id, "%r").lower()
         seen = job(client, job_id)
@@ -198,7 +198,7 @@ def test_down_then_resume(cluster: SlurmCluster, client: SlurmCli) -> None:
     assert next(n for n in client.nodes() if n.name == "gpu-004").state == "DOWN"
     assert not client.down("gpu-004", "incident 11 node_unreachable").changed
     assert client.resume("gpu-004").changed
-    cluster.wait_for_nodes("IDLE", nodes=["gpu-004"], timeout=30)
+    cluster.wait_for_nodes("IDLE", nodes=["gpu-004"], timeout=90)
 
 
 def test_reboot_asap_then_resume(cluster: SlurmCluster, client: SlurmCli) -> None:
@@ -214,7 +214,7 @@ def test_reboot_asap_then_resume(cluster: SlurmCluster, client: SlurmCli) -> Non
     wait_for(lambda: "gpu-003" in cluster.reboot_requests(), 30, "RebootProgram to run on gpu-003")
     cluster.complete_reboot("gpu-003")
     # ...and nextstate=RESUME puts it back in service with its reason cleared.
-    cluster.wait_for_nodes("IDLE", nodes=["gpu-003"], timeout=30)
+    cluster.wait_for_nodes("IDLE", nodes=["gpu-003"], timeout=90)
     node = next(n for n in client.nodes() if n.name == "gpu-003")
     assert (node.state, node.flags, node.reason) == ("IDLE", (), "")
 
