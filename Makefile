@@ -28,6 +28,7 @@ bench: install
 	$(BIN)/python -m tests.bench.diagnosis --out reports
 	deploy/bootstrap.sh test
 	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m tests.bench.collectors --out reports
+	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m tests.bench.pages --out reports
 
 lint: install
 	$(BIN)/ruff check .

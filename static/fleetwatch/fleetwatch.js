@@ -25,9 +25,21 @@
     el.dataset.state = "empty";
   }
 
+  // Clear a message ("No samples...") before the first draw, never a drawn plot: emptying
+  // the element under Plotly leaves Plotly.react diffing against a plot that is no longer
+  // there, and the chart stays blank from the first refresh on.
+  function clearMessage(el) {
+    if (el.dataset.state !== "drawn") el.textContent = "";
+  }
+
+  function drawn(el) {
+    el.dataset.state = "drawn";
+    el.dataset.draws = String(Number(el.dataset.draws || 0) + 1);  // refreshes, for tests
+  }
+
   function drawGrid(el, d) {
     if (!d.z.length) { say(el, "No GPU telemetry yet for these nodes."); return; }
-    el.textContent = "";
+    clearMessage(el);
     const trace = {
       type: "heatmap", z: d.z, x: d.x, y: d.y, text: d.text, hoverinfo: "text",
       zmin: 0, zmax: 2, showscale: false, xgap: 2, ygap: 2,
@@ -38,7 +50,7 @@
       yaxis: { autorange: "reversed", automargin: true }, paper_bgcolor: "rgba(0,0,0,0)",
     };
     window.Plotly.react(el, [trace], layout, config);
-    el.dataset.state = "drawn";
+    drawn(el);
     el.dataset.rows = String(d.y.length);
     if (d.truncated) el.title = `Showing ${d.y.length} of ${d.total} nodes: pick a group or use the Nodes page.`;
   }
@@ -50,7 +62,7 @@
       type: "scatter", mode: "lines", name: name, x: s.x, y: s.y,
     }));
     if (!traces.length) { say(el, "No samples in this window."); return; }
-    el.textContent = "";
+    clearMessage(el);
     const marks = [];
     if (el.dataset.marks && d.fault_at) marks.push({ at: d.fault_at, label: "fault", color: COLORS.bad });
     if (el.dataset.marks && d.resolved_at) marks.push({ at: d.resolved_at, label: "resolved", color: COLORS.ok });
@@ -65,7 +77,7 @@
         showarrow: false, font: { color: m.color } })),
     };
     window.Plotly.react(el, traces, layout, config);
-    el.dataset.state = "drawn";
+    drawn(el);
     el.dataset.series = String(traces.length);
   }
 
