@@ -33,9 +33,9 @@ VIEWPORT = {"width": 1280, "height": 800}
 OPERATOR = ("demo", "demo-pass-123")
 VIEWER = ("vera", "viewer-pass-123")
 # Every run's screenshots (test artifacts); FLEETWATCH_UPDATE_SCREENSHOTS=1 also refreshes the
-# ones committed under docs/screenshots/ that the README shows.
+# ones committed under tests/browser/screenshots/ that the README shows.
 SHOTS = ROOT / "reports" / "screenshots"
-DOC_SHOTS = ROOT / "docs" / "screenshots"
+DOC_SHOTS = ROOT / "tests" / "browser" / "screenshots"
 
 
 def _free_port() -> int:
@@ -136,7 +136,7 @@ class Errors:
 
 
 def screenshot(page: Any, name: str, publish: bool = False, full_page: bool = False) -> Path:
-    """Save a screenshot as a test artifact; ``publish`` ones also go to docs/screenshots/
+    """Save a screenshot as a test artifact; ``publish`` ones also go to tests/browser/screenshots/
     when FLEETWATCH_UPDATE_SCREENSHOTS=1. Kept small: the 1280x800 view, or the whole page
     where the point is below the fold (the dashboard's incidents under its grid)."""
     SHOTS.mkdir(parents=True, exist_ok=True)
