@@ -181,8 +181,13 @@ def incident_chart(incident: Incident) -> dict[str, Any]:
     except ClientError as exc:
         # The page still shows everything else; the chart says why it is empty.
         return {**chart, "series": {}, "temperature": {}, "error": f"telemetry unavailable: {exc}"}
-    return {**chart, "series": _mean_series(points, _UTIL),
-            "temperature": _mean_series(points, _TEMP)}
+    # At most CHART_POINTS per line, however long the incident stays open.
+    width = max(1.0, (end - start).total_seconds() / CHART_POINTS)
+    return {**chart, "series": _mean_series(points, _UTIL, start, width),
+            "temperature": _mean_series(points, _TEMP, start, width)}
+
+
+CHART_POINTS = 400
 
 
 # Fields of a telemetry point: (node, gpu, at, utilisation, temperature).
@@ -201,15 +206,21 @@ def _telemetry_points(cluster: Cluster, names: list[str], start: datetime,
 
 
 def _mean_series(points: list[tuple[str, int, datetime, float | None, float | None]],
-                 field: int) -> dict[str, dict[str, list[Any]]]:
-    """Per node, the mean over its GPUs of one field at each instant. A missing utilisation
-    reads as 0 (a GPU off the bus does no work); a missing temperature is left out."""
+                 field: int, start: datetime | None = None,
+                 width: float = 0.0) -> dict[str, dict[str, list[Any]]]:
+    """Per node, the mean over its GPUs of one field at each instant (or, with ``width``, in
+    each ``width``-second bucket from ``start``, stamped with the bucket's start). A missing
+    utilisation reads as 0 (a GPU off the bus does no work); a missing temperature is left
+    out."""
     buckets: dict[tuple[str, datetime], list[float]] = {}
     for point in points:
         value = point[field]
         if value is None and field == _TEMP:
             continue
-        buckets.setdefault((point[0], point[2]), []).append(value if value is not None else 0.0)
+        at = point[2]
+        if start is not None and width > 1.0:
+            at = start + timedelta(seconds=((at - start).total_seconds() // width) * width)
+        buckets.setdefault((point[0], at), []).append(value if value is not None else 0.0)
     series: dict[str, dict[str, list[Any]]] = {}
     for (name, at), values in sorted(buckets.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         s = series.setdefault(name, {"x": [], "y": []})

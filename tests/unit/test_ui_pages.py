@@ -688,3 +688,18 @@ def test_node_chart_says_why_it_is_empty_when_prometheus_is_down(
     data = ops.get("/nodes/gpu-00002/telemetry.json").json()
     assert data["error"].startswith("telemetry unavailable") and data["utilization"] == {}
     assert ops.get("/nodes/gpu-00002/").status_code == 200
+
+
+def test_a_long_incident_chart_is_bucketed(db: None) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from incidents.selectors import CHART_POINTS, _mean_series
+
+    start = datetime(2026, 12, 3, 10, 0, tzinfo=UTC)
+    # Three hours of one-second samples of two GPUs: a line of at most CHART_POINTS points.
+    points = [("gpu-003", g, start + timedelta(seconds=t), 90.0 + g, 60.0)
+              for t in range(0, 3 * 3600) for g in (0, 1)]
+    width = 3 * 3600 / CHART_POINTS
+    series = _mean_series(points, 3, start, width)["gpu-003"]
+    assert len(series["x"]) <= CHART_POINTS and set(series["y"]) == {90.5}
+    assert series["x"][0] == start.isoformat()
