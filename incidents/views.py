@@ -187,6 +187,13 @@ ACTIONS = {
     "cancel": services.remediation_cancel,
     "retry": services.remediation_retry,
 }
+# What the person sees after a confirmed click.
+DONE_MESSAGES = {
+    "approve": "Approved: the remediation runs now.",
+    "continue": "Continued: the remediation goes on.",
+    "cancel": "Cancelled: nothing more will run; what was done stays done.",
+    "retry": "Retrying the failed step.",
+}
 
 
 @login_required
@@ -207,7 +214,7 @@ def incident_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
             remediation_id = int(request.POST.get("remediation", "0") or 0)
             rem = get_object_or_404(Remediation, pk=remediation_id, incident=incident)
             ACTIONS[action](rem.pk, request.user)
-            messages.success(request, f"Remediation {action} done.")
+            messages.success(request, DONE_MESSAGES[action])
         else:
             return HttpResponse(f"unknown action {action!r}", status=400)
     except services.InvalidTransition as exc:

@@ -146,7 +146,7 @@ def test_operator_injects_xid79_approves_and_watches_it_heal(
     page.click("#confirm-approve")
 
     page.wait_for_url(re.compile(rf"/incidents/{incident_pk}/$"))
-    expect(page.locator("[data-testid=messages]")).to_contain_text("approve done")
+    expect(page.locator("[data-testid=messages]")).to_contain_text("Approved: the remediation runs now")
     page.evaluate(MARK)
     page.evaluate(RECORD_STEPS)
 

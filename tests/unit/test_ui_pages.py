@@ -480,7 +480,7 @@ def test_retry_is_offered_only_for_a_failed_remediation_and_says_what_it_runs(
     with django_capture_on_commit_callbacks() as queued:
         response = ops.post(f"/incidents/{sim_incident.pk}/retry", {"remediation": rem.pk},
                             follow=True)
-    assert "Remediation retry done." in response.content.decode()
+    assert "Retrying the failed step." in response.content.decode()
     rem.refresh_from_db()
     assert rem.status == "running" and len(queued) == 1
     assert AuditEntry.objects.get(verb="step.retried").actor == "user:olivia"
