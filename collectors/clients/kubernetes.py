@@ -452,60 +452,62 @@ class KubernetesApi:
     def cordon(self, node: str, reason: str) -> ActionResult:
         call = (f"kubectl cordon {node} && kubectl annotate node {node} "
                 f"{K8S_CORDONED_BY}={CORDONED_BY_VALUE} {K8S_CORDON_REASON}={shlex.quote(reason)}")
-        for attempt in range(3):
-            obj = self._read_node(node)
-            meta = obj.get("metadata") or {}
-            annotations = meta.get("annotations") or {}
-            if (obj.get("spec") or {}).get("unschedulable"):
+
+        def decide(spec: Obj, annotations: dict[str, str]) -> Obj | ActionResult:
+            if spec.get("unschedulable"):
                 if annotations.get(K8S_CORDONED_BY) == CORDONED_BY_VALUE:
                     return ActionResult(call, False, f"{node} already cordoned by FleetWatch "
                                         f"({annotations.get(K8S_CORDON_REASON, '')})")
                 # Someone else's cordon stays theirs: no FleetWatch mark, so no uncordon later.
                 return ActionResult(call, False, f"{node} already cordoned by someone else; "
                                     "left as it is")
-            # One patch, made conditional on the resourceVersion just read: the cordon and
-            # its ownership mark land together or not at all.
+            return {"annotations": {K8S_CORDONED_BY: CORDONED_BY_VALUE,
+                                    K8S_CORDON_REASON: reason},
+                    "spec": {"unschedulable": True}}
+
+        return self._patch_node_checked(node, "cordon", call, f"{node} cordoned: {reason}",
+                                        decide)
+
+    def uncordon(self, node: str) -> ActionResult:
+        call = (f"kubectl uncordon {node} && kubectl annotate node {node} "
+                f"{K8S_CORDONED_BY}- {K8S_CORDON_REASON}-")
+
+        def decide(spec: Obj, annotations: dict[str, str]) -> Obj | ActionResult:
+            if not spec.get("unschedulable"):
+                return ActionResult(call, False, f"{node} is not cordoned")
+            if annotations.get(K8S_CORDONED_BY) != CORDONED_BY_VALUE:
+                raise KubernetesApiError(f"{node} was cordoned by someone else; not uncordoning",
+                                         permanent=True)
+            return {"annotations": {K8S_CORDONED_BY: None, K8S_CORDON_REASON: None},
+                    "spec": {"unschedulable": None}}
+
+        return self._patch_node_checked(node, "uncordon", call, f"{node} uncordoned", decide)
+
+    def _patch_node_checked(self, node: str, verb: str, call: str, done: str,
+                            decide: Callable[[Obj, dict[str, str]], Obj | ActionResult]
+                            ) -> ActionResult:
+        """Read the node, let ``decide`` answer (an ActionResult: nothing to do) or name the
+        change (annotations and spec), and make it as one patch conditional on the
+        resourceVersion just read: the cordon and its ownership mark land together or not at
+        all. A node that changed under us (409) is read again, twice at most."""
+        for attempt in range(3):
+            obj = self._read_node(node)
+            meta = obj.get("metadata") or {}
+            decided = decide(obj.get("spec") or {}, meta.get("annotations") or {})
+            if isinstance(decided, ActionResult):
+                return decided
             patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"),
-                                  "annotations": {K8S_CORDONED_BY: CORDONED_BY_VALUE,
-                                                  K8S_CORDON_REASON: reason}},
-                     "spec": {"unschedulable": True}}
+                                  "annotations": decided["annotations"]},
+                     "spec": decided["spec"]}
             try:
-                self._call(f"cordon {node}", self.core.patch_node, node, patch,
+                self._call(f"{verb} {node}", self.core.patch_node, node, patch,
                            _preload_content=False)
             except KubernetesApiError as e:
                 if e.status == 409 and attempt < 2:
                     continue  # the node changed under us: read it again
                 raise
-            return ActionResult(call, True, f"{node} cordoned: {reason}",
-                                {"request": f"PATCH /api/v1/nodes/{node}"})
-        raise KubernetesApiError(f"cordon {node}: the node kept changing", permanent=False)
-
-    def uncordon(self, node: str) -> ActionResult:
-        call = (f"kubectl uncordon {node} && kubectl annotate node {node} "
-                f"{K8S_CORDONED_BY}- {K8S_CORDON_REASON}-")
-        for attempt in range(3):
-            obj = self._read_node(node)
-            meta = obj.get("metadata") or {}
-            annotations = meta.get("annotations") or {}
-            if not (obj.get("spec") or {}).get("unschedulable"):
-                return ActionResult(call, False, f"{node} is not cordoned")
-            if annotations.get(K8S_CORDONED_BY) != CORDONED_BY_VALUE:
-                raise KubernetesApiError(f"{node} was cordoned by someone else; not uncordoning",
-                                         permanent=True)
-            patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"),
-                                  "annotations": {K8S_CORDONED_BY: None,
-                                                  K8S_CORDON_REASON: None}},
-                     "spec": {"unschedulable": None}}
-            try:
-                self._call(f"uncordon {node}", self.core.patch_node, node, patch,
-                           _preload_content=False)
-            except KubernetesApiError as e:
-                if e.status == 409 and attempt < 2:
-                    continue
-                raise
-            return ActionResult(call, True, f"{node} uncordoned",
-                                {"request": f"PATCH /api/v1/nodes/{node}"})
-        raise KubernetesApiError(f"uncordon {node}: the node kept changing", permanent=False)
+            return ActionResult(call, True, done, {"request": f"PATCH /api/v1/nodes/{node}"})
+        raise KubernetesApiError(f"{verb} {node}: the node kept changing", permanent=False)
 
     def evict(self, namespace: str, pod: str) -> ActionResult:
         """Evict through the policy/v1 Eviction API, which honours PodDisruptionBudgets: a 429

@@ -53,8 +53,8 @@ import re
 import shlex
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import hostlist
 
@@ -257,17 +257,28 @@ def parse_node(record: Any, shape: str) -> SlurmNode:
                      partition=",".join(str(p) for p in partitions))
 
 
-def parse_nodes(payload: Any) -> tuple[list[SlurmNode], list[str]]:
-    """Nodes from ``sinfo --json`` (22.05) or ``scontrol show nodes --json`` (23.02+)."""
+T = TypeVar("T")
+
+
+def _parse_all(payload: Any, key: str,
+               parse: Callable[[Any, str], T]) -> tuple[list[T], list[str]]:
+    """Every record under ``key``, parsed; a malformed one is skipped with a warning (the
+    error and an excerpt) and the rest are kept. An unknown shape or a payload reporting
+    errors is refused whole."""
     shape = payload_shape(payload)
     _payload_errors(payload)
-    nodes, warnings = [], []
-    for i, record in enumerate(_records(payload, "nodes")):
+    out, warnings = [], []
+    for i, record in enumerate(_records(payload, key)):
         try:
-            nodes.append(parse_node(record, shape))
+            out.append(parse(record, shape))
         except (KeyError, TypeError, ValueError) as exc:
-            warnings.append(f"skipped node record {i}: {exc}: {_excerpt(record)}")
-    return nodes, warnings
+            warnings.append(f"skipped {key[:-1]} record {i}: {exc}: {_excerpt(record)}")
+    return out, warnings
+
+
+def parse_nodes(payload: Any) -> tuple[list[SlurmNode], list[str]]:
+    """Nodes from ``sinfo --json`` (22.05) or ``scontrol show nodes --json`` (23.02+)."""
+    return _parse_all(payload, "nodes", parse_node)
 
 
 def job_state(value: Any) -> str:
@@ -311,15 +322,7 @@ def parse_job(record: Any, shape: str) -> SlurmJob:
 
 def parse_jobs(payload: Any) -> tuple[list[SlurmJob], list[str]]:
     """Jobs from ``squeue --json`` (any supported version)."""
-    shape = payload_shape(payload)
-    _payload_errors(payload)
-    jobs, warnings = [], []
-    for i, record in enumerate(_records(payload, "jobs")):
-        try:
-            jobs.append(parse_job(record, shape))
-        except (KeyError, TypeError, ValueError) as exc:
-            warnings.append(f"skipped job record {i}: {exc}: {_excerpt(record)}")
-    return jobs, warnings
+    return _parse_all(payload, "jobs", parse_job)
 
 
 def parse_topology(text: str) -> dict[str, list[str]]:
