@@ -54,8 +54,10 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
     "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "collectors",
     "incidents",
     "fleetwatch",
@@ -69,6 +71,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "incidents.api.middleware.ApiAuditMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -134,6 +137,15 @@ STORAGES = {
 }
 # Serve straight from STATICFILES_DIRS too, so a checkout works before collectstatic runs.
 WHITENOISE_USE_FINDERS = True
+
+# The cache holds the API's throttling counters, so every gunicorn worker must see the same
+# one: Redis when REDIS_URL is set, else files in the data folder (one machine, several
+# processes). FLEETWATCH_CACHE_URL overrides (redis://... or a folder path).
+_cache = env_str("FLEETWATCH_CACHE_URL") or env_str("REDIS_URL") or str(DATA_DIR / "cache")
+CACHES = {"default": (
+    {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _cache}
+    if _cache.startswith(("redis://", "rediss://", "unix://"))
+    else {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": _cache})}
 
 # --- Celery ---------------------------------------------------------------------------------
 _broker = env_str("CELERY_BROKER_URL") or env_str("REDIS_URL")
@@ -268,18 +280,52 @@ if FLEETWATCH_FLEET == "real" and "telemetry" in FLEETWATCH_SOURCES and not FLEE
 # range queries instead, so a 100,000-GPU fleet does not write 100,000 rows every scrape.
 FLEETWATCH_STORE_GPU_SAMPLES = env_bool("FLEETWATCH_STORE_GPU_SAMPLES", FLEETWATCH_FLEET == "sim")
 
+# API tokens: django-rest-knox keeps a SHA-512 digest, never the token; our model adds names,
+# scopes and revocation. New tokens last FLEETWATCH_API_TOKEN_TTL_DAYS unless told otherwise
+# (0: no expiry). "Token <key>" in the Authorization header, as DRF's own scheme.
+KNOX_TOKEN_MODEL = "incidents.ApiToken"
+# knox's own migrations would create its (swapped-out, unused) table with a key to users, which
+# then blocks the test runner's truncating flush; without them that table is never made.
+MIGRATION_MODULES = {"knox": None}
+FLEETWATCH_API_TOKEN_TTL_DAYS = env_int("FLEETWATCH_API_TOKEN_TTL_DAYS", 90, minimum=0)
+REST_KNOX = {"TOKEN_TTL": None, "AUTH_HEADER_PREFIX": "Token", "TOKEN_PREFIX": "fw_"}
+# Requests per token (per user for the browser, per address for anonymous callers).
+FLEETWATCH_API_RATE = env_str("FLEETWATCH_API_RATE", "1200/min")
+FLEETWATCH_API_INGEST_RATE = env_str("FLEETWATCH_API_INGEST_RATE", "6000/min")
+FLEETWATCH_API_ANON_RATE = env_str("FLEETWATCH_API_ANON_RATE", "60/min")
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "incidents.api.auth.ScopedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": ["incidents.api.permissions.FleetWatchAccess"],
+    "DEFAULT_THROTTLE_CLASSES": ["incidents.api.throttles.TokenRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {
+        "token": FLEETWATCH_API_RATE,
+        "ingest": FLEETWATCH_API_INGEST_RATE,
+        "anon": FLEETWATCH_API_ANON_RATE,
+    },
     "DEFAULT_FILTER_BACKENDS": [
         "django_filters.rest_framework.DjangoFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "FleetWatch API",
+    "DESCRIPTION": "Incidents, remediations, signals and the audit trail of a GPU fleet. "
+                   "Authenticate with `Authorization: Token <key>`; see the README.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
 }
 
 LOGGING = {

@@ -64,11 +64,15 @@ def actor_name(user: AbstractBaseUser | AnonymousUser | None, *, token: bool = F
 
 
 def actor_from_request(request: HttpRequest | Request) -> str:
-    """Who is acting in a request. DRF's token authentication leaves the token in
-    ``request.auth`` (on the DRF request and the Django request underneath); a session login
-    leaves None there. Works for plain Django views too."""
-    return actor_name(getattr(request, "user", None),
-                      token=getattr(request, "auth", None) is not None)
+    """Who is acting in a request: ``token:NAME`` when an API token authenticated it (the
+    token's name, never its key), else ``user:NAME`` for a signed-in person. DRF leaves the
+    token in ``request.auth`` (on the DRF request and the Django request underneath); a
+    session login leaves None there. Works for plain Django views too."""
+    auth = getattr(request, "auth", None)
+    name = getattr(auth, "name", None)
+    if isinstance(name, str) and name:
+        return f"token:{name}"
+    return actor_name(getattr(request, "user", None), token=auth is not None)
 
 
 def _json_canonical(value: Any) -> Any:

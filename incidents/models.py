@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+from knox.models import AbstractAuthToken
 
 from collectors.models import Cluster, Signal
 
@@ -48,6 +49,9 @@ class Incident(models.Model):
     # Who repaired it, for mean time to repair kept apart: "automation" (no person acted),
     # "person" (someone approved, continued or resolved it), "" while open.
     repaired_by = models.CharField(max_length=16, blank=True)
+    # Someone said "I have it": the page stops asking for attention (an actor string).
+    acknowledged_by = models.CharField(max_length=150, blank=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
     signals = models.ManyToManyField(Signal, through="Evidence", related_name="incidents")
 
     class Meta:
@@ -250,3 +254,96 @@ class AuditEntry(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise AppendOnlyError("the audit trail is append-only")
+
+
+class ApiToken(AbstractAuthToken):
+    """An API token for a program: stored as a hash (django-rest-knox keeps only a digest and
+    the first characters to look it up), with scopes, an expiry and revocation. What a call may
+    do is its owner's role *and* the token's scopes; a node agent's token belongs to the
+    ``agent:<node>`` user and may only push signals for that node."""
+
+    class Scope(models.TextChoices):
+        READ = "read", "read"
+        OPERATE = "operate", "operate"
+        INGEST = "ingest", "ingest"
+
+    # Unique so that "token:NAME" in the audit trail and the logs names one token.
+    name = models.CharField(max_length=64, unique=True)
+    scopes = models.JSONField(default=list)
+    created_by = models.CharField(max_length=150, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.CharField(max_length=150, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"token {self.name} ({self.user})"
+
+    @property
+    def expired(self) -> bool:
+        return self.expiry is not None and self.expiry <= timezone.now()
+
+    @property
+    def state(self) -> str:
+        if self.revoked_at is not None:
+            return "revoked"
+        return "expired" if self.expired else "active"
+
+
+class WebhookSubscription(models.Model):
+    """Somebody's URL that wants to hear about incidents. Payloads are signed with HMAC-SHA256
+    over "timestamp.body" with ``secret`` (kept in clear: signing needs it; never shown after
+    creation and never logged)."""
+
+    class Event(models.TextChoices):
+        INCIDENT_OPENED = "incident.opened", "incident opened"
+        INCIDENT_UPDATED = "incident.updated", "incident updated"
+        APPROVAL_WAITING = "remediation.awaiting_approval", "remediation waiting for approval"
+        INCIDENT_RESOLVED = "incident.resolved", "incident resolved"
+
+    name = models.CharField(max_length=64, unique=True)
+    url = models.URLField(max_length=500)
+    secret = models.CharField(max_length=128)
+    events = models.JSONField(default=list, help_text="Event values; empty means all")
+    active = models.BooleanField(default=True)
+    created_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"webhook {self.name}"
+
+
+class WebhookDelivery(models.Model):
+    """One event sent (or being sent) to one subscription, with every attempt's outcome."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "pending"
+        DELIVERED = "delivered", "delivered"
+        FAILED = "failed", "failed"
+
+    subscription = models.ForeignKey(WebhookSubscription, on_delete=models.CASCADE,
+                                     related_name="deliveries")
+    event = models.CharField(max_length=64)
+    event_id = models.CharField(max_length=64, help_text="the same on every retry")
+    incident = models.ForeignKey(Incident, on_delete=models.SET_NULL, null=True, blank=True,
+                                 related_name="webhook_deliveries")
+    payload = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    response_code = models.IntegerField(null=True, blank=True)
+    response = models.TextField(blank=True, help_text="an excerpt of the answer, or the error")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "webhook deliveries"
+
+    def __str__(self) -> str:
+        return f"{self.event} to {self.subscription_id}: {self.status}"

@@ -37,6 +37,16 @@ def viewer(db: None) -> Any:
     return user_with_role("victor", VIEWER, "viewer-pass-1")[0]
 
 
+def token_for(user: Any, scopes: tuple[str, ...] = ("read", "operate", "ingest"),
+              name: str | None = None, days: float | None = None) -> str:
+    """An API token's key for ``user`` (all scopes unless told)."""
+    from incidents.models import ApiToken
+    from incidents.tokens import token_create
+
+    name = name or f"{user.get_username()}-{ApiToken.objects.count() + 1}"
+    return token_create(user, name, scopes, ttl_days=days)[1]
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
              interval: float = 0.25) -> Any:
     deadline = time.monotonic() + timeout

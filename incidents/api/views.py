@@ -17,6 +17,7 @@ from collectors import services as collectors
 from collectors.models import Node
 from fleetwatch.roles import agent_node
 from incidents import selectors, services
+from incidents.api.permissions import INGEST
 from incidents.api.serializers import (
     IncidentSerializer,
     NodeSerializer,
@@ -102,6 +103,9 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 class SignalIngestView(APIView):
     """POST a batch of signals (node agents, other monitors). All or nothing."""
 
+    access = {"POST": INGEST}
+    throttle_scope = "ingest"
+
     def post(self, request: Request) -> Response:
         signals = request.data.get("signals") if isinstance(request.data, dict) else None
         if isinstance(signals, list) and len(signals) > settings.FLEETWATCH_INGEST_MAX_BATCH:
@@ -111,9 +115,6 @@ class SignalIngestView(APIView):
         batch = SignalBatchSerializer(data=request.data)
         batch.is_valid(raise_exception=True)
         own = agent_node(request.user)
-        if own is None and not request.user.has_perm("incidents.operate"):
-            return Response({"detail": "only node agents and operators may push signals"},
-                            status=status.HTTP_403_FORBIDDEN)
         try:
             ids = collectors.signals_ingest(collectors.cluster_default(),
                                             batch.validated_data["signals"], only_node=own)

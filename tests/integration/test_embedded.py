@@ -63,8 +63,9 @@ def test_make_run_stack_heals_an_xid79(tmp_path: Path) -> None:
         assert status == 200 and b"Log in" in login
 
         token = subprocess.run(
-            [*manage, "drf_create_token", "demo"], cwd=ROOT, env=env, capture_output=True,
-            text=True, check=True).stdout.split()[2]
+            [*manage, "fleetwatch", "api-token", "create", "--user", "demo", "--name", "embedded",
+             "--scopes", "read"], cwd=ROOT, env=env, capture_output=True,
+            text=True, check=True).stdout.strip()
         wait_for(lambda: json.loads(_get(f"{base}/api/v1/nodes/?health=healthy", token)[1])
                  .get("count") == 16, 30, "the first collection")
         subprocess.run([*manage, "fleetwatch", "inject", "xid", "--node", "gpu-003", "--gpu",

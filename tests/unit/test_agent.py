@@ -9,13 +9,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from rest_framework.authtoken.models import Token
 
 from collectors import agent
 from collectors import services as collectors
 from collectors.models import Node, Signal
-from fleetwatch.roles import agent_user
 from incidents import services as incidents
+from incidents.tokens import agent_token_create
+from tests.conftest import token_for
 
 XID79 = ("NVRM: Xid (PCI:0000:9b:00): 79, pid='<unknown>', name=<unknown>, "
          "GPU has fallen off the bus.")
@@ -164,7 +164,7 @@ def _agent(tmp_path: Path, url: str, token: str, kmsg: Path) -> agent.Agent:
 
 def test_agent_pushes_to_fleetwatch_and_keeps_signals_while_it_is_down(
         fleet_nodes: None, live_server: Any, tmp_path: Path) -> None:
-    token = Token.objects.create(user=agent_user("gpu-003")).key
+    token = agent_token_create("gpu-003")[1]
     kmsg = tmp_path / "kmsg"
     kmsg.write_text("")
     # FleetWatch unreachable: the signal waits in the spool.
@@ -186,7 +186,7 @@ def test_agent_pushes_to_fleetwatch_and_keeps_signals_while_it_is_down(
 
 def test_agent_token_pushes_only_for_its_own_node(fleet_nodes: None, live_server: Any,
                                                   tmp_path: Path) -> None:
-    token = Token.objects.create(user=agent_user("gpu-003")).key
+    token = agent_token_create("gpu-003")[1]
     runner = _agent(tmp_path, live_server.url, token, tmp_path / "none")
     runner.spool.add([{"at": "2026-12-03T10:00:00Z", "source": "kernel", "node": "gpu-004",
                        "message": XID79}])
@@ -205,7 +205,7 @@ def _push(client: Any, token: str, body: Any) -> Any:
 
 def test_push_api_rejects_bad_batches_whole(fleet_nodes: None, client: Any,
                                             settings: Any) -> None:
-    token = Token.objects.create(user=agent_user("gpu-003")).key
+    token = agent_token_create("gpu-003")[1]
     good = {"at": "2026-12-03T10:00:00Z", "source": "kernel", "node": "gpu-003",
             "message": XID79}
     before = Signal.objects.count()
@@ -227,7 +227,7 @@ def test_push_api_rejects_bad_batches_whole(fleet_nodes: None, client: Any,
 
 def test_operator_pushes_for_any_known_node_but_not_unknown_ones(
         fleet_nodes: None, client: Any, operator: Any) -> None:
-    token = Token.objects.create(user=operator).key
+    token = token_for(operator)
     rec = {"at": "2026-12-03T10:00:00Z", "source": "dcgm", "node": "gpu-005", "gpu": 2,
            "metric": "DCGM_FI_DEV_XID_ERRORS", "value": 48}
     r = _push(client, token, {"signals": [rec, {**rec, "node": "gpu-999"}]})
@@ -241,7 +241,7 @@ def test_operator_pushes_for_any_known_node_but_not_unknown_ones(
 
 
 def test_viewer_may_not_push(fleet_nodes: None, client: Any, viewer: Any) -> None:
-    token = Token.objects.create(user=viewer).key
+    token = token_for(viewer)
     r = _push(client, token, {"signals": [{"at": "2026-12-03T10:00:00Z", "source": "kernel",
                                            "node": "gpu-003", "message": XID79}]})
     assert r.status_code == 403

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 from django.test import Client
-from rest_framework.authtoken.models import Token
 
 from collectors import services as collectors
 from collectors.clients.sim import SimFleet
 from incidents import services
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, Remediation
+from tests.conftest import token_for
 
 pytestmark = pytest.mark.django_db
 
@@ -121,8 +121,8 @@ def test_demo_inject_control_reaches_the_simulated_fleet(client: Client, operato
 
 def test_api_needs_a_token_and_is_read_only(client: Client, operator: Any, incident: Any) -> None:
     assert client.get("/api/v1/incidents/").status_code == 401
-    token = Token.objects.create(user=operator)
-    auth = {"HTTP_AUTHORIZATION": f"Token {token.key}"}
+    token_key = token_for(operator)
+    auth = {"HTTP_AUTHORIZATION": f"Token {token_key}"}
     body = client.get("/api/v1/incidents/", **auth).json()
     assert body["count"] == 1
     assert body["results"][0]["root_cause"] == "gpu_hardware"
@@ -165,9 +165,9 @@ def test_an_incident_exports_as_a_replay_file_that_reaches_the_same_verdict(
     assert doc["topology"]["leaf-a"][0] == "gpu-001"
     # Replayed offline, the export reaches the verdict the live pipeline reached.
     assert check(doc, diagnose_document(doc))["ok"]
-    token = Token.objects.create(user=viewer)
+    token_key = token_for(viewer)
     api = client.get(f"/api/v1/incidents/{incident.pk}/replay/",
-                     HTTP_AUTHORIZATION=f"Token {token.key}").json()
+                     HTTP_AUTHORIZATION=f"Token {token_key}").json()
     assert api["expect"] == doc["expect"] and len(api["signals"]) == len(doc["signals"])
 
 

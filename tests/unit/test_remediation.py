@@ -34,6 +34,7 @@ from incidents.models import AuditEntry, Incident, Remediation, Step
 from incidents.remediation import policy, steps
 from incidents.remediation.playbooks import FOR_ROOT_CAUSE, PLAYBOOKS, playbook_get
 from incidents.remediation.steps import EXECUTORS, Done, StepContext, Wait
+from tests.conftest import token_for
 
 pytestmark = pytest.mark.django_db
 
@@ -604,26 +605,25 @@ def test_executors_are_reached_only_through_the_table() -> None:
 def test_api_approve_answers_409_when_there_is_nothing_to_approve(
         cluster: Any, settings: Any, operator: Any, viewer: Any, client: Any,
         django_capture_on_commit_callbacks: Any) -> None:
-    from rest_framework.authtoken.models import Token
 
     settings.FLEETWATCH_POLICY_MODE = "approve"
     incident = open_incident(cluster, diag("thermal"), django_capture_on_commit_callbacks)
     rem = incident.remediations.get()
     url = f"/api/v1/remediations/{rem.pk}/approve/"
     assert client.post(url).status_code == 401
-    viewer_key = Token.objects.create(user=viewer).key
+    viewer_key = token_for(viewer)
     r = client.post(url, HTTP_AUTHORIZATION=f"Token {viewer_key}")
     assert r.status_code == 403 and "operator" in r.json()["detail"]
-    key = Token.objects.create(user=operator).key
+    key = token_for(operator, name="olivia-bot")
     with django_capture_on_commit_callbacks():
         r = client.post(url, HTTP_AUTHORIZATION=f"Token {key}")
     assert r.status_code == 200 and r.json()["status"] == "running"
     again = client.post(url, HTTP_AUTHORIZATION=f"Token {key}")
     assert again.status_code == 409
     # The approval was made with a token: the audit trail and the answer name the token.
-    assert again.json() == {"detail": f"remediation {rem.pk} is running by token:olivia; "
+    assert again.json() == {"detail": f"remediation {rem.pk} is running by token:olivia-bot; "
                                       "nothing to approve", "status": "running"}
-    assert AuditEntry.objects.get(verb="remediation.approved").actor == "token:olivia"
+    assert AuditEntry.objects.get(verb="remediation.approved").actor == "token:olivia-bot"
     listed = client.get("/api/v1/remediations/", HTTP_AUTHORIZATION=f"Token {viewer_key}")
     assert listed.status_code == 200 and listed.json()["results"][0]["id"] == rem.pk
 

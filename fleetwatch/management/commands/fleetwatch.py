@@ -57,8 +57,22 @@ class Command(BaseCommand):
         agent.add_argument("--kmsg", default="/dev/kmsg", help="kernel log: /dev/kmsg or a file")
         agent.add_argument("--sysfs-root", default="/sys/class/infiniband")
         agent.add_argument("--no-nvml", action="store_true", help="no GPUs to read here")
-        token = sub.add_parser("agent-token", help="create (or show) a node agent's token")
+        token = sub.add_parser("agent-token", help="make a node agent's token (ingest scope, "
+                               "this node only); prints the key, shown only this once")
         token.add_argument("--node", required=True)
+
+        api = sub.add_parser("api-token", help="API tokens for programs (hashed, scoped)")
+        api_actions = api.add_subparsers(dest="token_action", required=True)
+        make = api_actions.add_parser("create", help="make a token; prints the key once")
+        make.add_argument("--user", required=True, help="the token acts as this user's role")
+        make.add_argument("--name", required=True, help="unique; audit entries say token:NAME")
+        make.add_argument("--scopes", default="read", help="comma list of read,operate,ingest")
+        make.add_argument("--days", type=float, default=None,
+                          help="expires after this many days (0: never; default "
+                               "FLEETWATCH_API_TOKEN_TTL_DAYS)")
+        api_actions.add_parser("list", help="every token: name, user, scopes, state")
+        revoke = api_actions.add_parser("revoke", help="revoke a token by name")
+        revoke.add_argument("name")
 
         diag = sub.add_parser("diagnose", help="diagnose replay files, print JSON lines")
         diag.add_argument("files", nargs="+")
@@ -124,12 +138,40 @@ class Command(BaseCommand):
         runner.run(opts["interval"], opts["passes"])
 
     def _agent_token(self, opts: dict[str, Any]) -> None:
-        from rest_framework.authtoken.models import Token
+        from incidents.tokens import agent_token_create
 
-        from fleetwatch.roles import agent_user
+        _, key = agent_token_create(opts["node"], actor="system:cli")
+        self.stdout.write(key)
 
-        token, _ = Token.objects.get_or_create(user=agent_user(opts["node"]))
-        self.stdout.write(token.key)
+    def _api_token(self, opts: dict[str, Any]) -> None:
+        from django.contrib.auth import get_user_model
+
+        from incidents.models import ApiToken
+        from incidents.tokens import TokenError, token_create, token_revoke
+
+        action = opts["token_action"]
+        try:
+            if action == "create":
+                user = get_user_model().objects.filter(username=opts["user"]).first()
+                if user is None:
+                    raise CommandError(f"no user {opts['user']!r}")
+                _, key = token_create(user, opts["name"], opts["scopes"].split(","),
+                                      ttl_days=opts["days"], actor="system:cli")
+                self.stdout.write(key)
+            elif action == "list":
+                for t in ApiToken.objects.select_related("user").order_by("name"):
+                    expiry = t.expiry.isoformat() if t.expiry else "never"
+                    self.stdout.write(f"{t.name}\t{t.user.get_username()}\t"
+                                      f"{','.join(t.scopes)}\t{t.state}\texpires {expiry}")
+            else:
+                token = ApiToken.objects.filter(name=opts["name"]).first()
+                if token is None:
+                    raise CommandError(f"no token named {opts['name']!r}")
+                changed = token_revoke(token, actor="system:cli")
+                self.stdout.write(f"revoked {token.name}" if changed
+                                  else f"{token.name} was already revoked")
+        except TokenError as exc:
+            raise CommandError(str(exc)) from exc
 
     def _sim(self, opts: dict[str, Any]) -> None:
         if opts["no_auto_replace"]:

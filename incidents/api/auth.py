@@ -1,0 +1,53 @@
+"""API token authentication: django-rest-knox's hashed tokens, plus our revocation and a clear
+answer for a token that expired or was revoked (knox would delete an expired token; we keep
+the row so the token list still says who had it and when it stopped working)."""
+
+from __future__ import annotations
+
+import binascii
+from datetime import timedelta
+from hmac import compare_digest
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.utils import timezone
+from knox.auth import TokenAuthentication
+from knox.crypto import hash_token
+from knox.settings import CONSTANTS
+from rest_framework import exceptions
+
+from incidents.models import ApiToken
+
+# last_used_at is for people reading the token list; a write per request would be waste.
+_LAST_USED_EVERY = timedelta(minutes=1)
+
+
+class ScopedTokenAuthentication(TokenAuthentication):
+    """``Authorization: Token fw_...``. Sets ``request.auth`` to the ``ApiToken``."""
+
+    def authenticate_credentials(self, token: bytes) -> tuple[AbstractBaseUser, ApiToken]:
+        try:
+            text = token.decode("utf-8")
+            digest = hash_token(text)
+        except (UnicodeDecodeError, TypeError, binascii.Error, ValueError):
+            raise exceptions.AuthenticationFailed("Invalid token.") from None
+        for row in ApiToken.objects.filter(
+                token_key=text[:CONSTANTS.TOKEN_KEY_LENGTH]).select_related("user"):
+            if not compare_digest(digest, row.digest):
+                continue
+            if row.revoked_at is not None:
+                raise exceptions.AuthenticationFailed(
+                    f"token {row.name!r} was revoked at {row.revoked_at.isoformat()}")
+            if row.expired:
+                raise exceptions.AuthenticationFailed(
+                    f"token {row.name!r} expired at {row.expiry.isoformat()}")
+            if not row.user.is_active:
+                raise exceptions.AuthenticationFailed("the token's user is inactive")
+            now = timezone.now()
+            if row.last_used_at is None or now - row.last_used_at > _LAST_USED_EVERY:
+                ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
+            return row.user, row
+        raise exceptions.AuthenticationFailed("Invalid token.")
+
+    def authenticate_header(self, request: Any) -> str:
+        return "Token"

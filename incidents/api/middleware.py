@@ -1,0 +1,36 @@
+"""Every mutating API call leaves an audit entry naming who made it (``token:NAME`` or
+``user:NAME``) and how it ended, whatever the endpoint and whether it was accepted or refused:
+a refused approve is as much a part of the story as an accepted one.
+
+A middleware rather than a hook in each view, so a new endpoint cannot forget it. It writes
+after the view has answered (and its transaction has committed), so the audit lock is never
+held across the view's work (see incidents/audit.py). Anonymous calls are refused before any
+view runs and are not audited (they are logged); their volume is nobody's to control."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.http import HttpRequest, HttpResponseBase
+
+from incidents.audit import actor_from_request, audit_record
+
+_SAFE = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+
+
+class ApiAuditMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        response = self.get_response(request)
+        if request.method in _SAFE or not request.path.startswith("/api/"):
+            return response
+        user = getattr(request, "user", None)  # DRF sets it on the Django request too
+        if user is None or not user.is_authenticated:
+            return response
+        code = response.status_code
+        audit_record("api.call", f"{request.method} {request.path}"[:200],
+                     actor=actor_from_request(request), ok=code < 400, result=str(code),
+                     data={"status": code})
+        return response

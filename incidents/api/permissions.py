@@ -1,0 +1,87 @@
+"""Who may call what: the caller's role (viewer, operator, admin, or a node agent) and, for a
+token, its scopes. Both must allow the call.
+
+Each view says what its calls need in ``access``: a map from a viewset action ("list",
+"approve") or an HTTP method to one of READ, OPERATE, INGEST or ADMIN. Unlisted: reading needs
+READ, anything else OPERATE.
+
+- READ: any person with a role; a token needs the ``read`` scope.
+- OPERATE: operators and admins; a token needs ``operate``.
+- INGEST: node agents (for their own node, checked by the ingest service) and operators; a
+  token needs ``ingest``.
+- ADMIN: admins only; a token needs ``operate`` (there is no admin scope: an admin's token
+  with ``operate`` is as strong as the admin).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import SAFE_METHODS, BasePermission
+from rest_framework.request import Request
+
+from fleetwatch.roles import ADMIN, OPERATOR, VIEWER, agent_node
+from incidents.models import ApiToken
+
+READ, OPERATE, INGEST, ADMIN_ONLY = "read", "operate", "ingest", "admin"
+_SCOPE_FOR = {READ: "read", OPERATE: "operate", INGEST: "ingest", ADMIN_ONLY: "operate"}
+
+
+def role_of(user: AbstractBaseUser | AnonymousUser | None) -> str | None:
+    """admin, operator, viewer, agent, or None (anonymous or no role)."""
+    if user is None or not user.is_authenticated:
+        return None
+    if getattr(user, "is_superuser", False):
+        return ADMIN
+    groups = set(user.groups.values_list("name", flat=True))  # type: ignore[attr-defined]
+    if ADMIN in groups:
+        return ADMIN
+    if OPERATOR in groups or user.has_perm("incidents.operate"):
+        return OPERATOR
+    if agent_node(user) is not None:  # type: ignore[arg-type]
+        return "agent"
+    if VIEWER in groups:
+        return VIEWER
+    return None
+
+
+def _role_allows(role: str | None, need: str) -> bool:
+    if role is None:
+        return False
+    if need == READ:
+        return role in (VIEWER, OPERATOR, ADMIN)
+    if need == OPERATE:
+        return role in (OPERATOR, ADMIN)
+    if need == INGEST:
+        return role in ("agent", OPERATOR, ADMIN)
+    return role == ADMIN
+
+
+def access_needed(request: Request, view: Any) -> str:
+    table: dict[str, str] = getattr(view, "access", {}) or {}
+    action = getattr(view, "action", None)
+    if action and action in table:
+        return table[action]
+    if request.method in table:
+        return table[str(request.method)]
+    return READ if request.method in SAFE_METHODS else OPERATE
+
+
+class FleetWatchAccess(BasePermission):
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not (request.user and request.user.is_authenticated):
+            return False  # DRF answers 401 with the Token challenge
+        need = access_needed(request, view)
+        role = role_of(request.user)
+        if not _role_allows(role, need):
+            raise PermissionDenied(
+                f"this needs the {'admin' if need == ADMIN_ONLY else need} permission, and "
+                f"{'you have no role' if role is None else f'your role is {role}'}")
+        token = request.auth if isinstance(request.auth, ApiToken) else None
+        if token is not None and _SCOPE_FOR[need] not in (token.scopes or []):
+            raise PermissionDenied(
+                f"token {token.name!r} lacks the {_SCOPE_FOR[need]!r} scope "
+                f"(it has {', '.join(token.scopes or []) or 'none'})")
+        return True
