@@ -115,6 +115,7 @@ def _incident_record(cluster_id: int, diagnosis: Diagnosis) -> tuple[Incident, b
     audit_record("incident.opened", f"incident {incident.pk}", incident=incident,
                  result=diagnosis.explanation,
                  data={"root_cause": diagnosis.root_cause, "confidence": diagnosis.confidence})
+    _event("incident.opened", incident)
     if diagnosis.confidence >= AUTO_REMEDIATION_MIN_CONFIDENCE and policy.playbook_choose(
             incident)[0] is not None:
         remediation_open(incident, actor=SYSTEM, automatic=True)
@@ -208,6 +209,8 @@ def remediation_open(
         if status == Remediation.Status.RUNNING:
             _incident_status(incident, Incident.Status.REMEDIATING)
             _step_enqueue(remediation.steps.get(order=1).pk)
+        elif status == Remediation.Status.AWAITING_APPROVAL:
+            _event("remediation.awaiting_approval", incident, remediation)
         return Opened(remediation, True)
 
 
@@ -352,6 +355,62 @@ def _incident_status(incident: Incident, status: str) -> None:
     if incident.status != status:
         Incident.objects.filter(pk=incident.pk).update(status=status)
         incident.status = status
+        if status != Incident.Status.RESOLVED:  # resolving sends its own event
+            _event("incident.updated", incident)
+
+
+def _event(event: str, incident: Incident, remediation: Remediation | None = None) -> None:
+    """Tell the webhook subscribers, once the change is committed (a rolled-back change was
+    never news)."""
+    from incidents import webhooks
+
+    incident_id, remediation_id = incident.pk, remediation.pk if remediation else None
+    transaction.on_commit(lambda: webhooks.event_emit(event, incident_id, remediation_id))
+
+
+# --- incidents: a person's actions ----------------------------------------------------------
+
+
+def incident_acknowledge(incident_id: int, *, actor: str) -> Incident:
+    """Someone has it. Once per incident: a second acknowledgement says who was first."""
+    with transaction.atomic():
+        incident = Incident.objects.select_for_update().get(pk=incident_id)
+        if incident.status == Incident.Status.RESOLVED:
+            raise InvalidTransition(f"incident {incident.pk} is resolved; nothing to "
+                                    "acknowledge")
+        if incident.acknowledged_at is not None:
+            raise InvalidTransition(
+                f"incident {incident.pk} was acknowledged by {incident.acknowledged_by} at "
+                f"{incident.acknowledged_at.isoformat()}")
+        incident.acknowledged_by, incident.acknowledged_at = actor, timezone.now()
+        incident.save(update_fields=["acknowledged_by", "acknowledged_at"])
+        audit_record("incident.acknowledged", f"incident {incident.pk}", actor=actor,
+                     incident=incident)
+        _event("incident.updated", incident)
+    return incident
+
+
+def incident_resolve_by_hand(incident_id: int, *, actor: str, note: str = "") -> Incident:
+    """A person says it is over (fixed by hand, or not a fault after all). Refused while a
+    remediation is still live: cancel it first, so nothing acts on a resolved incident."""
+    with transaction.atomic():
+        incident = Incident.objects.select_for_update().get(pk=incident_id)
+        if incident.status == Incident.Status.RESOLVED:
+            raise InvalidTransition(f"incident {incident.pk} is already resolved")
+        live = incident.remediations.filter(status__in=Remediation.ACTIVE).first()
+        if live is not None and live.status != Remediation.Status.AWAITING_APPROVAL:
+            raise InvalidTransition(
+                f"remediation {live.pk} is {live.status}; cancel it before resolving")
+        if live is not None:  # nobody approved it and nobody will now
+            live.status, live.finished_at = Remediation.Status.CANCELLED, timezone.now()
+            live.save(update_fields=["status", "finished_at"])
+            live.steps.exclude(status__in=Step.DONE).update(status=Step.Status.CANCELLED)
+            audit_record("remediation.cancelled", f"incident {incident.pk}", actor=actor,
+                         remediation=live, result="the incident was resolved by hand")
+        audit_record("incident.resolved_by_hand", f"incident {incident.pk}", actor=actor,
+                     incident=incident, result=note[:500])
+        incident_resolve(incident)
+    return incident
 
 
 # --- steps ----------------------------------------------------------------------------------
@@ -457,6 +516,7 @@ def _step_gate(step: Step, rem: Remediation) -> str:
         audit_record("step.awaiting_approval", step.kind, remediation=rem, step=step,
                      result=step.detail)
         _incident_status(rem.incident, Incident.Status.NEEDS_ATTENTION)
+        _event("remediation.awaiting_approval", rem.incident, rem)
         return "awaiting approval"
     if step.mode == Remediation.Mode.OBSERVE:
         nodes = ", ".join(rem.nodes)
@@ -608,6 +668,7 @@ def incident_resolve(incident: Incident, remediation: Remediation | None = None)
     incident.save(update_fields=["status", "resolved_at", "phases", "repaired_by"])
     audit_record("incident.resolved", f"incident {incident.pk}", incident=incident,
                  result=", ".join(f"{k} {v:.1f}s" for k, v in incident.phases.items()))
+    _event("incident.resolved", incident, remediation)
 
 
 def _repaired_by(incident: Incident) -> str:
