@@ -47,6 +47,11 @@ def token_for(user: Any, scopes: tuple[str, ...] = ("read", "operate", "ingest")
     return token_create(user, name, scopes, ttl_days=days)[1]
 
 
+def steps_queued(callbacks: list[Callable[[], Any]]) -> int:
+    """How many on-commit callbacks queue a remediation step (others tell webhooks)."""
+    return sum(1 for c in callbacks if c.__qualname__.startswith("_step_enqueue"))
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
              interval: float = 0.25) -> Any:
     deadline = time.monotonic() + timeout

@@ -13,7 +13,7 @@ from collectors.clients.sim import SimFleet
 from incidents import services
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, Remediation
-from tests.conftest import token_for
+from tests.conftest import steps_queued, token_for
 
 pytestmark = pytest.mark.django_db
 
@@ -103,7 +103,7 @@ def test_operator_approves_once_with_their_name_in_the_audit(
         second = client.post(f"/incidents/{incident.pk}/approve", {"remediation": rem.pk},
                              HTTP_ACCEPT="application/json")
     assert second.status_code == 409 and "nothing to approve" in second.json()["error"]
-    assert len(queued) == 1  # one first step queued, not two
+    assert steps_queued(queued) == 1  # one first step queued, not two
     entry = AuditEntry.objects.get(verb="remediation.approved")
     assert entry.actor == "user:olivia"
 

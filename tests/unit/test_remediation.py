@@ -34,7 +34,7 @@ from incidents.models import AuditEntry, Incident, Remediation, Step
 from incidents.remediation import policy, steps
 from incidents.remediation.playbooks import FOR_ROOT_CAUSE, PLAYBOOKS, playbook_get
 from incidents.remediation.steps import EXECUTORS, Done, StepContext, Wait
-from tests.conftest import token_for
+from tests.conftest import steps_queued, token_for
 
 pytestmark = pytest.mark.django_db
 
@@ -642,7 +642,7 @@ def test_the_watchdog_requeues_a_step_whose_message_was_lost(
         next_check_at=NOW.replace(year=2020), lease_until=NOW.replace(year=2099))
     with django_capture_on_commit_callbacks() as queued:
         assert services.steps_rescue() == [first.pk]  # the leased one is someone's
-    assert len(queued) == 1
+    assert steps_queued(queued) == 1
     first.refresh_from_db()
     assert first.next_check_at > NOW.replace(year=2020)
     # Later steps, never queued, and steps of stopped remediations are left alone.
@@ -676,7 +676,7 @@ def test_a_failed_step_can_be_retried_once_a_person_fixed_the_cause(
     assert rem.status == "failed"
     with django_capture_on_commit_callbacks() as queued:
         services.remediation_retry(rem.pk, operator)
-    assert len(queued) == 1
+    assert steps_queued(queued) == 1
     step.refresh_from_db()
     rem.refresh_from_db()
     assert (rem.status, step.status, step.attempts) == ("running", "pending", 0)
