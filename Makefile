@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test lint install bench clean
+.PHONY: run test lint install bench drill clean
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt
 	deploy/bootstrap.sh run
@@ -29,6 +29,21 @@ bench: install
 	deploy/bootstrap.sh test
 	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m tests.bench.collectors --out reports
 	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m tests.bench.pages --out reports
+
+# The end-to-end failure drill on real Slurm, Prometheus and the Kubernetes test server:
+# reports/drill/*.json and .md. Production-like by default (120 s SIGTERM grace, 15 s scrapes,
+# Slurm's default 120 s cred_expire); shorten it with e.g. `make drill DRILL_GRACE=10
+# DRILL_SCRAPE=2 DRILL_CRED_EXPIRE=10`, or pass more options (`--fault-path agent`,
+# `--no-auto-replace`, see `python -m deploy.drill.run --help`) in DRILL_ARGS.
+DRILL_GRACE ?= 120
+DRILL_SCRAPE ?= 15
+DRILL_CRED_EXPIRE ?= 120
+DRILL_ARGS ?=
+drill: install
+	deploy/bootstrap.sh test
+	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m deploy.drill.run \
+	  --out reports/drill --grace $(DRILL_GRACE) --scrape $(DRILL_SCRAPE) \
+	  --cred-expire $(DRILL_CRED_EXPIRE) $(DRILL_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -174,6 +174,9 @@ class SourceHealth(models.Model):
     last_duration_ms = models.FloatField(null=True)
     consecutive_failures = models.PositiveIntegerField(default=0)
     runs = models.PositiveIntegerField(default=0)
+    # Every failed run ever, for the fleetwatch_collector_errors_total counter (the run history
+    # is pruned, so it cannot be counted from CollectorRun).
+    failures = models.PositiveIntegerField(default=0)
     # Where the source's change feed was read up to (Kubernetes event resourceVersions, ...).
     cursor = models.JSONField(default=dict, blank=True)
 

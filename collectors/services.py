@@ -136,6 +136,7 @@ def source_health_record(
         health.last_error = ""
     else:
         health.consecutive_failures += 1
+        health.failures += 1
         health.last_error = error[:2000]
     health.save()
     if was == health.healthy:

@@ -25,8 +25,8 @@ $BIN/celery -A fleetwatch worker -Q collect,diagnose,remediate,default \
 pids+=($!)
 $BIN/celery -A fleetwatch beat --loglevel INFO -s "$data_dir/celerybeat-schedule" &
 pids+=($!)
-$BIN/gunicorn fleetwatch.wsgi --bind "$HOST:$PORT" --workers "${WEB_CONCURRENCY:-2}" \
-  --access-logfile - &
+# deploy/gunicorn.conf.py: JSON logs, Prometheus multiprocess counting for /metrics.
+$BIN/gunicorn -c deploy/gunicorn.conf.py --bind "$HOST:$PORT" --workers "${WEB_CONCURRENCY:-2}" &
 pids+=($!)
 
 echo

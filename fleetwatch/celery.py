@@ -97,6 +97,10 @@ def _beat_schedule(sender: Celery, **_: object) -> None:
     schedule["steps-rescue"] = {"task": "incidents.tasks.steps_rescue",
                                 "schedule": settings.FLEETWATCH_WATCHDOG_SECONDS,
                                 "options": {"expires": settings.FLEETWATCH_WATCHDOG_SECONDS}}
+    # Webhook deliveries whose message was lost the same way.
+    schedule["webhooks-rescue"] = {"task": "incidents.tasks.webhooks_rescue",
+                                   "schedule": settings.FLEETWATCH_WATCHDOG_SECONDS,
+                                   "options": {"expires": settings.FLEETWATCH_WATCHDOG_SECONDS}}
     sender.conf.beat_schedule = schedule
 
 

@@ -22,6 +22,7 @@ from fleetwatch.env import (
     env_str,
     env_subset,
 )
+from fleetwatch.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("FLEETWATCH_DATA_DIR", str(BASE_DIR / "data"))).resolve()
@@ -65,6 +66,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "fleetwatch.middleware.RequestIdMiddleware",
+    "fleetwatch.logs.RequestLogMiddleware",  # the access log line and HTTP metrics
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -175,6 +177,8 @@ CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
     "collectors.tasks.*": {"queue": "collect"},
     "incidents.tasks.diagnose_signals": {"queue": "diagnose"},
+    # A slow webhook receiver must not hold up remediation steps.
+    "incidents.tasks.webhook*": {"queue": "default"},
     "incidents.tasks.*": {"queue": "remediate"},
 }
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
@@ -250,6 +254,13 @@ FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES = env_int("FLEETWATCH_DIAGNOSIS_WINDOW_MINUT
 FLEETWATCH_TELEMETRY_RETENTION_HOURS = env_int("FLEETWATCH_TELEMETRY_RETENTION_HOURS", 24, minimum=1)
 FLEETWATCH_NOTIFY_WEBHOOK_URL = env_str("FLEETWATCH_NOTIFY_WEBHOOK_URL")
 FLEETWATCH_HTTP_TIMEOUT = env_float("FLEETWATCH_HTTP_TIMEOUT", 5.0, minimum=0.1)
+# Webhook subscriptions: a delivery that meets a transient failure (no connection, timeout,
+# 408, 429, 5xx) is tried again after BACKOFF seconds, five times longer after each failure
+# (5 s, 25 s, 2 min, 10 min, ...) but never more than BACKOFF_MAX, up to MAX_ATTEMPTS in all.
+FLEETWATCH_WEBHOOK_MAX_ATTEMPTS = env_int("FLEETWATCH_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
+FLEETWATCH_WEBHOOK_BACKOFF_SECONDS = env_float("FLEETWATCH_WEBHOOK_BACKOFF_SECONDS", 5.0, minimum=0)
+FLEETWATCH_WEBHOOK_BACKOFF_MAX_SECONDS = env_float("FLEETWATCH_WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0,
+                                                   minimum=0)
 # The most signals one push (POST /api/v1/signals/) may carry; more gets 413.
 FLEETWATCH_INGEST_MAX_BATCH = env_int("FLEETWATCH_INGEST_MAX_BATCH", 1000, minimum=1)
 FLEETWATCH_SIM_STATE = Path(env_str("FLEETWATCH_SIM_STATE", str(DATA_DIR / "sim-fleet.json")))
@@ -310,9 +321,12 @@ REST_FRAMEWORK = {
         "django_filters.rest_framework.DjangoFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # Limit/offset with a count for most lists; signals and audit page by cursor (their views).
+    "DEFAULT_PAGINATION_CLASS": "incidents.api.pagination.LimitOffset",
     "PAGE_SIZE": 100,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # JSON only: one body format to validate, document and fuzz (the docs page sends JSON).
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "incidents.api.schema.FleetWatchSchema",
 }
 
 SPECTACULAR_SETTINGS = {
@@ -326,12 +340,19 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Tags and operation ids from the path after /api/v1/ ("incidents", "incidents_list").
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
 }
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-}
+# --- Logs and metrics -----------------------------------------------------------------------
+# One JSON object a line on stderr (or "plain" text for a terminal), each with the request or
+# task id; tokens, passwords, signatures and configured secrets are scrubbed from every line.
+# See fleetwatch/logs.py.
+FLEETWATCH_LOG_FORMAT = env_choice("FLEETWATCH_LOG_FORMAT", "json", ["json", "plain"])
+LOG_LEVEL = (env_str("LOG_LEVEL", "INFO") or "INFO").upper()
+LOGGING = logging_config(FLEETWATCH_LOG_FORMAT, LOG_LEVEL)
+# Celery workers log through LOGGING too, instead of replacing the root logger's handlers.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# /metrics is open (Prometheus scrapers have no session) unless this is set; then it wants
+# "Authorization: Bearer <this>" (Prometheus: authorization.credentials) or a signed-in person.
+FLEETWATCH_METRICS_TOKEN = env_str("FLEETWATCH_METRICS_TOKEN", "")

@@ -661,3 +661,26 @@ def policy_overview() -> dict[str, Any]:
              if settings.FLEETWATCH_NOTIFY_EMAIL else ""),
         ],
     }
+
+
+def policy_budgets() -> dict[str, Any]:
+    """The safety rails as numbers, for programs (the policy page words them for people)."""
+    return {
+        "max_nodes": settings.FLEETWATCH_BUDGET_MAX_NODES,
+        "max_percent": settings.FLEETWATCH_BUDGET_MAX_PERCENT,
+        "storm_incidents": settings.FLEETWATCH_STORM_INCIDENTS,
+        "storm_minutes": settings.FLEETWATCH_STORM_MINUTES,
+        "cooldown_minutes": settings.FLEETWATCH_COOLDOWN_MINUTES,
+        "rma_after": settings.FLEETWATCH_RMA_AFTER,
+        "flaps_before_replace": settings.FLEETWATCH_FLAPS_BEFORE_REPLACE,
+        "recovery_stable_minutes": settings.FLEETWATCH_RECOVERY_STABLE_MINUTES,
+        "node_back_minutes": settings.FLEETWATCH_NODE_BACK_MINUTES,
+        "step_timeout_seconds": settings.FLEETWATCH_STEP_TIMEOUT_SECONDS,
+        "step_max_attempts": settings.FLEETWATCH_STEP_MAX_ATTEMPTS,
+    }
+
+
+def remediation_live(incident: Incident) -> Remediation | None:
+    """The incident's remediation that is running or waiting for a person, if one is."""
+    return incident.remediations.filter(status__in=Remediation.ACTIVE).order_by(
+        "-created_at").first()

@@ -224,12 +224,18 @@ def remediation_approve(remediation_id: int, user: AbstractBaseUser | None,
                         actor: str | None = None) -> Remediation:
     """Approve a remediation waiting for a person: the whole of it (approve mode, or held by
     a safety rail) or the risky step it stopped at. Two people approving at once: the row lock
-    lets one through and the other is told it is no longer waiting."""
+    lets one through and the other is told it is no longer waiting.
+
+    A remediation stopped for a person at a check (a pod that opts out of automatic
+    replacement, a risky step in observe mode) is waiting for the same go-ahead: approving it
+    is continuing it, so a program that only knows "approve" is not left with a 409."""
     actor = actor or actor_name(user)
     with transaction.atomic():
         policy.decisions_serialized()
         rem = Remediation.objects.select_for_update().select_related("incident").get(
             pk=remediation_id)
+        if rem.status == Remediation.Status.BLOCKED:
+            return remediation_continue(remediation_id, user, actor=actor)
         if rem.status != Remediation.Status.AWAITING_APPROVAL:
             who = f" by {rem.approved_by}" if rem.approved_by else ""
             raise InvalidTransition(f"remediation {rem.pk} is {rem.get_status_display()}"
@@ -529,6 +535,7 @@ def _step_gate(step: Step, rem: Remediation) -> str:
         rem.save()
         audit_record("step.observed", step.kind, remediation=rem, step=step, result=reason)
         _incident_status(rem.incident, Incident.Status.NEEDS_ATTENTION)
+        _event("remediation.awaiting_approval", rem.incident, rem)
         return "observed"
     return ""
 
@@ -625,6 +632,8 @@ def _step_apply(step: Step, outcome: Outcome | ClientError) -> str:
         audit_record("remediation.blocked", step.kind, remediation=rem, step=step,
                      result=outcome.reason)
         _incident_status(rem.incident, Incident.Status.NEEDS_ATTENTION)
+        # Stopped for a person's go-ahead: to a subscriber, that is waiting for approval.
+        _event("remediation.awaiting_approval", rem.incident, rem)
         return "blocked"
     error = str(outcome)
     if not outcome.permanent and step.attempts < settings.FLEETWATCH_STEP_MAX_ATTEMPTS:

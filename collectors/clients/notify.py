@@ -128,7 +128,7 @@ def _replace_all(text: str, secrets: dict[str, str]) -> str:
     return text
 
 
-def _scrub(text: str, url: str, redacted: str) -> str:
+def scrub(text: str, url: str, redacted: str) -> str:
     """Remove the URL's secret parts from an error message (urllib3 names the path it tried)."""
     return _replace_all(text, _secret_parts(url, redacted))
 
@@ -156,10 +156,10 @@ class _RedactingFilter(logging.Filter):
         return True
 
 
-_log_redactor = _RedactingFilter()
+log_redactor = _RedactingFilter()
 # A logger's filters see only its own records, not its children's: name each one that logs URLs.
 for _name in ("urllib3.connectionpool", "urllib3.util.retry"):
-    logging.getLogger(_name).addFilter(_log_redactor)
+    logging.getLogger(_name).addFilter(log_redactor)
 
 
 def _excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
@@ -377,13 +377,13 @@ class HttpChannel(Channel):
         self.retries = retries
         self.backoff = backoff
         if url:
-            _log_redactor.add(url, self.target)
+            log_redactor.add(url, self.target)
 
     def call_text(self) -> str:
         return f"POST {self.target}"
 
     def redact(self, text: str) -> str:
-        return _scrub(text, self.url, self.target)
+        return scrub(text, self.url, self.target)
 
     def body_for(self, message: Message, delivery_id: int) -> dict[str, object]:
         raise NotImplementedError

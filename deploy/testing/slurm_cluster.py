@@ -87,7 +87,8 @@ class SlurmCluster:
     """
 
     def __init__(self, root: Path, nodes: list[str], leaves: dict[str, list[str]],
-                 kill_wait: int = 2, partition: str = "gpu") -> None:
+                 kill_wait: int = 2, partition: str = "gpu",
+                 cred_expire: int = CRED_EXPIRE) -> None:
         if not nodes:
             raise ValueError("a cluster needs at least one node")
         self.root = Path(root).resolve()
@@ -97,6 +98,8 @@ class SlurmCluster:
         if unknown:
             raise ValueError(f"leaves name nodes not in the cluster: {sorted(unknown)}")
         self.kill_wait = kill_wait
+        # Slurm's default is 120 s; the failure drill runs with it to time what sites see.
+        self.cred_expire = cred_expire
         self.partition = partition
         self.conf = self.root / "etc" / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket"
@@ -352,7 +355,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={self.munge_socket},cred_expire={CRED_EXPIRE}
+AuthInfo=socket={self.munge_socket},cred_expire={self.cred_expire}
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/run/slurmctld.pid

@@ -1,20 +1,46 @@
+"""/api/v1/: see views.py for what each endpoint does and what it needs."""
+
 from __future__ import annotations
 
-from django.urls import path
+from django.http import HttpRequest, JsonResponse
+from django.urls import Resolver404, path, re_path, resolve
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework.routers import DefaultRouter
 
+from incidents.api import views
 from incidents.api import webhooks as webhook_api
-from incidents.api.views import (
-    IncidentViewSet,
-    NodeViewSet,
-    RemediationViewSet,
-    SignalIngestView,
-)
 
 router = DefaultRouter()
-router.register("incidents", IncidentViewSet, basename="incident")
-router.register("nodes", NodeViewSet, basename="node")
-router.register("remediations", RemediationViewSet, basename="remediation")
+router.register("clusters", views.ClusterViewSet, basename="cluster")
+router.register("nodes", views.NodeViewSet, basename="node")
+router.register("gpus", views.GpuViewSet, basename="gpu")
+router.register("jobs", views.JobViewSet, basename="job")
+router.register("signals", views.SignalViewSet, basename="signal")
+router.register("incidents", views.IncidentViewSet, basename="incident")
+router.register("remediations", views.RemediationViewSet, basename="remediation")
+router.register("steps", views.StepViewSet, basename="step")
+router.register("audit", views.AuditEntryViewSet, basename="audit")
+router.register("sources", views.SourceViewSet, basename="source")
+router.register("tokens", views.TokenViewSet, basename="token")
 webhook_api.register(router)
-urlpatterns = [path("signals/", SignalIngestView.as_view(), name="signal-ingest"),
-               *router.urls]
+
+
+@csrf_exempt  # it changes nothing, and a refused CSRF check would hide the real answer
+def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
+    # Anything under /api/v1/ that no route takes (an id like 0.5, a typo) answers in JSON, as
+    # the rest of the API does, rather than with the site's HTML 404 page.
+    detail = f"no API endpoint {request.path}"
+    if not request.path.endswith("/"):
+        try:
+            if resolve(f"{request.path}/").func is not not_found:
+                detail += f"; the endpoint is {request.path}/ (with the slash)"
+        except Resolver404:
+            pass
+    return JsonResponse({"detail": detail}, status=404)
+
+
+urlpatterns = [
+    path("policy/", views.PolicyView.as_view(), name="policy"),
+    *router.urls,
+    re_path(r"^(?P<rest>.*)$", not_found),
+]

@@ -613,7 +613,7 @@ def test_api_approve_answers_409_when_there_is_nothing_to_approve(
     assert client.post(url).status_code == 401
     viewer_key = token_for(viewer)
     r = client.post(url, HTTP_AUTHORIZATION=f"Token {viewer_key}")
-    assert r.status_code == 403 and "operator" in r.json()["detail"]
+    assert r.status_code == 403 and "operate permission" in r.json()["detail"]
     key = token_for(operator, name="olivia-bot")
     with django_capture_on_commit_callbacks():
         r = client.post(url, HTTP_AUTHORIZATION=f"Token {key}")

@@ -67,6 +67,12 @@ def test_a_source_that_is_down_is_recorded_and_fails_no_node(cluster: Any) -> No
     assert Signal.objects.get(kind="collector_health").data["healthy"] is False
     assert Node.objects.filter(slurm_state="ALLOCATED").count() == 16  # unchanged
     assert not Incident.objects.exists()
+    # Back up: the run of failures ends, the count of all failures (for /metrics) stays.
+    collectors.collect_source("slurm")
+    source_outage_set("slurm", down=False)
+    collectors.collect_source("slurm")
+    health.refresh_from_db()
+    assert (health.healthy, health.consecutive_failures, health.failures) == (True, 0, 2)
 
 
 def test_the_same_diagnosis_twice_is_one_incident_and_one_remediation(cluster: Any) -> None:
