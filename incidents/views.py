@@ -17,7 +17,7 @@ from django.views.decorators.http import require_POST
 
 from collectors import simulation
 from collectors.clients.base import ClientError
-from incidents import selectors, services
+from incidents import selectors, services, webhooks
 from incidents.audit import actor_name, audit_record
 from incidents.filters import AuditFilter, IncidentFilter, JobFilter, NodeFilter
 from incidents.models import Incident, Remediation, Step
@@ -132,6 +132,7 @@ def _incident_context(incident: Incident) -> dict[str, object]:
                               None),
         "playbook": playbook,
         "timeline": selectors.incident_timeline(incident),
+        "deliveries": webhooks.incident_deliveries(incident.pk),
         "can_start": remediation is None or remediation.status in (
             Remediation.Status.CANCELLED, Remediation.Status.FAILED,
             Remediation.Status.OBSERVED),

@@ -385,3 +385,19 @@ def deliveries_rescue() -> list[int]:
     if stuck:
         log.warning("webhooks watchdog: re-queued deliveries %s", stuck)
     return stuck
+
+
+def incident_deliveries(incident_id: int) -> list[dict[str, Any]]:
+    """What was sent about an incident, oldest first, for its page: the on-call notifications
+    (collectors.Delivery) and the webhook subscribers' deliveries, in one list."""
+    rows: list[dict[str, Any]] = [
+        {"at": d.created_at, "to": f"{d.channel} {d.target}", "event": d.event or d.subject,
+         "status": d.status, "attempts": d.attempts, "response": d.response}
+        for d in notify.deliveries_for_incident(incident_id)]
+    rows += [
+        {"at": d.created_at, "to": f"webhook {d.subscription.name}", "event": d.event,
+         "status": d.status, "attempts": d.attempts,
+         "response": f"{d.response_code or ''} {d.response}".strip()}
+        for d in WebhookDelivery.objects.filter(incident_id=incident_id)
+        .select_related("subscription")]
+    return sorted(rows, key=lambda r: r["at"])

@@ -21,6 +21,7 @@ from unittest import mock
 
 import pytest
 from django.db import connection, connections
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -346,6 +347,13 @@ def test_two_500s_then_200_is_delivered_on_the_third_attempt(
     assert len({h.raw for h in hits}) == 1
     assert len({h.headers["X-FleetWatch-Event-Id"] for h in hits}) == 1
     assert all(verified(h) for h in hits)
+    # People see it on the incident's page, with the answer that came back.
+    page = Client()
+    page.force_login(user_with_role("vera", "viewer")[0])
+    html = page.get(f"/incidents/{row.incident_id}/").content.decode()
+    section = html[html.index('data-testid="deliveries"'):]
+    assert "webhook pager" in section and "incident.opened" in section
+    assert "delivered" in section and "<td>3</td>" in section
 
 
 def test_a_gone_receiver_fails_at_once(cluster: Any, receiver: Receiver, sent: list[int],
