@@ -156,6 +156,8 @@ def remediation_open(
     with transaction.atomic():
         policy.decisions_serialized()
         incident = Incident.objects.select_for_update().get(pk=incident.pk)
+        if incident.status == Incident.Status.RESOLVED:
+            raise InvalidTransition(f"incident {incident.pk} is resolved; nothing to remediate")
         current = incident.remediations.filter(
             status__in=[*Remediation.ACTIVE, Remediation.Status.SUCCEEDED]
         ).first()

@@ -47,3 +47,10 @@ def test_reference_page_renders_from_local_assets(client: Client) -> None:
     assert "cdn." not in html.lower()
     asset = re.search(r'src="(/static/[^"]+swagger-ui-bundle\.js)"', html)
     assert asset and client.get(asset.group(1)).status_code == 200
+
+
+def test_redoc_page_renders_from_local_assets_too(client: Client) -> None:
+    html = client.get("/api/redoc/").content.decode()
+    assert "/static/drf_spectacular_sidecar/redoc/bundles/redoc.standalone.js" in html
+    assert re.findall(r"""(?:src|href)=["']((?:https?:)?//[^"']+)""", html) == []
+    assert "fonts.googleapis" not in html

@@ -75,6 +75,25 @@ def test_a_source_that_is_down_is_recorded_and_fails_no_node(cluster: Any) -> No
     assert (health.healthy, health.consecutive_failures, health.failures) == (True, 0, 2)
 
 
+def test_an_incident_resolved_by_hand_cannot_be_remediated_or_resolved_again(
+        cluster: Any, settings: Any) -> None:
+    settings.FLEETWATCH_POLICY_MODE = "approve"
+    incident, _ = services.incident_record(cluster.pk, DIAG)
+    waiting = incident.remediations.get()
+    assert waiting.status == "awaiting_approval"
+    services.incident_resolve_by_hand(incident.pk, actor="user:olivia", note="riser reseated")
+    incident.refresh_from_db()
+    waiting.refresh_from_db()
+    # Nobody will approve it now: the waiting remediation is cancelled with the incident.
+    assert (incident.status, waiting.status) == ("resolved", "cancelled")
+    assert incident.repaired_by == "person"
+    with pytest.raises(services.InvalidTransition, match="already resolved"):
+        services.incident_resolve_by_hand(incident.pk, actor="user:olivia")
+    with pytest.raises(services.InvalidTransition, match="is resolved; nothing to remediate"):
+        services.remediation_open(incident, actor="user:olivia")
+    assert incident.remediations.count() == 1
+
+
 def test_the_same_diagnosis_twice_is_one_incident_and_one_remediation(cluster: Any) -> None:
     first, created = services.incident_record(cluster.pk, DIAG)
     again, created_again = services.incident_record(cluster.pk, DIAG)
