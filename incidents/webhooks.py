@@ -98,7 +98,8 @@ def _incident_body(incident: Incident) -> dict[str, Any]:
 
 
 def _remediation_body(rem: Remediation) -> dict[str, Any]:
-    waiting = rem.status == Remediation.Status.AWAITING_APPROVAL
+    # Stopped for a person (blocked) takes the same approve as awaiting approval.
+    waiting = rem.status in (Remediation.Status.AWAITING_APPROVAL, Remediation.Status.BLOCKED)
     return {
         "id": rem.pk,
         "playbook": rem.playbook,
