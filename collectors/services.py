@@ -186,9 +186,13 @@ def signals_ingest(cluster: Cluster, batch: list[dict[str, Any]], *,
     serializer) and announce them to diagnosis. All or nothing: one bad record rejects the
     batch, so an agent that retries never leaves half a batch behind."""
     names = {r["node"] for r in batch if r.get("node")}
-    if only_node is not None and names - {only_node}:
+    if only_node is not None and (names - {only_node} or len(names) < 1 or
+                                  any(not r.get("node") for r in batch)):
+        # An agent speaks for its own node only: a record naming another node, or none (a
+        # job or a switch, which it cannot vouch for), rejects the batch.
+        others = ", ".join(sorted(names - {only_node})) or "records that name no node"
         raise IngestRejected(f"this token may only push signals for {only_node}, not "
-                             f"{', '.join(sorted(names - {only_node}))}", status=403)
+                             f"{others}", status=403)
     known = set(Node.objects.filter(cluster=cluster, name__in=names).values_list("name", flat=True))
     if names - known:
         raise IngestRejected(f"unknown node(s): {', '.join(sorted(names - known))}")

@@ -50,7 +50,9 @@ REPAIR_BUCKETS: tuple[float, ...] = (60, 120, 300, 600, 900, 1800, 3600, 7200, 1
                                      86400, 259200)
 HTTP_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
-# Step outcomes: a step in one of these never changes again, so counting them is a counter.
+# Step outcomes. A retry sends a failed step back to pending, so these counts can fall: they
+# are gauges of the steps in each outcome now, not counters (a counter that drops reads as a
+# reset to Prometheus, and rate() would spike).
 STEP_OUTCOMES = ("succeeded", "failed", "skipped", "cancelled")
 
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -189,9 +191,9 @@ class DomainCollector:
 
         from incidents.models import Step
 
-        done = CounterMetricFamily("fleetwatch_remediation_steps",
-                                   "Remediation steps finished, by kind and outcome.",
-                                   labels=["kind", "outcome"])
+        done = GaugeMetricFamily("fleetwatch_remediation_steps_finished",
+                                 "Remediation steps that ended, by kind and outcome.",
+                                 labels=["kind", "outcome"])
         active = GaugeMetricFamily("fleetwatch_remediation_steps_active",
                                    "Remediation steps not finished yet, by kind and status.",
                                    labels=["kind", "status"])

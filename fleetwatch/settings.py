@@ -6,6 +6,7 @@ broker in ``FLEETWATCH_DATA_DIR`` and the simulated fleet, so ``make run`` needs
 
 from __future__ import annotations
 
+import re
 import secrets
 from pathlib import Path
 
@@ -147,7 +148,11 @@ _cache = env_str("FLEETWATCH_CACHE_URL") or env_str("REDIS_URL") or str(DATA_DIR
 CACHES = {"default": (
     {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _cache}
     if _cache.startswith(("redis://", "rediss://", "unix://"))
-    else {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": _cache})}
+    # Files: room for every token's counters, and entries that outlive a day-long throttle
+    # window (incr rewrites an entry with the default timeout). Not atomic across processes:
+    # under bursts a few requests more than the rate get through; Redis is exact.
+    else {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": _cache,
+          "TIMEOUT": 2 * 86400 + 1, "OPTIONS": {"MAX_ENTRIES": 20000}})}
 
 # --- Celery ---------------------------------------------------------------------------------
 _broker = env_str("CELERY_BROKER_URL") or env_str("REDIS_URL")
@@ -304,6 +309,10 @@ REST_KNOX = {"TOKEN_TTL": None, "AUTH_HEADER_PREFIX": "Token", "TOKEN_PREFIX": "
 FLEETWATCH_API_RATE = env_str("FLEETWATCH_API_RATE", "1200/min")
 FLEETWATCH_API_INGEST_RATE = env_str("FLEETWATCH_API_INGEST_RATE", "6000/min")
 FLEETWATCH_API_ANON_RATE = env_str("FLEETWATCH_API_ANON_RATE", "60/min")
+for _name in ("FLEETWATCH_API_RATE", "FLEETWATCH_API_INGEST_RATE", "FLEETWATCH_API_ANON_RATE"):
+    if not re.fullmatch(r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)", globals()[_name] or ""):
+        raise ImproperlyConfigured(f"{_name}={globals()[_name]!r}: expected a rate such as "
+                                   "1200/min (per s, min, h or d)")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -19,6 +19,8 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
-    path("api/v1/", include("incidents.api.urls")),
+    # Namespaced: the API's route names (incident-detail, ...) would otherwise clash with the
+    # pages' and reverse() would give the HTML page.
+    path("api/v1/", include(("incidents.api.urls", "api"), namespace="api")),
     path("", include("incidents.urls")),
 ]

@@ -156,13 +156,13 @@ def remediation_open(
     with transaction.atomic():
         policy.decisions_serialized()
         incident = Incident.objects.select_for_update().get(pk=incident.pk)
-        if incident.status == Incident.Status.RESOLVED:
-            raise InvalidTransition(f"incident {incident.pk} is resolved; nothing to remediate")
         current = incident.remediations.filter(
             status__in=[*Remediation.ACTIVE, Remediation.Status.SUCCEEDED]
         ).first()
         if current is not None:
-            return Opened(current, False)
+            return Opened(current, False)  # healed already, or under way: nothing new
+        if incident.status == Incident.Status.RESOLVED:
+            raise InvalidTransition(f"incident {incident.pk} is resolved; nothing to remediate")
         try:
             decision = policy.decide(incident, automatic=automatic)
         except LookupError as exc:
@@ -242,6 +242,7 @@ def remediation_approve(remediation_id: int, user: AbstractBaseUser | None,
             who = f" by {rem.approved_by}" if rem.approved_by else ""
             raise InvalidTransition(f"remediation {rem.pk} is {rem.get_status_display()}"
                                     f"{who}; nothing to approve")
+        _refuse_if_resolved(rem)
         busy = policy.node_busy(rem.nodes, exclude_incident=rem.incident_id)
         if busy:
             raise InvalidTransition(f"cannot start yet: {busy}")
@@ -270,6 +271,14 @@ def remediation_approve(remediation_id: int, user: AbstractBaseUser | None,
         return rem
 
 
+def _refuse_if_resolved(rem: Remediation) -> None:
+    """Nothing acts for an incident that is over (resolved by hand while this remediation
+    waited, or a stale button pressed on an old page)."""
+    if rem.incident.status == Incident.Status.RESOLVED:
+        raise InvalidTransition(f"incident {rem.incident_id} is resolved; remediation "
+                                f"{rem.pk} is {rem.get_status_display()} and stays so")
+
+
 def remediation_continue(remediation_id: int, user: AbstractBaseUser | None,
                          actor: str | None = None) -> Remediation:
     """A person overrides a blocking check (no-auto-replace) and lets the playbook go on."""
@@ -280,6 +289,7 @@ def remediation_continue(remediation_id: int, user: AbstractBaseUser | None,
         if rem.status != Remediation.Status.BLOCKED:
             raise InvalidTransition(f"remediation {rem.pk} is {rem.get_status_display()}, "
                                     "not waiting for a person")
+        _refuse_if_resolved(rem)
         step = rem.steps.select_for_update().get(status=Step.Status.BLOCKED)
         if step.mode == Remediation.Mode.OBSERVE and step.result.get("observed"):
             # A risky step in observe mode stopped to say what it would do: continuing is a
@@ -321,6 +331,7 @@ def remediation_retry(remediation_id: int, user: AbstractBaseUser | None,
         if rem.status != Remediation.Status.FAILED or step is None:
             raise InvalidTransition(f"remediation {rem.pk} is {rem.get_status_display()}; "
                                     "no failed step to retry")
+        _refuse_if_resolved(rem)
         busy = policy.node_busy(rem.nodes, exclude_incident=rem.incident_id)
         if busy:
             raise InvalidTransition(f"cannot retry yet: {busy}")
@@ -348,15 +359,20 @@ def remediation_cancel(remediation_id: int, user: AbstractBaseUser | None,
         if not rem.is_active:
             raise InvalidTransition(f"remediation {rem.pk} is {rem.get_status_display()}; "
                                     "nothing to cancel")
-        now = timezone.now()
-        rem.status, rem.finished_at = Remediation.Status.CANCELLED, now
-        rem.save()
-        rem.steps.exclude(status__in=Step.DONE).update(
-            status=Step.Status.CANCELLED, finished_at=now, lease_until=None)
-        audit_record("remediation.cancelled", f"incident {rem.incident_id}", actor=actor,
-                     remediation=rem, result="what was done stays done; nothing more will run")
+        _remediation_stop(rem, actor, "what was done stays done; nothing more will run")
         _incident_status(rem.incident, Incident.Status.NEEDS_ATTENTION)
         return rem
+
+
+def _remediation_stop(rem: Remediation, actor: str, why: str) -> None:
+    """Cancel a live remediation (its row locked): its unfinished steps will not run."""
+    now = timezone.now()
+    rem.status, rem.finished_at = Remediation.Status.CANCELLED, now
+    rem.save()
+    rem.steps.exclude(status__in=Step.DONE).update(
+        status=Step.Status.CANCELLED, finished_at=now, lease_until=None)
+    audit_record("remediation.cancelled", f"incident {rem.incident_id}", actor=actor,
+                 remediation=rem, result=why)
 
 
 def _incident_status(incident: Incident, status: str) -> None:
@@ -400,21 +416,25 @@ def incident_acknowledge(incident_id: int, *, actor: str) -> Incident:
 
 def incident_resolve_by_hand(incident_id: int, *, actor: str, note: str = "") -> Incident:
     """A person says it is over (fixed by hand, or not a fault after all). Refused while a
-    remediation is still live: cancel it first, so nothing acts on a resolved incident."""
+    remediation is still acting: cancel it first, so nothing acts on a resolved incident. One
+    that only waits for a person is cancelled with it.
+
+    Locks in the order the remediation actions take them (policy, remediation, incident), so
+    a resolve and an approve at the same moment queue rather than deadlock: whichever is
+    second sees what the first did."""
     with transaction.atomic():
+        policy.decisions_serialized()
+        live = list(Remediation.objects.select_for_update().filter(
+            incident_id=incident_id, status__in=Remediation.ACTIVE))
         incident = Incident.objects.select_for_update().get(pk=incident_id)
         if incident.status == Incident.Status.RESOLVED:
             raise InvalidTransition(f"incident {incident.pk} is already resolved")
-        live = incident.remediations.filter(status__in=Remediation.ACTIVE).first()
-        if live is not None and live.status != Remediation.Status.AWAITING_APPROVAL:
+        acting = [r for r in live if r.status != Remediation.Status.AWAITING_APPROVAL]
+        if acting:
             raise InvalidTransition(
-                f"remediation {live.pk} is {live.status}; cancel it before resolving")
-        if live is not None:  # nobody approved it and nobody will now
-            live.status, live.finished_at = Remediation.Status.CANCELLED, timezone.now()
-            live.save(update_fields=["status", "finished_at"])
-            live.steps.exclude(status__in=Step.DONE).update(status=Step.Status.CANCELLED)
-            audit_record("remediation.cancelled", f"incident {incident.pk}", actor=actor,
-                         remediation=live, result="the incident was resolved by hand")
+                f"remediation {acting[0].pk} is {acting[0].status}; cancel it before resolving")
+        for rem in live:  # nobody approved it and nobody will now
+            _remediation_stop(rem, actor, "the incident was resolved by hand")
         audit_record("incident.resolved_by_hand", f"incident {incident.pk}", actor=actor,
                      incident=incident, result=note[:500])
         incident_resolve(incident)

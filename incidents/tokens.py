@@ -3,6 +3,7 @@ The key is shown once, when made; only its digest is stored."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from datetime import timedelta
 
@@ -16,6 +17,7 @@ from incidents.audit import SYSTEM, audit_record
 from incidents.models import ApiToken
 
 SCOPES = tuple(ApiToken.Scope.values)
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class TokenError(ValueError):
@@ -36,8 +38,9 @@ def token_create(user: AbstractBaseUser, name: str, scopes: Iterable[str], *,
     """A new token for ``user``; returns the row and the key (the only time it is seen).
     ``ttl_days`` None takes FLEETWATCH_API_TOKEN_TTL_DAYS; 0 never expires."""
     chosen = scopes_parse(scopes)
-    if not name or len(name) > 64:
-        raise TokenError("a token needs a name of 1 to 64 characters")
+    if not NAME.fullmatch(name or ""):
+        raise TokenError("a token's name is 1 to 64 letters, digits, '.', '_' or '-' (it is "
+                         "part of the token's URL and of the audit trail's token:NAME)")
     days = settings.FLEETWATCH_API_TOKEN_TTL_DAYS if ttl_days is None else ttl_days
     expiry = timedelta(days=days) if days and days > 0 else None
     with transaction.atomic():

@@ -93,7 +93,7 @@ def _incident_body(incident: Incident) -> dict[str, Any]:
         "acknowledged_at": _iso(incident.acknowledged_at),
         # The page exists only where FLEETWATCH_BASE_URL says where people reach FleetWatch.
         "url": notify.incident_url(incident.pk),
-        "api_url": _absolute(reverse("incident-detail", kwargs={"pk": incident.pk})),
+        "api_url": _absolute(reverse("api:incident-detail", kwargs={"pk": incident.pk})),
     }
 
 
@@ -110,7 +110,7 @@ def _remediation_body(rem: Remediation) -> dict[str, Any]:
         "requested_by": rem.requested_by,
         "approved_by": rem.approved_by,
         # A POST with an operator's token approves it; only offered while it waits.
-        "approve_url": (_absolute(reverse("remediation-approve", kwargs={"pk": rem.pk}))
+        "approve_url": (_absolute(reverse("api:remediation-approve", kwargs={"pk": rem.pk}))
                         if waiting else None),
     }
 
@@ -292,7 +292,7 @@ def headers_for(delivery: WebhookDelivery, secret: str, raw: bytes,
 
 
 def _post(delivery: WebhookDelivery, subscription: WebhookSubscription) -> _Answer:
-    url, shown = subscription.url, notify.redact_url(subscription.url)
+    url, shown = subscription.url, notify.redact_url(subscription.url, keep_path=False)
     # urllib3 logs each request's path (DEBUG): keep a token in the URL out of the log.
     notify.log_redactor.add(url, shown)
     raw = body_bytes(delivery.payload)
@@ -334,7 +334,7 @@ def delivery_attempt(delivery_id: int) -> float | None:
         return None
     delivery = WebhookDelivery.objects.select_related("subscription").get(pk=delivery_id)
     subscription = delivery.subscription
-    shown = notify.redact_url(subscription.url)
+    shown = notify.redact_url(subscription.url, keep_path=False)
     if not subscription.active and delivery.event != PING:  # a ping tests it before activating
         WebhookDelivery.objects.filter(pk=delivery_id).update(
             status=WebhookDelivery.Status.FAILED, next_attempt_at=None,

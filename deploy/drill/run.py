@@ -434,8 +434,10 @@ class Drill:
                              "--loglevel", "INFO", "-s", str(self.root / "beat-schedule")])
         gunicorn = bindir / "gunicorn"
         web = [str(gunicorn)] if gunicorn.exists() else [python, "-m", "gunicorn"]
-        self._spawn("web", [*web, "fleetwatch.wsgi", "--bind", f"127.0.0.1:{self.web_port}",
-                            "--workers", "2", "--access-logfile", "-"])
+        # The production config (JSON logs, multiprocess metrics), as `make run` starts it.
+        self._spawn("web", [*web, "-c", str(ROOT / "deploy" / "gunicorn.conf.py"),
+                            "fleetwatch.wsgi", "--bind", f"127.0.0.1:{self.web_port}",
+                            "--workers", "2"])
         if self.config.fault_path == "agent":
             from incidents.tokens import agent_token_create
 

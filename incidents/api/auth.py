@@ -15,7 +15,9 @@ from knox.auth import TokenAuthentication
 from knox.crypto import hash_token
 from knox.settings import CONSTANTS
 from rest_framework import exceptions
+from rest_framework.authentication import get_authorization_header
 
+from incidents.api.throttles import auth_failure_record, auth_failures_check
 from incidents.models import ApiToken
 
 # last_used_at is for people reading the token list; a write per request would be waste.
@@ -24,6 +26,16 @@ _LAST_USED_EVERY = timedelta(minutes=1)
 
 class ScopedTokenAuthentication(TokenAuthentication):
     """``Authorization: Token fw_...``. Sets ``request.auth`` to the ``ApiToken``."""
+
+    def authenticate(self, request: Any) -> tuple[AbstractBaseUser, ApiToken] | None:
+        if not get_authorization_header(request).lower().startswith(b"token "):
+            return None  # no token here: another scheme (the session) may answer
+        auth_failures_check(request)
+        try:
+            return super().authenticate(request)
+        except exceptions.AuthenticationFailed:
+            auth_failure_record(request)
+            raise
 
     def authenticate_credentials(self, token: bytes) -> tuple[AbstractBaseUser, ApiToken]:
         try:

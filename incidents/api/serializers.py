@@ -318,7 +318,9 @@ class TokenSerializer(serializers.ModelSerializer):
 
 
 class TokenCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=64, help_text="unique; names the token in the audit")
+    name = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", max_length=64,
+                                  help_text="unique; names the token in the audit and in its "
+                                            "URL: letters, digits, '.', '_' and '-'")
     user = serializers.SlugRelatedField(slug_field="username",
                                         queryset=get_user_model().objects.all(),
                                         help_text="whose role the token carries")

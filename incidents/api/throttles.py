@@ -117,3 +117,28 @@ class TokenRateThrottle(BaseThrottle):
     def _undo(key: str) -> None:
         with contextlib.suppress(ValueError):  # expired meanwhile: nothing to give back
             cache.decr(key)
+
+
+# --- failed authentication ----------------------------------------------------------------------
+# DRF authenticates and checks permissions before it throttles, so a caller guessing tokens
+# would never meet TokenRateThrottle: each wrong token gets its 401 at once. Failed token
+# attempts are counted per address instead (FLEETWATCH_API_ANON_RATE), before the lookup.
+
+
+def _failure_key(request: Request) -> tuple[str, int, int]:
+    limit, duration = parse_rate(settings.FLEETWATCH_API_ANON_RATE)
+    address = BaseThrottle().get_ident(request)
+    return f"fw-authfail:{address}:{int(time.time() // duration)}", limit, duration
+
+
+def auth_failures_check(request: Request) -> None:
+    """Refuse (429) an address that has failed to authenticate too often this window."""
+    key, limit, duration = _failure_key(request)
+    if int(cache.get(key) or 0) >= limit:
+        raise Throttled(wait=max(1, math.ceil(duration - time.time() % duration)),
+                        detail="Too many failed token attempts from this address.")
+
+
+def auth_failure_record(request: Request) -> None:
+    key, _, duration = _failure_key(request)
+    TokenRateThrottle._increment(key, duration)

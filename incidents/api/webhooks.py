@@ -13,6 +13,7 @@ import secrets
 from typing import Any
 from urllib.parse import urlsplit
 
+from django.core.validators import URLValidator
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
@@ -29,6 +30,11 @@ from incidents.models import WebhookDelivery, WebhookSubscription
 SECRET_MIN_CHARS = 16
 
 
+def _http_url(value: str) -> None:
+    # A function rather than URLValidator itself, which the schema would print as format: uri.
+    URLValidator(schemes=["http", "https"])(value)
+
+
 class WebhookSubscriptionSerializer(serializers.ModelSerializer):
     events = serializers.ListField(
         child=serializers.ChoiceField(choices=WebhookSubscription.Event.choices),
@@ -39,12 +45,17 @@ class WebhookSubscriptionSerializer(serializers.ModelSerializer):
         trim_whitespace=False,
         help_text="HMAC-SHA256 signing key; generated when left out, never shown again")
 
+    # A plain string, not a URL, in the schema: what is shown back is the URL cut short
+    # ("https://hooks.example/services/…"), which is no longer a valid URI.
+    url = serializers.CharField(
+        max_length=500, validators=[_http_url],
+        help_text="http(s) URL the events are POSTed to; shown back as its host and first path "
+                  "segment only (hook URLs often carry their key in the path)")
+
     class Meta:
         model = WebhookSubscription
         fields = ["id", "name", "url", "events", "active", "secret", "created_by", "created_at"]
         read_only_fields = ["created_by", "created_at"]
-        extra_kwargs = {"url": {"help_text": "http(s) URL the events are POSTed to; shown "
-                                             "without credentials or query string"}}
 
     def validate_url(self, value: str) -> str:
         parts = urlsplit(value)
@@ -59,7 +70,8 @@ class WebhookSubscriptionSerializer(serializers.ModelSerializer):
 
     def to_representation(self, instance: WebhookSubscription) -> dict[str, Any]:
         data = super().to_representation(instance)
-        data["url"] = redact_url(instance.url)
+        # Slack-style hook URLs carry their key in the path: show the host and first segment.
+        data["url"] = redact_url(instance.url, keep_path=False)
         return data
 
 

@@ -313,3 +313,38 @@ def test_every_mutating_call_is_audited_with_its_caller(api: APIClient, world: W
     api.post(f"/api/v1/remediations/{world.failed.pk}/approve/")  # refused: 409
     entry = AuditEntry.objects.filter(verb="api.call").latest("id")
     assert entry.actor == "token:ops-bot" and entry.ok is False and entry.result == "409"
+
+
+def test_the_api_root_links_to_the_api_not_to_the_pages(db: None) -> None:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_for(user_with_role('vi', VIEWER)[0])}")
+    links = client.get("/api/v1/").json()
+    assert links["incidents"].endswith("/api/v1/incidents/")
+    assert links["nodes"].endswith("/api/v1/nodes/") and links["audit"].endswith("/api/v1/audit/")
+
+
+def test_guessing_tokens_is_throttled_per_address(db: None, settings: Any) -> None:
+    settings.FLEETWATCH_API_ANON_RATE = "3/min"
+    client = APIClient(REMOTE_ADDR="203.0.113.9")
+    answers = [client.get("/api/v1/incidents/", HTTP_AUTHORIZATION=f"Token fw_guess{i:056d}")
+               .status_code for i in range(5)]
+    assert answers == [401, 401, 401, 429, 429]
+    # Even the right token waits out the window from that address; other addresses do not.
+    good = token_for(user_with_role("vi", VIEWER)[0])
+    assert client.get("/api/v1/incidents/", HTTP_AUTHORIZATION=f"Token {good}").status_code == 429
+    elsewhere = APIClient(REMOTE_ADDR="203.0.113.10")
+    assert elsewhere.get("/api/v1/incidents/",
+                         HTTP_AUTHORIZATION=f"Token {good}").status_code == 200
+
+
+def test_a_token_name_that_cannot_be_addressed_is_refused(db: None) -> None:
+    admin = APIClient()
+    ada = user_with_role("ada", ADMIN)[0]
+    admin.credentials(HTTP_AUTHORIZATION=f"Token {token_for(ada, ('read', 'operate'))}")
+    bad = admin.post("/api/v1/tokens/", {"name": "a/b", "user": "ada", "scopes": ["read"]},
+                     format="json")
+    assert bad.status_code == 400 and "name" in bad.json()
+    good = admin.post("/api/v1/tokens/", {"name": "ci.bot-1", "user": "ada", "scopes": ["read"]},
+                      format="json")
+    assert good.status_code == 201
+    assert admin.post("/api/v1/tokens/ci.bot-1/revoke/").status_code == 200

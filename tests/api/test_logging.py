@@ -74,7 +74,7 @@ def test_token_request_logged_with_its_request_id_never_its_key(
     line = output.access(response["X-Request-ID"])
     assert line["actor"] == "token:ci-bot"
     assert (line["method"], line["path"], line["status"]) == ("GET", "/api/v1/incidents/", 200)
-    assert line["query"] == "status=open" and line["view"] == "incident-list"
+    assert line["query"] == "status=open" and line["view"] == "api:incident-list"
     assert isinstance(line["duration_ms"], float) and line["level"] == "INFO"
     # An id from a proxy or client is kept and logged as it came.
     response = client.get("/api/v1/nodes/", HTTP_AUTHORIZATION=f"Token {key}",

@@ -99,7 +99,7 @@ def assert_domain_matches_db(samples: Samples) -> None:
                      root_cause=row["root_cause"]) == row["n"]
     for row in Step.objects.values("kind", "status").annotate(n=Count("pk")):
         if row["status"] in metrics.STEP_OUTCOMES:
-            assert value(samples, "fleetwatch_remediation_steps_total", kind=row["kind"],
+            assert value(samples, "fleetwatch_remediation_steps_finished", kind=row["kind"],
                          outcome=row["status"]) == row["n"]
         else:
             assert value(samples, "fleetwatch_remediation_steps_active", kind=row["kind"],
@@ -150,9 +150,9 @@ def test_fleet_metrics_equal_the_database(db: None, scrape: Any) -> None:
     assert value(samples, "fleetwatch_incidents", root_cause="nvlink", status="open") == 0
     assert value(samples, "fleetwatch_incidents", root_cause="gpu_hardware", status="resolved") == 2
     assert value(samples, "fleetwatch_incidents_opened_total", root_cause="gpu_hardware") == 3
-    assert value(samples, "fleetwatch_remediation_steps_total", kind="drain",
+    assert value(samples, "fleetwatch_remediation_steps_finished", kind="drain",
                  outcome="succeeded") == 2
-    assert value(samples, "fleetwatch_remediation_steps_total", kind="resume", outcome="failed") == 1
+    assert value(samples, "fleetwatch_remediation_steps_finished", kind="resume", outcome="failed") == 1
     assert value(samples, "fleetwatch_remediation_steps_active", kind="wait_cool",
                  status="waiting") == 1
 

@@ -198,7 +198,7 @@ def test_an_admin_subscribes_and_sees_the_secret_once(admin: APIClient, receiver
         assert generated not in answer.content.decode()
         assert URL_TOKEN not in answer.content.decode()
         assert "secret" not in answer.content.decode()
-    assert detail.json()["url"] == f"{receiver.url}/hook?…"
+    assert detail.json()["url"] == f"{receiver.url}/hook/…"  # host and first path segment
     assert listed.json()["results"][0]["name"] == "pager"
     assert WebhookSubscription.objects.get(pk=sub.pk).active is False
 
@@ -296,6 +296,8 @@ def test_an_incidents_life_reaches_subscribers_signed_and_filtered(
         assert row.incident_id == incident.pk and row.event == body["event"]
         assert body["incident"]["id"] == incident.pk
         assert body["incident"]["url"] == f"https://fleetwatch.example/incidents/{incident.pk}/"
+        assert body["incident"]["api_url"] == \
+            f"https://fleetwatch.example/api/v1/incidents/{incident.pk}/"
         assert body["incident"]["nodes"] == ["gpu-003"] and body["incident"]["jobs"] == ["3001"]
         assert body["incident"]["root_cause"] == "gpu_hardware"
     by_event = {h.json["event"]: h.json for h in everything}
@@ -582,3 +584,14 @@ def test_a_real_worker_retries_through_the_broker(worker_backoff: None, receiver
     row = wait_for(delivered, 60, "the delivery, retried once by the worker")
     assert row.attempts == 2 and len(receiver.to("/hook")) == 2
     assert all(verified(h) for h in receiver.to("/hook"))
+
+
+def test_a_key_in_the_url_path_is_never_shown_to_readers(db: None, viewer: Any) -> None:
+    # Slack-style incoming hooks carry their key in the path, not the query string.
+    subscribe("slack", "https://hooks.slack.example/services/T1/B2/PATHKEY0123456789")
+    reader = APIClient()
+    reader.credentials(HTTP_AUTHORIZATION=f"Token {token_for(viewer, ('read',))}")
+    listed = reader.get("/api/v1/webhooks/")
+    assert listed.status_code == 200
+    assert listed.json()["results"][0]["url"] == "https://hooks.slack.example/services/…"
+    assert "PATHKEY" not in listed.content.decode()

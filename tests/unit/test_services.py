@@ -217,3 +217,18 @@ def test_the_live_pipeline_blames_a_dead_leaf_not_its_nodes(cluster: Any, sim_fl
     # Diagnosing the same window again extends the incident; it does not open another.
     assert [i.pk for i in services.diagnose_signals(ids)] == [incident.pk]
     assert Incident.objects.count() == 1
+
+
+def test_a_failed_remediation_of_a_resolved_incident_cannot_be_retried(
+        cluster: Any, settings: Any) -> None:
+    settings.FLEETWATCH_POLICY_MODE = "approve"
+    incident, _ = services.incident_record(cluster.pk, DIAG)
+    rem = incident.remediations.get()
+    # It failed at its second step; then a person fixed the node by hand and resolved it.
+    Remediation.objects.filter(pk=rem.pk).update(status="failed")
+    Step.objects.filter(remediation=rem, order=2).update(status="failed", error="boom")
+    Incident.objects.filter(pk=incident.pk).update(status="resolved")
+    with pytest.raises(services.InvalidTransition, match="is resolved; remediation"):
+        services.remediation_retry(rem.pk, None, actor="user:olivia")
+    assert Remediation.objects.get(pk=rem.pk).status == "failed"
+    assert Incident.objects.get(pk=incident.pk).status == "resolved"
