@@ -563,6 +563,19 @@ class Drill:
             lines.append(f"incident {inc.pk} {inc.root_cause} {inc.status} {inc.nodes}")
             for st in Step.objects.filter(remediation__incident=inc).order_by("order"):
                 lines.append(f"  {st.order} {st.kind} {st.status} {st.detail} {st.error}")
+        from collectors.models import Gpu, Signal, SourceHealth
+
+        # What FleetWatch knew of the failed node: enough to tell "never saw it" from "saw
+        # it and did not call it a fault" when a run fails.
+        for g in Gpu.objects.filter(node__name=FAILED).order_by("index"):
+            lines.append(f"gpu {FAILED}/{g.index}: health={g.health} last_xid={g.last_xid} "
+                         f"util={g.utilization} updated={g.updated_at:%H:%M:%S.%f}")
+        for sig in Signal.objects.filter(node_name=FAILED).order_by("-id")[:20]:
+            lines.append(f"signal {sig.observed_at:%H:%M:%S.%f} {sig.source} {sig.kind} "
+                         f"gpu={sig.gpu_index} code={sig.code} {sig.value} {sig.message[:80]}")
+        for h in SourceHealth.objects.all():
+            lines.append(f"source {h.name}: healthy={h.healthy} runs={h.runs} "
+                         f"failures={h.failures} last_error={h.last_error[:200]}")
         lines.append(f"squeue: {self.squeue(self._job_id, '%T %N %r') if self._job_id else ''}")
         lines.append(f"sinfo: {self.slurm.node_states() if self.slurm else ''}")
         lines.append("worker log:\n" + _tail(self.logs / "worker.log", 3000))
