@@ -88,7 +88,11 @@ def _beat_schedule(sender: Celery, **_: object) -> None:
             "task": "collectors.tasks.collect_source",
             "schedule": interval,
             "args": [source],
-            "options": {"expires": interval * 2},
+            # A collection that waited longer than this is dropped (the next one reads the
+            # same source anyway), so an outage leaves no backlog. Not less than 10 s: with
+            # short intervals a busy worker would otherwise drop every run of its slowest
+            # source and stop seeing it at all.
+            "options": {"expires": max(interval * 2, 10.0)},
         }
         for source in settings.FLEETWATCH_SOURCES
     }
