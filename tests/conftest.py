@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import pytest
 from django.db import connection
 
 from collectors.clients.sim import SimFleet
+from deploy.testing.processes import stop_process_group
 from fleetwatch.roles import OPERATOR, VIEWER, user_with_role
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,16 +61,6 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def stop_process_group(proc: subprocess.Popen[bytes]) -> None:
-    """Stop a process started with start_new_session=True and all its children."""
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 class Worker:

@@ -52,6 +52,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from deploy.testing.processes import stop_process_group
+from deploy.testing.slurm_cluster import free_port, scontrol_fields
+
 ROOT = Path(__file__).resolve().parents[2]
 NODES = ["gpu-001", "gpu-002", "gpu-003", "gpu-004", "gpu-005"]
 LEAVES = {"leaf-a": ["gpu-001", "gpu-002", "gpu-003"], "leaf-b": ["gpu-004", "gpu-005"]}
@@ -145,33 +148,11 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
     raise DrillError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _tail(path: Path, chars: int = 4000) -> str:
     try:
         return path.read_text(errors="replace")[-chars:]
     except OSError:
         return ""
-
-
-def scontrol_fields(text: str) -> dict[str, str]:
-    """``scontrol show node X`` / ``show job N`` as {field: value} (Reason keeps its spaces)."""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("Reason="):
-            fields["Reason"] = line.removeprefix("Reason=")
-            continue
-        for part in line.split():
-            key, _, value = part.partition("=")
-            fields.setdefault(key, value)
-    return fields
 
 
 def read_train_log(path: Path) -> list[dict[str, Any]]:
@@ -479,7 +460,7 @@ class Drill:
         for name in ("agent", "web", "beat", "worker"):
             proc = self.procs.pop(name, None)
             if proc is not None:
-                _stop_group(proc)
+                stop_process_group(proc)
         for part in ("slurm", "prometheus", "k8s", "exporter"):
             obj = getattr(self, part)
             if obj is not None:
@@ -764,19 +745,6 @@ class Drill:
                     change.obj["metadata"]["name"] == node:
                 return dict(change.old or change.obj)
         return None
-
-
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
-    import signal
-
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 # --- the command ---------------------------------------------------------------------------------

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from deploy.testing.processes import stop_process_group
+
 SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "scontrol", "sinfo", "squeue", "sbatch",
                   "scancel")
 GPUS_PER_NODE = 8
@@ -45,6 +47,20 @@ CRED_EXPIRE = 5
 
 class SlurmClusterError(RuntimeError):
     pass
+
+
+def scontrol_fields(text: str) -> dict[str, str]:
+    """``scontrol show node X`` / ``show job N`` as {field: value} (Reason keeps its spaces)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("Reason="):
+            fields["Reason"] = line.removeprefix("Reason=")
+            continue
+        for part in line.split():
+            key, _, value = part.partition("=")
+            fields.setdefault(key, value)
+    return fields
 
 
 def free_port() -> int:
@@ -252,16 +268,7 @@ class SlurmCluster:
 
     @staticmethod
     def _kill(proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_process_group(proc, timeout=10)
 
     def _kill_job_processes(self) -> None:
         """Kill the slurmstepd processes of this cluster (they carry its SLURM_CONF in their

@@ -41,7 +41,7 @@ from collectors.clients.providers import (
 )
 from collectors.clients.sim import SimFleet, SimTelemetry
 from collectors.clients.slurm import SlurmCli
-from deploy.testing.slurm_cluster import SlurmCluster, missing_binaries
+from deploy.testing.slurm_cluster import SlurmCluster, missing_binaries, scontrol_fields
 from incidents import services
 from incidents.audit import audit_verify
 from incidents.diagnosis import Diagnosis
@@ -137,17 +137,7 @@ def squeue(cluster: SlurmCluster, job_id: str, fmt: str = "%T") -> str:
 
 def scontrol(cluster: SlurmCluster, *what: str) -> dict[str, str]:
     """``scontrol show node X`` / ``show job N`` as {field: value} (Reason keeps its spaces)."""
-    out = cluster.run("scontrol", "show", *what, check=True).stdout
-    fields: dict[str, str] = {}
-    for line in out.splitlines():
-        line = line.strip()
-        if line.startswith("Reason="):
-            fields["Reason"] = line.removeprefix("Reason=")
-            continue
-        for part in line.split():
-            key, _, value = part.partition("=")
-            fields.setdefault(key, value)
-    return fields
+    return scontrol_fields(cluster.run("scontrol", "show", *what, check=True).stdout)
 
 
 class EvictionSpy:
