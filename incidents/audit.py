@@ -11,8 +11,20 @@ Appends are serialized so two writers never chain off the same predecessor:
   *outermost* transaction ends, because our row is invisible to other writers until then and
   the next writer must chain off it; under READ COMMITTED (Django's default) the next writer's
   lookup runs after our commit and sees our row. The cost: a transaction that audits holds the
-  audit lock until it commits, so audit late in long transactions, and never audit and then
-  wait on something slow inside the same transaction.
+  audit lock until it commits, so never audit and then wait on something slow inside the
+  same transaction.
+
+  Lock order. A transaction that audited holds the audit lock while it goes on to lock or
+  update rows (the next step, the incident); another that locked one of those rows first and
+  then audits waits for the audit lock: a deadlock, which PostgreSQL breaks by aborting one of
+  them. So every transaction that locks rows *and* may audit calls ``audit_lock()`` first,
+  before any row lock (then the policy lock, then remediation, step and incident rows): all
+  such transactions queue on one lock and none holds a row another is waiting for. An audit
+  row's foreign keys also take a share lock on the incident, remediation and step it names;
+  that is why a transaction that audits alone (an outside call recorded by a running step)
+  is safe too: whoever holds those rows for update holds the audit lock already. Transactions
+  that still lose a deadlock (or a serialization failure) are run again by
+  ``incidents.retry.retry_transient``.
 - SQLite (the embedded demo): settings open every transaction with BEGIN IMMEDIATE, so the
   database's single write lock is held from the start of the transaction to its end: a second
   writer waits at BEGIN and reads the last hash only after the first has committed.
@@ -100,6 +112,20 @@ def entry_hash(fields: dict[str, Any], prev_hash: str) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def audit_lock(using: str | None = None) -> None:
+    """Take the audit trail's append lock now, for the rest of the transaction (PostgreSQL;
+    on SQLite the transaction's write lock already serializes writers). Call it first in any
+    transaction that locks rows and may audit: see "Lock order" above. Taking it again in
+    the same transaction (``audit_record`` does) is free."""
+    alias = using or router.db_for_write(AuditEntry)
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        if not connection.in_atomic_block:
+            raise RuntimeError("audit_lock() outside a transaction would be released at once")
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [AUDIT_LOCK_KEY])
+
+
 def audit_record(
     verb: str,
     target: str,
@@ -137,10 +163,7 @@ def audit_record(
     }
     alias = router.db_for_write(AuditEntry)
     with transaction.atomic(using=alias):
-        connection = connections[alias]
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [AUDIT_LOCK_KEY])
+        audit_lock(alias)
         # One backward step on the primary key index: the newest entry's hash.
         prev_hash = (AuditEntry.objects.using(alias).order_by("-id")
                      .values_list("hash", flat=True).first()) or ""

@@ -15,7 +15,7 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -23,7 +23,7 @@ from collectors.clients import get_clients
 from collectors.clients.base import ActionResult, ClientError
 from collectors.models import Job, Node, Signal
 from incidents import selectors
-from incidents.audit import SYSTEM, actor_name, audit_record
+from incidents.audit import SYSTEM, actor_name, audit_lock, audit_record
 from incidents.diagnosis import Diagnosis, diagnose
 from incidents.models import AuditEntry, Evidence, Incident, Remediation, Step
 from incidents.remediation import policy
@@ -36,6 +36,7 @@ from incidents.remediation.steps import (
     StepContext,
     Wait,
 )
+from incidents.retry import retry_transient
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ def diagnose_signals(signal_ids: list[int]) -> list[Incident]:
     return incidents
 
 
+@retry_transient
 def incident_record(cluster_id: int, diagnosis: Diagnosis) -> tuple[Incident, bool]:
     """Open an incident for a diagnosis, or extend the one already open for the same fault.
 
@@ -76,6 +78,7 @@ def incident_record(cluster_id: int, diagnosis: Diagnosis) -> tuple[Incident, bo
     for _ in range(3):
         try:
             with transaction.atomic():
+                audit_lock()  # before the incident's row lock: see incidents/audit.py
                 return _incident_record(cluster_id, diagnosis)
         except IntegrityError:
             continue  # another worker opened it between our lookup and insert: extend that
@@ -138,6 +141,7 @@ class Opened:
     created: bool
 
 
+@retry_transient
 def remediation_open(
     incident: Incident,
     *,
@@ -222,6 +226,7 @@ def _node_mark_rma(node: str, why: str, remediation: Remediation) -> None:
     audit_record("node.rma", node, remediation=remediation, result=why)
 
 
+@retry_transient
 def remediation_approve(remediation_id: int, user: AbstractBaseUser | None,
                         actor: str | None = None) -> Remediation:
     """Approve a remediation waiting for a person: the whole of it (approve mode, or held by
@@ -279,11 +284,13 @@ def _refuse_if_resolved(rem: Remediation) -> None:
                                 f"{rem.pk} is {rem.get_status_display()} and stays so")
 
 
+@retry_transient
 def remediation_continue(remediation_id: int, user: AbstractBaseUser | None,
                          actor: str | None = None) -> Remediation:
     """A person overrides a blocking check (no-auto-replace) and lets the playbook go on."""
     actor = actor or actor_name(user)
     with transaction.atomic():
+        audit_lock()  # before any row lock: see incidents/audit.py
         rem = Remediation.objects.select_for_update().select_related("incident").get(
             pk=remediation_id)
         if rem.status != Remediation.Status.BLOCKED:
@@ -318,6 +325,7 @@ def remediation_continue(remediation_id: int, user: AbstractBaseUser | None,
         return rem
 
 
+@retry_transient
 def remediation_retry(remediation_id: int, user: AbstractBaseUser | None,
                       actor: str | None = None) -> Remediation:
     """Run a failed remediation's failed step again (a person fixed what stopped it). The
@@ -332,6 +340,15 @@ def remediation_retry(remediation_id: int, user: AbstractBaseUser | None,
             raise InvalidTransition(f"remediation {rem.pk} is {rem.get_status_display()}; "
                                     "no failed step to retry")
         _refuse_if_resolved(rem)
+        newer = rem.incident.remediations.filter(status__in=Remediation.ACTIVE).exclude(
+            pk=rem.pk).first()
+        if newer is not None:
+            # One live remediation per incident (a database constraint): the newer one is
+            # the incident's repair now.
+            raise InvalidTransition(
+                f"remediation {newer.pk} of incident {rem.incident_id} is "
+                f"{newer.get_status_display()}; cancel it or let it finish before retrying "
+                f"remediation {rem.pk}")
         busy = policy.node_busy(rem.nodes, exclude_incident=rem.incident_id)
         if busy:
             raise InvalidTransition(f"cannot retry yet: {busy}")
@@ -342,7 +359,14 @@ def remediation_retry(remediation_id: int, user: AbstractBaseUser | None,
         step.error = ""
         step.save()
         rem.status, rem.finished_at = Remediation.Status.RUNNING, None
-        rem.save()
+        try:
+            with transaction.atomic():  # a savepoint: the refusal below needs a live transaction
+                rem.save()
+        except IntegrityError:
+            # Another remediation of this incident went live despite the check above (a
+            # database without the policy lock): refuse as the check would have.
+            raise InvalidTransition(f"another remediation of incident {rem.incident_id} is "
+                                    f"live; remediation {rem.pk} stays failed") from None
         audit_record("step.retried", step.kind, actor=actor, remediation=rem, step=step,
                      result=f"failed with: {failed_with}")
         _incident_status(rem.incident, Incident.Status.REMEDIATING)
@@ -350,10 +374,12 @@ def remediation_retry(remediation_id: int, user: AbstractBaseUser | None,
         return rem
 
 
+@retry_transient
 def remediation_cancel(remediation_id: int, user: AbstractBaseUser | None,
                        actor: str | None = None) -> Remediation:
     actor = actor or actor_name(user)
     with transaction.atomic():
+        audit_lock()  # before any row lock: see incidents/audit.py
         rem = Remediation.objects.select_for_update().select_related("incident").get(
             pk=remediation_id)
         if not rem.is_active:
@@ -395,9 +421,11 @@ def _event(event: str, incident: Incident, remediation: Remediation | None = Non
 # --- incidents: a person's actions ----------------------------------------------------------
 
 
+@retry_transient
 def incident_acknowledge(incident_id: int, *, actor: str) -> Incident:
     """Someone has it. Once per incident: a second acknowledgement says who was first."""
     with transaction.atomic():
+        audit_lock()  # before any row lock: see incidents/audit.py
         incident = Incident.objects.select_for_update().get(pk=incident_id)
         if incident.status == Incident.Status.RESOLVED:
             raise InvalidTransition(f"incident {incident.pk} is resolved; nothing to "
@@ -414,6 +442,7 @@ def incident_acknowledge(incident_id: int, *, actor: str) -> Incident:
     return incident
 
 
+@retry_transient
 def incident_resolve_by_hand(incident_id: int, *, actor: str, note: str = "") -> Incident:
     """A person says it is over (fixed by hand, or not a fault after all). Refused while a
     remediation is still acting: cancel it first, so nothing acts on a resolved incident. One
@@ -478,8 +507,40 @@ def steps_rescue() -> list[int]:
 
 def step_run(step_id: int, reason: str = "start") -> str:
     """Run (or re-check) one step. Safe to call any number of times for the same step."""
+    step = _step_take(step_id, reason)
+    if isinstance(step, str):
+        return step
+
+    # The step row says "running" (committed) before any outside call is made.
+    try:
+        ctx = _step_context(step)
+        outcome: Outcome | ClientError | DatabaseFault = EXECUTORS[step.kind](ctx)
+    except ClientError as exc:
+        outcome = exc
+    except SoftTimeLimitExceeded:
+        # A source or provider slower than the task's time limit: try again later, as any
+        # transient failure (the calls it completed are recorded and not made twice).
+        outcome = ClientError("the step ran past the task time limit "
+                              "(FLEETWATCH_TASK_SOFT_TIME_LIMIT); retrying", permanent=False)
+    except (OperationalError, InterfaceError) as exc:
+        # Our own database (a deadlock lost while recording a call, a dropped connection),
+        # not the step's target: never a reason to fail the repair. (IntegrityError and the
+        # like are bugs, and fail the step below as any other.)
+        log.warning("step %s: database error, running it again: %s", step.pk, exc)
+        connection.close_if_unusable_or_obsolete()
+        outcome = DatabaseFault(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    except Exception as exc:  # a bug in an executor must not leave the step leased forever
+        log.exception("step %s crashed", step.pk)
+        outcome = ClientError(f"{type(exc).__name__}: {exc}", permanent=True)
+    return _step_finish(step_id, outcome)
+
+
+@retry_transient
+def _step_take(step_id: int, reason: str) -> Step | str:
+    """Lease the step to this worker (and mark it started): the step, or why not to run it."""
     now = timezone.now()
     with transaction.atomic():
+        audit_lock()  # before the step's row lock: see incidents/audit.py
         step = (Step.objects.select_for_update(of=("self",))
                 .select_related("remediation__incident").get(pk=step_id))
         rem = step.remediation
@@ -506,29 +567,36 @@ def step_run(step_id: int, reason: str = "start") -> str:
             step.checks += 1
         step.lease_until = now + timedelta(seconds=settings.FLEETWATCH_STEP_LEASE_SECONDS)
         step.save()
+    return step
 
-    # The step row says "running" (committed) before any outside call is made.
-    ctx = _step_context(step)
-    try:
-        outcome: Outcome | ClientError = EXECUTORS[step.kind](ctx)
-    except ClientError as exc:
-        outcome = exc
-    except SoftTimeLimitExceeded:
-        # A source or provider slower than the task's time limit: try again later, as any
-        # transient failure (the calls it completed are recorded and not made twice).
-        outcome = ClientError("the step ran past the task time limit "
-                              "(FLEETWATCH_TASK_SOFT_TIME_LIMIT); retrying", permanent=False)
-    except Exception as exc:  # a bug in an executor must not leave the step leased forever
-        log.exception("step %s crashed", step.pk)
-        outcome = ClientError(f"{type(exc).__name__}: {exc}", permanent=True)
 
+# How long a step whose run met a database error waits before it runs again.
+DATABASE_RETRY_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class DatabaseFault:
+    """A step's run stopped by our own database (transient), not by the step's target."""
+
+    error: str
+
+
+@retry_transient
+def _step_finish(step_id: int, outcome: Outcome | ClientError | DatabaseFault) -> str:
     with transaction.atomic():
+        audit_lock()  # before the step's row lock: see incidents/audit.py
         step = (Step.objects.select_for_update(of=("self",))
                 .select_related("remediation__incident").get(pk=step_id))
         step.lease_until = None
         if step.status in Step.DONE:  # cancelled while we were out
             step.save()
             return f"step {step.status} meanwhile"
+        if isinstance(outcome, DatabaseFault):
+            # Run it again soon as a re-check: it spends none of the step's attempts.
+            step.detail = f"database error, running again: {outcome.error}"[:2000]
+            step.save()
+            _step_enqueue(step.pk, "recheck", DATABASE_RETRY_SECONDS)
+            return "database error; queued again"
         return _step_apply(step, outcome)
 
 

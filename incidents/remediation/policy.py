@@ -24,6 +24,7 @@ from django.db.models import Avg, DurationField, F, Q
 from django.utils import timezone
 
 from collectors.models import Node
+from incidents.audit import audit_lock
 from incidents.models import Incident, Remediation
 from incidents.remediation.playbooks import (
     FOR_ROOT_CAUSE,
@@ -57,7 +58,11 @@ POLICY_LOCK_KEY = int.from_bytes(b"fwpolicy", "big", signed=True)
 def decisions_serialized() -> None:
     """Take, for the rest of the transaction, the lock every policy decision takes: two
     diagnosis workers opening remediations for the same node (or one each that together
-    pass the budget) decide one after the other, each seeing the other's commit."""
+    pass the budget) decide one after the other, each seeing the other's commit.
+
+    The audit lock comes first: every decision is audited, and a transaction takes the audit
+    lock before any other (see incidents/audit.py), or two of them deadlock."""
+    audit_lock()
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [POLICY_LOCK_KEY])
