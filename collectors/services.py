@@ -1,7 +1,7 @@
 """Collector services: read a source, update the current state, store signals, announce them.
 
-Collectors never import ``incidents``. They announce new signals by sending the diagnosis task
-by name once their transaction has committed; whoever listens decides what the signals mean.
+Collectors never import ``incidents``. They announce new signals with a Django signal sent in
+the transaction that stored them (signals_stored); whoever listens decides what they mean.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from celery import current_app
+import django.dispatch
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connection, transaction
@@ -40,7 +40,6 @@ from collectors.normalize import SignalDraft
 
 log = logging.getLogger(__name__)
 
-DIAGNOSE_TASK = "incidents.tasks.diagnose_signals"
 FAILING_XIDS_FOR_HEALTH = frozenset({48, 62, 63, 64, 74, 79, 94, 95, 119, 120, 140, 143})
 
 
@@ -210,11 +209,17 @@ def signals_ingest(cluster: Cluster, batch: list[dict[str, Any]], *,
     return ids
 
 
+# Sent with the ids of newly stored signals, inside the transaction that stored them;
+# incidents listens (collectors never import it). Its listener marks diagnosis due in the same
+# transaction and queues at most one run per cluster, so a burst of pushes cannot pile up
+# one diagnosis per batch (incidents.services.diagnosis_request).
+signals_stored = django.dispatch.Signal()
+
+
 def signals_announce(signal_ids: list[int]) -> None:
     if not signal_ids:
         return
-    ids = list(signal_ids)
-    transaction.on_commit(lambda: current_app.send_task(DIAGNOSE_TASK, args=[ids]))
+    signals_stored.send(sender=Signal, signal_ids=list(signal_ids))
 
 
 def _nodes_ensure(cluster: Cluster, names: Iterable[str]) -> dict[str, int]:

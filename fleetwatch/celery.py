@@ -105,6 +105,11 @@ def _beat_schedule(sender: Celery, **_: object) -> None:
     schedule["webhooks-rescue"] = {"task": "incidents.tasks.webhooks_rescue",
                                    "schedule": settings.FLEETWATCH_WATCHDOG_SECONDS,
                                    "options": {"expires": settings.FLEETWATCH_WATCHDOG_SECONDS}}
+    # Diagnosis due with no run queued or alive (a lost message, a killed worker): coalesced
+    # runs are sent only when none is queued, so a lost one would otherwise wait for a push.
+    schedule["diagnosis-rescue"] = {"task": "incidents.tasks.diagnosis_rescue",
+                                    "schedule": settings.FLEETWATCH_WATCHDOG_SECONDS,
+                                    "options": {"expires": settings.FLEETWATCH_WATCHDOG_SECONDS}}
     sender.conf.beat_schedule = schedule
 
 

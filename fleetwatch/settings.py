@@ -182,6 +182,8 @@ CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
     "collectors.tasks.*": {"queue": "collect"},
     "incidents.tasks.diagnose_signals": {"queue": "diagnose"},
+    "incidents.tasks.diagnose_cluster": {"queue": "diagnose"},
+    "incidents.tasks.diagnosis_rescue": {"queue": "diagnose"},
     # A slow webhook receiver must not hold up remediation steps.
     "incidents.tasks.webhook*": {"queue": "default"},
     "incidents.tasks.*": {"queue": "remediate"},

@@ -6,3 +6,10 @@ from django.apps import AppConfig
 class IncidentsConfig(AppConfig):
     name = "incidents"
     verbose_name = "Incidents"
+
+    def ready(self) -> None:
+        # Collectors announce stored signals; diagnosis listens (DESIGN: data goes one way).
+        from collectors.services import signals_stored
+        from incidents.services import signals_stored_received
+
+        signals_stored.connect(signals_stored_received, dispatch_uid="incidents.diagnosis")

@@ -85,6 +85,33 @@ class Evidence(models.Model):
         ]
 
 
+class DiagnosisState(models.Model):
+    """Per cluster, whether diagnosis is due and whether a run is queued or running.
+
+    Pushes and collector runs mark it in the transaction that stores their signals, so no
+    stored signal can go unnoticed; a burst of pushes marks one row instead of queueing one
+    task per batch. A run claims what was marked (``pending_since`` moves to ``running_from``),
+    diagnoses the window from there, then clears its claim. See services.diagnosis_run.
+    """
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE,
+                                   related_name="diagnosis_state")
+    # The earliest observation time among stored signals no run has claimed yet (None: none).
+    pending_since = models.DateTimeField(null=True, blank=True)
+    # A task was sent and has not started: announcements send no other (None: none queued).
+    queued_at = models.DateTimeField(null=True, blank=True)
+    # The run in progress: when it started (a lease; a killed worker's run expires) and the
+    # earliest observation time it claimed, given back to pending if it fails or dies.
+    running_since = models.DateTimeField(null=True, blank=True)
+    running_from = models.DateTimeField(null=True, blank=True)
+    runs = models.PositiveBigIntegerField(default=0, help_text="diagnosis runs finished")
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_run_ms = models.FloatField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"diagnosis of {self.cluster_id}: pending since {self.pending_since}"
+
+
 class Remediation(models.Model):
     class Mode(models.TextChoices):
         AUTO = "auto", "auto"

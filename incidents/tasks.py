@@ -12,13 +12,27 @@ from django.db import DatabaseError
 from incidents import services, webhooks
 
 
-# A diagnosis lost to a database hiccup or a killed worker would leave the fault
-# undiagnosed for good (signals are stored once, on change): acknowledged late, retried.
-@shared_task(name="incidents.tasks.diagnose_signals", ignore_result=True, acks_late=True,
-             reject_on_worker_lost=True, autoretry_for=(DatabaseError,), retry_backoff=True,
-             max_retries=5)
+# Diagnosis is coalesced per cluster (services.diagnosis_run): at most one run queued and one
+# running, whatever the push rate. The row in the database is the truth, not the message: a
+# run lost with its worker or its broker is re-sent by diagnosis_rescue (beat) or by the next
+# push, so the message is acknowledged early and not retried (a retry would be a second one
+# queued).
+@shared_task(name="incidents.tasks.diagnose_cluster", ignore_result=True)
+def diagnose_cluster(cluster_id: int) -> None:
+    services.diagnosis_run(cluster_id)
+
+
+@shared_task(name="incidents.tasks.diagnosis_rescue", ignore_result=True)
+def diagnosis_rescue() -> None:
+    services.diagnosis_rescue()
+
+
+# Messages queued by a version that sent one diagnosis per batch: their signals are marked
+# due like new ones, so an upgrade with a full queue loses none of them.
+@shared_task(name="incidents.tasks.diagnose_signals", ignore_result=True,
+             autoretry_for=(DatabaseError,), retry_backoff=True, max_retries=5)
 def diagnose_signals(signal_ids: list[int]) -> None:
-    services.diagnose_signals(signal_ids)
+    services.diagnosis_request(signal_ids)
 
 
 @shared_task(name="incidents.tasks.run_step", ignore_result=True, acks_late=True,

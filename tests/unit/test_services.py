@@ -13,7 +13,14 @@ from collectors.clients.sim import SimFleet
 from collectors.models import Node, Signal, SourceHealth
 from incidents import services
 from incidents.diagnosis import Diagnosis
-from incidents.models import AppendOnlyError, AuditEntry, Incident, Remediation, Step
+from incidents.models import (
+    AppendOnlyError,
+    AuditEntry,
+    DiagnosisState,
+    Incident,
+    Remediation,
+    Step,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -50,9 +57,19 @@ def test_collectors_fill_state_and_announce_only_changes(cluster: Any, sim_fleet
     [signal] = Signal.objects.all()
     assert (signal.kind, signal.node_name, signal.gpu_index, signal.code) == ("xid", "gpu-003", 5, 79)
     assert result.signal_ids == [signal.pk]
-    assert len(callbacks) == 1  # diagnosis is told after commit
+    # Diagnosis was told in the same transaction: due from the XID on, a run already queued
+    # by the first collection (not yet started), so nothing more is queued.
+    state = DiagnosisState.objects.get(cluster=cluster)
+    assert state.pending_since is not None and state.pending_since <= signal.observed_at
+    assert state.queued_at is not None and callbacks == []
     assert collectors.collect_source("telemetry").signal_ids == []  # gauge unchanged
     assert Node.objects.get(name="gpu-003").health == "failed"
+    # The queued run diagnoses everything marked, the XID included.
+    [incident] = services.diagnosis_run(cluster.pk)
+    assert (incident.root_cause, incident.nodes) == ("gpu_hardware", ["gpu-003"])
+    state.refresh_from_db()
+    assert (state.pending_since, state.queued_at, state.running_since, state.runs) == (
+        None, None, None, 1)
 
 
 def test_a_source_that_is_down_is_recorded_and_fails_no_node(cluster: Any) -> None:
