@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from fleetwatch.roles import agent_user
@@ -21,7 +21,9 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class TokenError(ValueError):
-    pass
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field  # the request field at fault, where there is one
 
 
 def scopes_parse(scopes: Iterable[str]) -> list[str]:
@@ -43,15 +45,21 @@ def token_create(user: AbstractBaseUser, name: str, scopes: Iterable[str], *,
                          "part of the token's URL and of the audit trail's token:NAME)")
     days = settings.FLEETWATCH_API_TOKEN_TTL_DAYS if ttl_days is None else ttl_days
     expiry = timedelta(days=days) if days and days > 0 else None
-    with transaction.atomic():
-        if ApiToken.objects.filter(name=name).exists():
-            raise TokenError(f"a token named {name!r} exists (names stay taken after revoking, "
-                             "so the audit trail's token:NAME is never ambiguous)")
-        row, key = ApiToken.objects.create(user=user, expiry=expiry, name=name, scopes=chosen,
-                                           created_by=actor)
-        audit_record("token.create", f"token:{name}", actor=actor,
-                     data={"user": user.get_username(), "scopes": chosen,
-                           "expiry": row.expiry.isoformat() if row.expiry else None})
+    taken = TokenError(f"a token named {name!r} exists (names stay taken after revoking, so "
+                       "the audit trail's token:NAME is never ambiguous)", field="name")
+    try:
+        with transaction.atomic():
+            if ApiToken.objects.filter(name=name).exists():
+                raise taken
+            row, key = ApiToken.objects.create(user=user, expiry=expiry, name=name,
+                                               scopes=chosen, created_by=actor)
+            audit_record("token.create", f"token:{name}", actor=actor,
+                         data={"user": user.get_username(), "scopes": chosen,
+                               "expiry": row.expiry.isoformat() if row.expiry else None})
+    except IntegrityError:
+        # Made by someone else between our look and our insert (the name is unique in the
+        # database): the same answer as if we had seen it.
+        raise taken from None
     return row, key
 
 

@@ -449,8 +449,9 @@ class TokenViewSet(NamedNotFound, mixins.CreateModelMixin, viewsets.ReadOnlyMode
         try:
             row, key = token_create(data["user"], data["name"], data["scopes"],
                                     ttl_days=data.get("days"), actor=actor_from_request(request))
-        except TokenError as exc:
-            raise ValidationError({"detail": str(exc)}) from None
+        except TokenError as exc:  # a name taken at the same moment is a field error too
+            raise ValidationError({exc.field: [str(exc)]} if exc.field
+                                  else {"detail": str(exc)}) from None
         return Response({**TokenSerializer(row).data, "key": key},
                         status=status.HTTP_201_CREATED)
 

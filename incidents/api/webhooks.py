@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.core.validators import URLValidator
+from django.db import IntegrityError, transaction
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
@@ -100,6 +101,21 @@ class WebhookDeliverySerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+def _save(serializer: serializers.BaseSerializer[Any], **extra: Any) -> Any:
+    """Save; a name taken meanwhile is the same 400 as one taken before. The serializer's
+    unique check reads before it writes, so two creates with one name at the same moment
+    both pass it, and the database's unique constraint refuses the second."""
+    try:
+        with transaction.atomic():
+            return serializer.save(**extra)
+    except IntegrityError:
+        name = serializer.validated_data.get("name", "")
+        if WebhookSubscription.objects.filter(name=name).exists():
+            raise serializers.ValidationError(
+                {"name": ["webhook subscription with this name already exists."]}) from None
+        raise
+
+
 _ADMIN = {a: ADMIN_ONLY for a in ("create", "update", "partial_update", "destroy", "test")}
 _CONFLICT = OpenApiResponse(description="refused in the delivery's current state; `detail` "
                                         "says why")
@@ -121,11 +137,14 @@ class WebhookSubscriptionViewSet(viewsets.ModelViewSet):
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        subscription = serializer.save(
-            created_by=actor_from_request(request),
-            secret=serializer.validated_data.get("secret") or secrets.token_urlsafe(32))
+        subscription = _save(serializer, created_by=actor_from_request(request),
+                             secret=serializer.validated_data.get("secret")
+                             or secrets.token_urlsafe(32))
         return Response(WebhookSubscriptionCreatedSerializer(subscription).data,
                         status=status.HTTP_201_CREATED)
+
+    def perform_update(self, serializer: serializers.BaseSerializer[Any]) -> None:
+        _save(serializer)
 
     @extend_schema(request=None, responses={201: WebhookDeliverySerializer},
                    description="Send a `ping` event now and answer with its delivery (a "
