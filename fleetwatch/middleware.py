@@ -1,11 +1,17 @@
-"""Request ids: every request gets one, the audit trail records it, the response returns it."""
+"""The edges of every request: its id (the audit trail records it, the response returns it),
+input no view can use refused before any view sees it, and the pages' role check."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
-from django.http import HttpRequest, HttpResponseBase
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.http.multipartparser import MultiPartParserError
+from django.utils.deprecation import MiddlewareMixin
 
 from fleetwatch.request_id import HEADER, request_id_clean, request_id_new, request_id_scope
 
@@ -52,3 +58,89 @@ class RequestIdMiddleware:
         value = request_id_clean(request.headers.get(HEADER)) or request_id_new()
         request.request_id = value  # type: ignore[attr-defined]  # for views and templates
         return value
+
+
+def _is_api(request: HttpRequest) -> bool:
+    return request.path_info.startswith("/api/")
+
+
+def _refuse(request: HttpRequest, status: int, detail: str) -> HttpResponse:
+    # JSON for the API, as all its answers are; plain text for the pages. Never the value
+    # itself: it is the bad input, and it could be markup.
+    if _is_api(request):
+        return JsonResponse({"detail": detail}, status=status)
+    return HttpResponse(f"{detail}\n", status=status, content_type="text/plain; charset=utf-8")
+
+
+def _has_nul(pairs: Any) -> bool:
+    return any("\x00" in key or any("\x00" in v for v in values) for key, values in pairs)
+
+
+class BadInputMiddleware(MiddlewareMixin):
+    """Refuses what no view can use, before one tries and fails with a 500:
+
+    - a NUL character in the path, the query string or a page's form fields (PostgreSQL's
+      text cannot hold one, so any lookup with it raised): 400;
+    - a chunked body (``Transfer-Encoding: chunked``, no ``Content-Length``): Django reads a
+      body only up to its Content-Length, so under gunicorn such a body arrived empty and a
+      push looked like an empty batch. 411, asking for the length, instead.
+
+    API bodies are checked by the API's JSON parser (incidents/api/parsers.py), which names
+    the bad field.
+    """
+
+    def process_request(self, request: HttpRequest) -> HttpResponse | None:
+        meta = request.META
+        if "chunked" in meta.get("HTTP_TRANSFER_ENCODING", "").lower() and not meta.get(
+                "CONTENT_LENGTH"):
+            return _refuse(request, 411, "chunked request bodies are not read: send the body "
+                                         "with a Content-Length header")
+        if "\x00" in request.path_info:
+            return _refuse(request, 400, "the URL path contains a NUL character (%00)")
+        if _has_nul(request.GET.lists()):
+            return _refuse(request, 400, "the query string contains a NUL character (%00)")
+        if request.method == "POST" and not _is_api(request):
+            try:
+                form = request.POST
+            except MultiPartParserError:
+                return _refuse(request, 400, "the form body could not be read")
+            if _has_nul(form.lists()):
+                return _refuse(request, 400, "a form field contains a NUL character")
+        return None
+
+
+def public(view: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks a view any visitor may open (login, health checks): PageAccessMiddleware lets it
+    through. Everything else outside the API and the admin site is a page that needs a role."""
+    view.fleetwatch_public = True  # type: ignore[attr-defined]
+    return view
+
+
+class PageAccessMiddleware(MiddlewareMixin):
+    """The pages follow the API's role rules (incidents/api/permissions.py): reading needs a
+    role (viewer, operator or admin), anything else operator or admin. Anonymous visitors go to
+    the login page; a signed-in user without the role gets the 403 page.
+
+    A middleware rather than a decorator on each view, so a new page is covered without anyone
+    remembering to: it applies to every view not marked ``public``. The API checks its callers
+    itself (tokens, scopes), and the admin site wants staff.
+    """
+
+    def process_view(self, request: HttpRequest, view: Callable[..., Any], args: Any,
+                     kwargs: Any) -> HttpResponseBase | None:
+        from incidents.api.permissions import OPERATE, READ, role_allows, role_of
+
+        match = request.resolver_match
+        if getattr(view, "fleetwatch_public", False) or (
+                match is not None and (match.namespace == "api" or match.app_name == "admin")):
+            return None
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        need = READ if request.method in ("GET", "HEAD", "OPTIONS") else OPERATE
+        role = role_of(request.user)
+        if not role_allows(role, need):
+            raise PermissionDenied(
+                "Your account has no role in FleetWatch yet: ask an administrator to make you a "
+                "viewer, operator or admin." if role in (None, "agent") else
+                f"This needs an operator or admin; your role is {role}.")
+        return None

@@ -48,6 +48,43 @@ DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
+# --- HTTPS and browser security (README, "Running in production") ---------------------------
+# The defaults suit `make run` on plain http://127.0.0.1:8000. FLEETWATCH_HTTPS=true turns on
+# what a site served over HTTPS wants; each setting can still be set by its own variable.
+FLEETWATCH_HTTPS = env_bool("FLEETWATCH_HTTPS", False)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", FLEETWATCH_HTTPS)
+# Health probes and Prometheus reach the pod itself over plain HTTP: no redirect for them.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000 if FLEETWATCH_HTTPS else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", FLEETWATCH_HTTPS)
+# Asks browsers' preload lists to take the domain: hard to undo, so only when asked for.
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", FLEETWATCH_HTTPS)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", FLEETWATCH_HTTPS)
+# Behind a proxy that ends TLS and sets this header to "https" (e.g. X-Forwarded-Proto); the
+# proxy must overwrite the header a client sends. gunicorn does the same for the addresses in
+# FORWARDED_ALLOW_IPS (deploy/gunicorn.conf.py).
+_proxy_ssl_header = env_str("SECURE_PROXY_SSL_HEADER")
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https") if _proxy_ssl_header else None)
+# Content-Security-Policy (django-csp): the pages load only their own scripts, styles, images
+# and fonts, send forms and requests only here, and cannot be framed. No inline scripts (htmx
+# and Plotly are files in static/vendor/). Inline styles are allowed: Plotly and Redoc insert
+# <style> elements and the dashboard's bars are sized with style attributes.
+CONTENT_SECURITY_POLICY = {"DIRECTIVES": {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'", "'unsafe-inline'"],
+    "img-src": ["'self'", "data:"],
+    "font-src": ["'self'", "data:"],
+    "connect-src": ["'self'"],
+    "worker-src": ["'self'", "blob:"],  # Redoc's search runs in a worker made from a blob
+    "object-src": ["'none'"],
+    "base-uri": ["'self'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
+}}
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -60,6 +97,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "csp",
     "collectors",
     "incidents",
     "fleetwatch",
@@ -70,13 +108,16 @@ MIDDLEWARE = [
     "fleetwatch.logs.RequestLogMiddleware",  # the access log line and HTTP metrics
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "fleetwatch.middleware.BadInputMiddleware",  # NUL in URLs and forms, chunked bodies
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "incidents.api.middleware.ApiAuditMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "fleetwatch.middleware.PageAccessMiddleware",  # pages follow the API's role rules
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
 ]
 
 ROOT_URLCONF = "fleetwatch.urls"
@@ -336,7 +377,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "incidents.api.pagination.LimitOffset",
     "PAGE_SIZE": 100,
     # JSON only: one body format to validate, document and fuzz (the docs page sends JSON).
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # Refuses, naming the field, what the database cannot store (NUL, lone surrogates, 1e999).
+    "DEFAULT_PARSER_CLASSES": ["incidents.api.parsers.SafeJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "incidents.api.schema.FleetWatchSchema",
 }
 

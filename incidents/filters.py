@@ -23,6 +23,23 @@ RANGE_CHOICES = [("1h", "last hour"), ("24h", "last 24 hours"), ("7d", "last 7 d
 YES_NO = [("yes", "yes"), ("no", "no")]
 
 
+INT64_MAX = 2**63 - 1
+
+
+class IntegerFilter(django_filters.NumberFilter):
+    """A whole number a 64-bit column can hold, for ids and codes. Anything else (``abc``,
+    ``1.5``, ``1e999``, twenty digits) is a form error naming the parameter: the API answers
+    400, the pages show the error. django-filter's NumberFilter takes decimals of any size,
+    and SQLite cannot even compare one beyond 64 bits with a key (OverflowError: a 500)."""
+
+    field_class = forms.IntegerField
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("min_value", -INT64_MAX - 1)
+        kwargs.setdefault("max_value", INT64_MAX)
+        super().__init__(*args, **kwargs)
+
+
 class _DateTimeLocal(forms.DateTimeInput):
     input_type = "datetime-local"
 
@@ -128,7 +145,7 @@ class AuditFilter(django_filters.FilterSet):
                                       help_text="system, user:NAME, token:NAME")
     verb = django_filters.CharFilter(lookup_expr="startswith", help_text="e.g. remediation.")
     target = django_filters.CharFilter(lookup_expr="icontains")
-    incident = django_filters.NumberFilter(field_name="incident_id", label="Incident #")
+    incident = IntegerFilter(field_name="incident_id", label="Incident #", min_value=1)
     failed = _choice(empty_label="all", label="Failed calls only", choices=[("yes", "yes")],
                                          method="_failed")
     range = _choice(label="When", choices=RANGE_CHOICES, method=_since("at"))

@@ -1,8 +1,23 @@
 from __future__ import annotations
 
-from django.urls import path
+from django.urls import path, register_converter
 
 from incidents import views
+
+
+class PageAction:
+    """The actions a page's buttons post (views.PAGE_ACTIONS); any other is a 404."""
+
+    regex = "|".join(views.PAGE_ACTIONS)
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(PageAction, "page_action")
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -20,7 +35,8 @@ urlpatterns = [
     path("incidents/<int:pk>/replay.json", views.incident_replay, name="incident-replay"),
     path("incidents/<int:pk>/postmortem.md", views.incident_postmortem,
          name="incident-postmortem"),
-    path("incidents/<int:pk>/<str:action>", views.incident_action, name="incident-action"),
+    path("incidents/<int:pk>/<page_action:action>", views.incident_action,
+         name="incident-action"),
     path("audit/", views.audit_list, name="audit-list"),
     path("audit/verify", views.audit_verify, name="audit-verify"),
     path("sources/", views.source_list, name="source-list"),

@@ -1,4 +1,7 @@
-"""Pages. Thin: read through selectors, change through services, check roles on every POST."""
+"""Pages. Thin: read through selectors, change through services, check roles on every POST.
+
+Who may open a page at all (a signed-in person with a role, as for the API) is checked for
+every view here by fleetwatch.middleware.PageAccessMiddleware."""
 
 from __future__ import annotations
 
@@ -6,8 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.core.paginator import Page, Paginator
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -31,6 +33,12 @@ def _require_operator(request: HttpRequest) -> None:
         raise PermissionDenied("operators only")
 
 
+def _list_status(filters: Any) -> int:
+    # A filter value that does not parse (an incident number that is not one) shows the list
+    # with the form's error, as a 400, as the API answers: never silently unfiltered.
+    return 400 if filters.is_bound and not filters.is_valid() else 200
+
+
 def _paginate(request: HttpRequest, rows: QuerySet[Any], per_page: int = PAGE_SIZE) -> Page:
     # get_page: a page number out of range shows the last page rather than an error.
     return Paginator(rows, per_page).get_page(request.GET.get("page"))
@@ -48,29 +56,25 @@ def _dashboard_context(request: HttpRequest) -> dict[str, object]:
     return selectors.dashboard(request.GET.get("by", "leaf"), group, group_given=given)
 
 
-@login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
     return render(request, "incidents/dashboard.html", _dashboard_context(request))
 
 
-@login_required
 def dashboard_live(request: HttpRequest) -> HttpResponse:
     return render(request, "partials/dashboard_live.html", _dashboard_context(request))
 
 
-@login_required
 def gpu_grid(request: HttpRequest) -> JsonResponse:
     return JsonResponse(selectors.gpu_grid(request.GET.get("by", "leaf"), _grid_group(request)[0]))
 
 
-@login_required
 def node_list(request: HttpRequest) -> HttpResponse:
     facets = selectors.node_facets()
     filters = NodeFilter(request.GET, queryset=selectors.nodes_for_list(), facets=facets)
     page = _paginate(request, filters.qs)
     return render(request, "incidents/node_list.html", {
         "filter": filters, "page": page, "facets": facets,
-        "rows": selectors.nodes_gpu_summary(list(page))})
+        "rows": selectors.nodes_gpu_summary(list(page))}, status=_list_status(filters))
 
 
 def _node_or_404(request: HttpRequest, name: str) -> Any:
@@ -80,13 +84,11 @@ def _node_or_404(request: HttpRequest, name: str) -> Any:
     return node
 
 
-@login_required
 def node_detail(request: HttpRequest, name: str) -> HttpResponse:
     node = _node_or_404(request, name)
     return render(request, "incidents/node_detail.html", selectors.node_detail(node))
 
 
-@login_required
 def node_telemetry(request: HttpRequest, name: str) -> JsonResponse:
     node = _node_or_404(request, name)
     try:
@@ -96,15 +98,14 @@ def node_telemetry(request: HttpRequest, name: str) -> JsonResponse:
     return JsonResponse(selectors.node_telemetry(node, minutes))
 
 
-@login_required
 def job_list(request: HttpRequest) -> HttpResponse:
     filters = JobFilter(request.GET, queryset=selectors.jobs_for_list(),
                         facets=selectors.job_facets())
     return render(request, "incidents/job_list.html",
-                  {"filter": filters, "page": _paginate(request, filters.qs)})
+                  {"filter": filters, "page": _paginate(request, filters.qs)},
+                  status=_list_status(filters))
 
 
-@login_required
 def job_detail(request: HttpRequest, slurm_id: str) -> HttpResponse:
     job = selectors.job_get(slurm_id, request.GET.get("cluster"))
     if job is None:
@@ -112,11 +113,11 @@ def job_detail(request: HttpRequest, slurm_id: str) -> HttpResponse:
     return render(request, "incidents/job_detail.html", selectors.job_detail(job))
 
 
-@login_required
 def incident_list(request: HttpRequest) -> HttpResponse:
     filters = IncidentFilter(request.GET, queryset=selectors.incidents_for_list())
     return render(request, "incidents/incident_list.html",
-                  {"filter": filters, "page": _paginate(request, filters.qs)})
+                  {"filter": filters, "page": _paginate(request, filters.qs)},
+                  status=_list_status(filters))
 
 
 def _incident_context(incident: Incident) -> dict[str, object]:
@@ -146,25 +147,21 @@ def _incident_context(incident: Incident) -> dict[str, object]:
     }
 
 
-@login_required
 def incident_detail(request: HttpRequest, pk: int) -> HttpResponse:
     incident = get_object_or_404(Incident.objects.select_related("cluster"), pk=pk)
     return render(request, "incidents/incident_detail.html", _incident_context(incident))
 
 
-@login_required
 def incident_live(request: HttpRequest, pk: int) -> HttpResponse:
     incident = get_object_or_404(Incident, pk=pk)
     return render(request, "partials/incident_live.html", _incident_context(incident))
 
 
-@login_required
 def incident_chart(request: HttpRequest, pk: int) -> JsonResponse:
     incident = get_object_or_404(Incident, pk=pk)
     return JsonResponse(selectors.incident_chart(incident))
 
 
-@login_required
 def incident_replay(request: HttpRequest, pk: int) -> JsonResponse:
     incident = get_object_or_404(Incident, pk=pk)
     response = JsonResponse(selectors.incident_replay(incident), json_dumps_params={"indent": 1})
@@ -172,7 +169,6 @@ def incident_replay(request: HttpRequest, pk: int) -> JsonResponse:
     return response
 
 
-@login_required
 def incident_postmortem(request: HttpRequest, pk: int) -> HttpResponse:
     """The incident as a Markdown postmortem, ready to paste into a review document."""
     incident = get_object_or_404(Incident.objects.select_related("cluster"), pk=pk)
@@ -195,9 +191,19 @@ DONE_MESSAGES = {
     "cancel": "Cancelled: nothing more will run; what was done stays done.",
     "retry": "Retrying the failed step.",
 }
+# Every action a page may post; the URL takes only these (incidents/urls.py), so an unknown
+# one is the site's 404 page.
+PAGE_ACTIONS = ("start", *ACTIONS)
 
 
-@login_required
+def _form_id(request: HttpRequest, name: str) -> int:
+    """An id from a form field; a missing or malformed one is a 400 (not a 500 from int())."""
+    value = request.POST.get(name, "").strip()
+    if not (value.isascii() and value.isdigit() and len(value) <= 18):
+        raise BadRequest(f"{name}: expected an id (digits)")
+    return int(value)
+
+
 @require_POST
 def incident_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     _require_operator(request)
@@ -212,12 +218,12 @@ def incident_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
                 messages.info(request, f"Nothing started: remediation {opened.remediation.pk} "
                                        f"is already {opened.remediation.get_status_display()}.")
         elif action in ACTIONS:
-            remediation_id = int(request.POST.get("remediation", "0") or 0)
-            rem = get_object_or_404(Remediation, pk=remediation_id, incident=incident)
+            rem = get_object_or_404(Remediation, pk=_form_id(request, "remediation"),
+                                    incident=incident)
             ACTIONS[action](rem.pk, request.user)
             messages.success(request, DONE_MESSAGES[action])
         else:
-            return HttpResponse(f"unknown action {action!r}", status=400)
+            raise Http404("no such action")
     except services.InvalidTransition as exc:
         messages.warning(request, str(exc))
         if request.headers.get("Accept") == "application/json":
@@ -225,7 +231,6 @@ def incident_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     return redirect("incident-detail", pk=incident.pk)
 
 
-@login_required
 @require_POST
 def inject_fault(request: HttpRequest) -> HttpResponse:
     """The demo's "inject fault" control: only on the simulated fleet, only for operators."""
@@ -246,15 +251,13 @@ def inject_fault(request: HttpRequest) -> HttpResponse:
     return redirect("dashboard")
 
 
-@login_required
 def audit_list(request: HttpRequest) -> HttpResponse:
     filters = AuditFilter(request.GET, queryset=selectors.audit_for_list())
     return render(request, "incidents/audit_list.html", {
         "filter": filters, "page": _paginate(request, filters.qs),
-        "verify": selectors.audit_verify_status()})
+        "verify": selectors.audit_verify_status()}, status=_list_status(filters))
 
 
-@login_required
 def audit_verify(request: HttpRequest) -> HttpResponse:
     """Walk the audit chain now (it reads the whole table: only when asked). htmx swaps the
     result into the audit page; without JavaScript, back to the page, which shows it."""
@@ -264,12 +267,10 @@ def audit_verify(request: HttpRequest) -> HttpResponse:
     return redirect("audit-list")
 
 
-@login_required
 def source_list(request: HttpRequest) -> HttpResponse:
     return render(request, "incidents/source_list.html",
                   {"sources": selectors.sources_overview()})
 
 
-@login_required
 def policy_page(request: HttpRequest) -> HttpResponse:
     return render(request, "incidents/policy.html", selectors.policy_overview())

@@ -15,6 +15,7 @@ from django_filters import rest_framework as django_filters
 from django_filters.fields import IsoDateTimeField
 
 from collectors.models import Gpu, Job, Node, Signal
+from incidents.filters import IntegerFilter
 from incidents.models import AuditEntry, Incident, Remediation, RootCause, Step
 from incidents.selectors import json_list_has
 
@@ -59,8 +60,8 @@ class GpuFilter(django_filters.FilterSet):
     cluster = django_filters.CharFilter(field_name="node__cluster__name", help_text="cluster name")
     node = django_filters.CharFilter(field_name="node__name", help_text="node name")
     health = django_filters.ChoiceFilter(choices=Node.Health.choices)
-    index = django_filters.NumberFilter()
-    last_xid = django_filters.NumberFilter(help_text="the last XID code seen on the GPU")
+    index = IntegerFilter()
+    last_xid = IntegerFilter(help_text="the last XID code seen on the GPU")
 
     class Meta:
         model = Gpu
@@ -85,8 +86,8 @@ class SignalFilter(ClusterFilter):
     kind = django_filters.CharFilter(help_text="xid, slurm_node_state, pushed_kernel, ...")
     node = django_filters.CharFilter(field_name="node_name", help_text="node name")
     job = django_filters.CharFilter(field_name="job_id", help_text="Slurm job id")
-    gpu = django_filters.NumberFilter(field_name="gpu_index", help_text="GPU index on its node")
-    code = django_filters.NumberFilter(help_text="XID or other numeric code")
+    gpu = IntegerFilter(field_name="gpu_index", help_text="GPU index on its node")
+    code = IntegerFilter(help_text="XID or other numeric code")
     since = UtcDateTimeFilter(field_name="observed_at", lookup_expr="gte")
     until = UtcDateTimeFilter(field_name="observed_at", lookup_expr="lte")
 
@@ -126,7 +127,7 @@ class RemediationFilter(django_filters.FilterSet):
     status = django_filters.ChoiceFilter(choices=Remediation.Status.choices)
     mode = django_filters.ChoiceFilter(choices=Remediation.Mode.choices)
     playbook = django_filters.CharFilter()
-    incident = django_filters.NumberFilter(field_name="incident_id")
+    incident = IntegerFilter(field_name="incident_id")
 
     class Meta:
         model = Remediation
@@ -134,8 +135,8 @@ class RemediationFilter(django_filters.FilterSet):
 
 
 class StepFilter(django_filters.FilterSet):
-    remediation = django_filters.NumberFilter(field_name="remediation_id")
-    incident = django_filters.NumberFilter(field_name="remediation__incident_id")
+    remediation = IntegerFilter(field_name="remediation_id")
+    incident = IntegerFilter(field_name="remediation__incident_id")
     status = django_filters.ChoiceFilter(choices=Step.Status.choices)
     kind = django_filters.CharFilter(help_text="drain_and_cancel, replace_node, ...")
 
@@ -150,9 +151,9 @@ class AuditFilter(django_filters.FilterSet):
                                      help_text="a verb or its prefix: remediation. matches all")
     target = django_filters.CharFilter(lookup_expr="icontains")
     ok = django_filters.BooleanFilter(help_text="false: the failed calls and refusals")
-    incident = django_filters.NumberFilter(field_name="incident_id")
-    remediation = django_filters.NumberFilter(field_name="remediation_id")
-    step = django_filters.NumberFilter(field_name="step_id")
+    incident = IntegerFilter(field_name="incident_id")
+    remediation = IntegerFilter(field_name="remediation_id")
+    step = IntegerFilter(field_name="step_id")
     since = UtcDateTimeFilter(field_name="at", lookup_expr="gte")
     until = UtcDateTimeFilter(field_name="at", lookup_expr="lte")
 

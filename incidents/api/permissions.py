@@ -47,7 +47,7 @@ def role_of(user: AbstractBaseUser | AnonymousUser | None) -> str | None:
     return None
 
 
-def _role_allows(role: str | None, need: str) -> bool:
+def role_allows(role: str | None, need: str) -> bool:
     if role is None:
         return False
     if need == READ:
@@ -75,7 +75,7 @@ class FleetWatchAccess(BasePermission):
             return False  # DRF answers 401 with the Token challenge
         need = access_needed(request, view)
         role = role_of(request.user)
-        if not _role_allows(role, need):
+        if not role_allows(role, need):
             raise PermissionDenied(
                 f"this needs the {'admin' if need == ADMIN_ONLY else need} permission, and "
                 f"{'you have no role' if role is None else f'your role is {role}'}")
