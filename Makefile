@@ -24,11 +24,13 @@ test: install
 	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Benchmarks: figures in reports/, never timed assertions in tests (the machines are shared).
+# BURST_ARGS: e.g. --batches 500 for a shorter burst (the default is 2,000 batches of 100).
 bench: install
 	$(BIN)/python -m tests.bench.diagnosis --out reports
 	deploy/bootstrap.sh test
 	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m tests.bench.collectors --out reports
 	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m tests.bench.pages --out reports
+	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m tests.bench.burst --out reports $(BURST_ARGS)
 
 # The end-to-end failure drill on real Slurm, Prometheus and the Kubernetes test server:
 # reports/drill/*.json and .md. Production-like by default (120 s SIGTERM grace, 15 s scrapes,

@@ -6,6 +6,7 @@ broker in ``FLEETWATCH_DATA_DIR`` and the simulated fleet, so ``make run`` needs
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import secrets
 from pathlib import Path
@@ -309,6 +310,19 @@ FLEETWATCH_WEBHOOK_MAX_ATTEMPTS = env_int("FLEETWATCH_WEBHOOK_MAX_ATTEMPTS", 8, 
 FLEETWATCH_WEBHOOK_BACKOFF_SECONDS = env_float("FLEETWATCH_WEBHOOK_BACKOFF_SECONDS", 5.0, minimum=0)
 FLEETWATCH_WEBHOOK_BACKOFF_MAX_SECONDS = env_float("FLEETWATCH_WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0,
                                                    minimum=0)
+# Webhook subscriptions may only point at public addresses: a name that resolves to a
+# loopback, private, link-local, multicast or otherwise non-global address is refused (at
+# subscribe time and again at each delivery), unless allowed here: exact host names and
+# addresses or CIDR ranges, comma-separated ("hooks.corp.internal,10.20.0.0/16,127.0.0.1").
+FLEETWATCH_WEBHOOK_ALLOW_HOSTS = env_list("FLEETWATCH_WEBHOOK_ALLOW_HOSTS", [])
+for _entry in FLEETWATCH_WEBHOOK_ALLOW_HOSTS:
+    try:
+        ipaddress.ip_network(_entry, strict=False)
+    except ValueError:
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", _entry):
+            raise ImproperlyConfigured(
+                f"FLEETWATCH_WEBHOOK_ALLOW_HOSTS: {_entry!r} is neither a host name nor an "
+                "address or CIDR range") from None
 # The most signals one push (POST /api/v1/signals/) may carry; more gets 413.
 FLEETWATCH_INGEST_MAX_BATCH = env_int("FLEETWATCH_INGEST_MAX_BATCH", 1000, minimum=1)
 FLEETWATCH_SIM_STATE = Path(env_str("FLEETWATCH_SIM_STATE", str(DATA_DIR / "sim-fleet.json")))

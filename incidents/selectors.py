@@ -7,7 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db.models import Count, F, Q, QuerySet, Window
+from django.db.models import Count, F, Max, Min, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
@@ -16,7 +16,7 @@ from collectors.clients.base import ClientError
 from collectors.clients.notify import redact_url
 from collectors.models import Cluster, CollectorRun, Gpu, GpuSample, Job, Node, Signal, SourceHealth
 from incidents.audit import audit_verify
-from incidents.diagnosis import JobInfo, Observation
+from incidents.diagnosis import JobInfo, Observation, facts
 from incidents.models import AuditEntry, Incident, Remediation, RootCause, Step
 from incidents.remediation import policy
 from incidents.remediation.playbooks import FOR_ROOT_CAUSE, PLAYBOOKS, RISKS
@@ -24,13 +24,8 @@ from incidents.remediation.playbooks import FOR_ROOT_CAUSE, PLAYBOOKS, RISKS
 
 def observation_from_signal(s: Signal) -> Observation:
     """A stored signal in the replay format's terms: the engine reads both the same way."""
-    record: dict[str, Any] = {**(s.data if isinstance(s.data, dict) else {}),
-                              "source": s.source, "node": s.node_name, "gpu": s.gpu_index,
-                              "job": s.job_id, "message": s.message}
-    if s.kind == "xid":
-        record.setdefault("metric", "DCGM_FI_DEV_XID_ERRORS")
-        record.setdefault("value", s.code)
-    return Observation.from_record(record, s.observed_at, id=s.pk)
+    return _observation(s.pk, s.source, s.kind, s.node_name, s.gpu_index, s.job_id, s.code,
+                        s.message, s.data, s.observed_at)
 
 
 # Signal.data keys that are bookkeeping, not what the source said.
@@ -85,7 +80,57 @@ def incident_replay(incident: Incident) -> dict[str, Any]:
 
 def observations_between(cluster: Cluster, start: datetime, end: datetime) -> list[Observation]:
     rows = Signal.objects.filter(cluster=cluster, observed_at__gte=start, observed_at__lte=end)
-    return [observation_from_signal(s) for s in rows.order_by("observed_at", "id")]
+    return _window_observations(rows)
+
+
+# Telemetry samples that facts.extract skips at once (it only notes that their node exists and
+# that the window reaches their time): utilisation, clocks, power, memory use and temperatures
+# below facts.HOT_C. A busy exporter or a flood of pushes is mostly these, and reading each one
+# (a row, its JSON, its timestamps) was nearly all of a diagnosis run's time: 200,000 of them
+# took 5.5 s. The database leaves them out and sums them up per node instead (their first and
+# last time), and each node stands in as two empty observations at those times, so the engine
+# sees the same nodes and the same window ends, and reaches the same verdicts.
+IDLE_METRICS = (
+    "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL",
+    "DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
+)
+assert not set(IDLE_METRICS) & {facts.XID_GAUGE, facts.ROW_REMAP_FAILURE, *facts.CLOCK_REASONS,
+                                 *facts.TEMPERATURES, *facts.MEMORY_COUNTERS}
+# Only exact JSON strings match ``__in`` (PostgreSQL compares jsonb, SQLite json_extract's
+# text), and the two bounds match only JSON numbers on PostgreSQL (jsonb orders strings below
+# numbers and booleans above them); SQLite reads true/false as 1/0, which the engine reads as
+# no value and skips as well. Anything else is read in full, as before.
+_IDLE = Q(source=Signal.Source.DCGM) & (
+    Q(data__metric__in=IDLE_METRICS)
+    | Q(data__metric__in=facts.TEMPERATURES, data__value__gt=-1e300, data__value__lt=facts.HOT_C))
+
+
+def _window_observations(rows: QuerySet[Signal]) -> list[Observation]:
+    # Only the columns the engine reads: building model instances (and parsing ingested_at)
+    # cost as much again as the rows themselves.
+    read = rows.exclude(_IDLE).order_by("observed_at", "id").values_list(
+        "pk", "source", "kind", "node_name", "gpu_index", "job_id", "code", "message", "data",
+        "observed_at")
+    out = [_observation(*row) for row in read.iterator(chunk_size=5000)]
+    for node, first, last in rows.filter(_IDLE).values_list("node_name").annotate(
+            first=Min("observed_at"), last=Max("observed_at")).order_by():
+        out += [Observation(first, "", node), Observation(last, "", node)]
+    return out
+
+
+def _observation(pk: int, source: str, kind: str, node: str, gpu: int | None, job: str,
+                 code: int | None, message: str, data: Any, at: datetime) -> Observation:
+    """observation_from_signal for the columns of a row."""
+    record: dict[str, Any] = {**(data if isinstance(data, dict) else {}), "source": source,
+                              "node": node, "gpu": gpu, "job": job, "message": message}
+    if kind == "xid":
+        record.setdefault("metric", "DCGM_FI_DEV_XID_ERRORS")
+        record.setdefault("value", code)
+    return Observation.from_record(record, at, id=pk)
 
 
 def topology(cluster: Cluster) -> dict[str, list[str]]:

@@ -1,0 +1,81 @@
+"""The diagnosis window as read from the database: leaving out the telemetry samples the engine
+skips (utilisation, cold temperatures) changes no verdict, no note and no fact.
+
+Runs on PostgreSQL under make test and on SQLite with DATABASE_URL=sqlite:///...: the rows are
+picked by JSON lookups, which the two databases evaluate differently."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from collectors.models import Cluster, Signal
+from incidents import selectors
+from incidents.diagnosis import diagnose_window, facts
+
+pytestmark = pytest.mark.django_db
+
+XID79 = "NVRM: Xid (PCI:0000:8a:00): 79, pid=2231, name=python, GPU has fallen off the bus."
+
+
+def store(cluster: Cluster) -> None:
+    t0 = timezone.now() - timedelta(minutes=10)
+    rows: list[Signal] = []
+
+    def add(seconds: float, source: str, node: str, kind: str = "", **data: Any) -> None:
+        rows.append(Signal(cluster=cluster, source=source, kind=kind or f"pushed_{source}",
+                           node_name=node, gpu_index=data.get("gpu"),
+                           message=data.pop("message", ""), data=data,
+                           observed_at=t0 + timedelta(seconds=seconds)))
+
+    # Idle samples from five nodes; gpu-099 sends nothing else (it still counts in the fleet).
+    for i in range(400):
+        node = f"gpu-0{(i % 4) + 1:02d}" if i % 5 else "gpu-099"
+        add(i, "dcgm", node, gpu=i % 8, metric="DCGM_FI_DEV_GPU_UTIL", value=i % 100)
+        add(i + 0.5, "dcgm", node, gpu=i % 8, metric="DCGM_FI_DEV_GPU_TEMP", value=40 + i % 30)
+    # What must be read: hot temperatures during a thermal slowdown (numbers and strings), a
+    # string reading that only looks cold, a boolean, an XID gauge and a kernel XID.
+    for i in range(6):
+        add(100 + 15 * i, "dcgm", "gpu-005", gpu=3, metric="DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+            value=0x40)
+        add(100 + 15 * i, "dcgm", "gpu-005", gpu=3, metric="DCGM_FI_DEV_GPU_TEMP",
+            value=92 if i % 2 else "93")
+    add(300, "dcgm", "gpu-006", gpu=1, metric="DCGM_FI_DEV_GPU_TEMP", value="95")
+    add(301, "dcgm", "gpu-006", gpu=1, metric="DCGM_FI_DEV_GPU_TEMP", value=True)
+    add(350, "dcgm", "gpu-007", kind="xid", gpu=2, code=None, metric="DCGM_FI_DEV_XID_ERRORS",
+        value=48)
+    add(420, "kernel", "gpu-008", message=XID79)
+    # The last sample of the window is an idle one: the window's end is its time.
+    add(599, "dcgm", "gpu-099", gpu=0, metric="DCGM_FI_DEV_GPU_UTIL", value=3)
+    Signal.objects.bulk_create(rows)
+
+
+def test_leaving_idle_samples_out_changes_no_verdict() -> None:
+    cluster = Cluster.objects.create(name="window")
+    store(cluster)
+    start, end = timezone.now() - timedelta(minutes=30), timezone.now()
+    every_row = [selectors.observation_from_signal(s) for s in Signal.objects.filter(
+        cluster=cluster).order_by("observed_at", "id")]
+    with CaptureQueriesContext(connection) as queries:
+        window = selectors.observations_between(cluster, start, end)
+    topology = {"leaf-a": ["gpu-001", "gpu-002", "gpu-005", "gpu-006", "gpu-007", "gpu-008"]}
+
+    assert len(every_row) == 817
+    # The 801 idle samples are summed up in the database: two stand-ins for each of the five
+    # nodes that sent them; the 16 other rows are read in full.
+    assert len(window) == 16 + 2 * 5
+    assert len(queries) == 2
+    full, lean = facts.extract(every_row), facts.extract(sorted(window, key=lambda o: o.at))
+    assert (lean.nodes_seen, lean.first, lean.last) == (full.nodes_seen, full.first, full.last)
+    assert lean.hot == full.hot and len(full.hot[("gpu-005", "GPU 3")]) == 6
+    assert full.hot[("gpu-006", "GPU 1")]  # the string "95" was read, not taken for cold
+    assert lean.thermal_runs == full.thermal_runs and lean.xids == full.xids
+    verdict, verdict_lean = (diagnose_window(every_row, topology),
+                             diagnose_window(window, topology))
+    assert verdict_lean == verdict
+    assert {d.root_cause for d in verdict.diagnoses} >= {"gpu_hardware", "thermal"}
