@@ -25,18 +25,33 @@ each attempt) and ``X-FleetWatch-Signature: sha256=<hex>``, the HMAC-SHA256 of
 
 Secrets stay out of rows, logs and answers: URLs are recorded through ``redact_url``, error
 texts are scrubbed of the URL's path and query, and the signing secret is never logged.
+
+Where a webhook may point (``target_check``): a subscription makes FleetWatch's own network
+position send requests, and its answer's start is stored, so a URL aimed at loopback, the
+cluster's private network or a cloud metadata address would let whoever subscribes probe
+inside. Every address the host resolves to must be global (not loopback, private, link-local,
+multicast, reserved, unspecified, shared or documentation space, also when written as an
+IPv4-mapped, 6to4, Teredo or NAT64 IPv6 address, or in decimal or hex, which the resolver
+turns into the address it means), unless FLEETWATCH_WEBHOOK_ALLOW_HOSTS lists the host name
+or a range holding the address. Checked when a subscription is made or changed, and again
+at each delivery, which then connects to the very address it checked (a name re-pointed at
+an internal address after the check, "DNS rebinding", gains nothing). Through an HTTP(S)
+proxy from the environment the proxy connects, so the check is made just before sending.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import re
+import socket
 import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 import urllib3
@@ -45,6 +60,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
+from requests.adapters import HTTPAdapter
 
 from collectors.clients import notify
 from incidents.models import Incident, Remediation, WebhookDelivery, WebhookSubscription
@@ -235,6 +251,142 @@ def redeliver(delivery_id: int) -> WebhookDelivery:
     return copy
 
 
+# --- where a webhook may point ---------------------------------------------------------------
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+# NAT64's well-known prefix carries an IPv4 address in its last 32 bits.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+class TargetRefused(ValueError):
+    """The URL's host is, or resolves to, an address a webhook may not be sent to."""
+
+
+class TargetUnresolved(TargetRefused):
+    """The URL's host name does not resolve (now): nothing to check, nothing to send to."""
+
+
+def _embedded_ipv4(address: Address) -> list[Address]:
+    """The IPv4 addresses an IPv6 address stands for (mapped, 6to4, Teredo, NAT64)."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return []
+    found: list[Address] = []
+    if address.ipv4_mapped is not None:
+        found.append(address.ipv4_mapped)
+    if address.sixtofour is not None:
+        found.append(address.sixtofour)
+    if address.teredo is not None:
+        found.extend(address.teredo)
+    if address in _NAT64:
+        found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    return found
+
+
+def address_is_public(address: Address) -> bool:
+    """Reachable on the public internet, and only there: what a webhook may be sent to."""
+    for candidate in (address, *_embedded_ipv4(address)):
+        if (not candidate.is_global or candidate.is_multicast or candidate.is_reserved
+                or candidate.is_unspecified or candidate.is_loopback or candidate.is_link_local
+                or candidate.is_private):
+            return False
+    return True
+
+
+def _allowed(host: str, address: Address | None) -> bool:
+    for entry in settings.FLEETWATCH_WEBHOOK_ALLOW_HOSTS:
+        try:
+            network = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            if entry.lower().rstrip(".") == host.lower().rstrip("."):
+                return True
+            continue
+        if address is not None and any(a in network for a in (address, *_embedded_ipv4(address))
+                                       if a.version == network.version):
+            return True
+    return False
+
+
+def _port(parts: Any) -> int:
+    try:
+        return parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:  # a port that is not a number or out of range
+        raise TargetRefused(f"the URL's port is not valid ({exc})") from None
+
+
+def target_check(url: str, *, resolve_failure_ok: bool = False) -> list[Address]:
+    """The addresses ``url``'s host resolves to, all of which a webhook may be sent to;
+    TargetRefused if any may not (or, unless ``resolve_failure_ok``, if the name does not
+    resolve). A host name listed in FLEETWATCH_WEBHOOK_ALLOW_HOSTS passes whatever it
+    resolves to; a listed range lets its addresses pass."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if not host:
+        raise TargetRefused("the URL has no host")
+    port = _port(parts)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        if resolve_failure_ok:
+            return []
+        raise TargetUnresolved(f"{host} does not resolve ({exc})") from None
+    addresses: list[Address] = []
+    for info in infos:
+        # An IPv6 address may come with its zone ("fe80::1%eth0"): the address is before it.
+        address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+        if address not in addresses:
+            addresses.append(address)
+    if _allowed(host, None):
+        return addresses
+    for address in addresses:
+        if not address_is_public(address) and not _allowed(host, address):
+            shown = host if host == str(address) else f"{host} ({address})"
+            raise TargetRefused(
+                f"{shown} is not a public address (loopback, private, link-local or otherwise "
+                "internal); an admin may allow it with FLEETWATCH_WEBHOOK_ALLOW_HOSTS")
+    return addresses
+
+
+class _PinnedAdapter(HTTPAdapter):
+    """Connect to the address that was checked, not to whatever the name resolves to by the
+    time the connection is made; TLS still checks the certificate against the host name
+    (SNI and verification use it), and the Host header carries it."""
+
+    def __init__(self, address: Address, hostname: str) -> None:
+        super().__init__(max_retries=0)
+        self._address, self._hostname = str(address), hostname
+
+    def get_connection_with_tls_context(self, *args: Any, **kwargs: Any) -> Any:
+        pool = super().get_connection_with_tls_context(*args, **kwargs)
+        pool.host = self._address  # a fresh pool: one session per attempt
+        if isinstance(pool, urllib3.HTTPSConnectionPool):
+            pool.conn_kw["server_hostname"] = self._hostname
+        return pool
+
+
+def _session_for(url: str) -> requests.Session:
+    """A session whose connections go to a checked address (TargetRefused if none may)."""
+    session = requests.Session()
+    if requests.utils.get_environ_proxies(url):
+        target_check(url)  # the proxy connects: check just before sending
+        return session
+    parts = urlsplit(url)
+    addresses = target_check(url)
+    adapter = _PinnedAdapter(addresses[0], parts.hostname or "")
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def _host_header(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    default = 443 if parts.scheme == "https" else 80
+    return host if (parts.port or default) == default else f"{host}:{parts.port}"
+
+
 # --- one attempt ------------------------------------------------------------------------------
 
 
@@ -297,12 +449,22 @@ def _post(delivery: WebhookDelivery, subscription: WebhookSubscription) -> _Answ
     notify.log_redactor.add(url, shown)
     raw = body_bytes(delivery.payload)
     try:
+        session = _session_for(url)
+    except TargetRefused as exc:
+        # A name that does not resolve may again (DNS trouble): tried again as any connection
+        # failure. An address we do not send to fails at once: it will not become one
+        # without an admin changing the subscription or the allow list.
+        return _Answer(None, _excerpt(f"not sent: {exc}"),
+                       retryable=isinstance(exc, TargetUnresolved))
+    headers = {**headers_for(delivery, subscription.secret, raw), "Host": _host_header(url)}
+    try:
         # Redirects are not followed: requests would turn the POST into a GET, and could carry
-        # the signature to another host. A receiver that moved says so with a 3xx: failed.
-        # Streamed, so only the start of the answer is read: an error page can be megabytes.
-        with requests.post(url, data=raw, headers=headers_for(delivery, subscription.secret, raw),
-                           timeout=settings.FLEETWATCH_HTTP_TIMEOUT, allow_redirects=False,
-                           stream=True) as response:
+        # the signature to another host (or an internal one). A receiver that moved says so
+        # with a 3xx: failed. Streamed, so only the start of the answer is read: an error
+        # page can be megabytes.
+        with session, session.post(url, data=raw, headers=headers,
+                                   timeout=settings.FLEETWATCH_HTTP_TIMEOUT,
+                                   allow_redirects=False, stream=True) as response:
             start = response.raw.read(4 * EXCERPT_CHARS, decode_content=True) or b""
     # urllib3's errors while reading the streamed answer are not RequestExceptions.
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
@@ -395,10 +557,15 @@ def incident_deliveries(incident_id: int) -> list[dict[str, Any]]:
         {"at": d.created_at, "to": f"{d.channel} {d.target}", "event": d.event or d.subject,
          "status": d.status, "attempts": d.attempts, "response": d.response}
         for d in notify.deliveries_for_incident(incident_id)]
+    # A subscriber's answer is the subscriber's text, shown to admins only (API: the
+    # delivery's ``response``; here ``response_excerpt``, for a page that knows its reader is
+    # an admin): everyone else sees the status code, or that no HTTP answer came.
     rows += [
         {"at": d.created_at, "to": f"webhook {d.subscription.name}", "event": d.event,
          "status": d.status, "attempts": d.attempts,
-         "response": f"{d.response_code or ''} {d.response}".strip()}
+         "response": str(d.response_code) if d.response_code is not None else (
+             "no HTTP answer" if d.attempts else ""),
+         "response_excerpt": f"{d.response_code or ''} {d.response}".strip()}
         for d in WebhookDelivery.objects.filter(incident_id=incident_id)
         .select_related("subscription")]
     return sorted(rows, key=lambda r: r["at"])

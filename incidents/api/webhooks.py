@@ -23,8 +23,9 @@ from rest_framework.response import Response
 from rest_framework.routers import DefaultRouter
 
 from collectors.clients.notify import redact_url
+from fleetwatch.roles import ADMIN
 from incidents import webhooks
-from incidents.api.permissions import ADMIN_ONLY, READ
+from incidents.api.permissions import ADMIN_ONLY, READ, role_of
 from incidents.audit import actor_from_request
 from incidents.models import WebhookDelivery, WebhookSubscription
 
@@ -64,6 +65,12 @@ class WebhookSubscriptionSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError("Use an http:// or https:// URL.")
         if parts.fragment:
             raise serializers.ValidationError("A URL fragment is never sent; leave it out.")
+        try:
+            # A name that does not resolve here may in production's DNS: each delivery checks
+            # again (and refuses then) anyway.
+            webhooks.target_check(value, resolve_failure_ok=True)
+        except webhooks.TargetRefused as exc:
+            raise serializers.ValidationError(str(exc)) from None
         return value
 
     def validate_events(self, value: list[str]) -> list[str]:
@@ -92,6 +99,10 @@ class WebhookSubscriptionCreatedSerializer(WebhookSubscriptionSerializer):
 
 class WebhookDeliverySerializer(serializers.ModelSerializer):
     subscription_name = serializers.CharField(source="subscription.name", read_only=True)
+    response = serializers.CharField(
+        read_only=True,
+        help_text="the start of the receiver's answer, or why there was none: admins only "
+                  "(empty for everyone else, who see response_code)")
 
     class Meta:
         model = WebhookDelivery
@@ -99,6 +110,16 @@ class WebhookDeliverySerializer(serializers.ModelSerializer):
                   "status", "attempts", "response_code", "response", "created_at",
                   "next_attempt_at", "delivered_at", "payload"]
         read_only_fields = fields
+
+    def to_representation(self, instance: WebhookDelivery) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        # What a receiver answered is its text, which a subscription aimed at an internal
+        # service would turn into a way to read it: only admins (who manage subscriptions)
+        # see it.
+        request = self.context.get("request")
+        if request is None or role_of(request.user) != ADMIN:
+            data["response"] = ""
+        return data
 
 
 def _save(serializer: serializers.BaseSerializer[Any], **extra: Any) -> Any:
@@ -152,7 +173,8 @@ class WebhookSubscriptionViewSet(viewsets.ModelViewSet):
     @action(detail=True, methods=["post"])
     def test(self, request: Request, pk: str | None = None) -> Response:
         delivery = webhooks.ping_send(self.get_object())
-        return Response(WebhookDeliverySerializer(delivery).data, status=status.HTTP_201_CREATED)
+        return Response(WebhookDeliverySerializer(delivery, context={"request": request}).data,
+                        status=status.HTTP_201_CREATED)
 
 
 class WebhookDeliveryViewSet(viewsets.ReadOnlyModelViewSet):
@@ -177,7 +199,8 @@ class WebhookDeliveryViewSet(viewsets.ReadOnlyModelViewSet):
             original.refresh_from_db()
             return Response({"detail": str(exc), "status": original.status},
                             status=status.HTTP_409_CONFLICT)
-        return Response(WebhookDeliverySerializer(copy).data, status=status.HTTP_202_ACCEPTED)
+        return Response(WebhookDeliverySerializer(copy, context={"request": request}).data,
+                        status=status.HTTP_202_ACCEPTED)
 
 
 def register(router: DefaultRouter) -> None:

@@ -113,6 +113,9 @@ def fast(settings: Any) -> None:
     settings.FLEETWATCH_WEBHOOK_MAX_ATTEMPTS = 4
     settings.FLEETWATCH_HTTP_TIMEOUT = 3.0
     settings.FLEETWATCH_BASE_URL = "https://fleetwatch.example"
+    # The receiver listens on loopback, which a webhook may target only when an admin allows
+    # it (see test_webhook_targets.py).
+    settings.FLEETWATCH_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
 
 
 @pytest.fixture
