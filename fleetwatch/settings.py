@@ -86,43 +86,6 @@ CONTENT_SECURITY_POLICY = {"DIRECTIVES": {
     "frame-ancestors": ["'none'"],
 }}
 
-# --- HTTPS and browser security (README, "Running in production") ---------------------------
-# The defaults suit `make run` on plain http://127.0.0.1:8000. FLEETWATCH_HTTPS=true turns on
-# what a site served over HTTPS wants; each setting can still be set by its own variable.
-FLEETWATCH_HTTPS = env_bool("FLEETWATCH_HTTPS", False)
-SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", FLEETWATCH_HTTPS)
-# Health probes and Prometheus reach the pod itself over plain HTTP: no redirect for them.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
-SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000 if FLEETWATCH_HTTPS else 0, minimum=0)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", FLEETWATCH_HTTPS)
-# Asks browsers' preload lists to take the domain: hard to undo, so only when asked for.
-SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
-SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", FLEETWATCH_HTTPS)
-CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", FLEETWATCH_HTTPS)
-# Behind a proxy that ends TLS and sets this header to "https" (e.g. X-Forwarded-Proto); the
-# proxy must overwrite the header a client sends. gunicorn does the same for the addresses in
-# FORWARDED_ALLOW_IPS (deploy/gunicorn.conf.py).
-_proxy_ssl_header = env_str("SECURE_PROXY_SSL_HEADER")
-SECURE_PROXY_SSL_HEADER = (
-    ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https") if _proxy_ssl_header else None)
-# Content-Security-Policy (django-csp): the pages load only their own scripts, styles, images
-# and fonts, send forms and requests only here, and cannot be framed. No inline scripts (htmx
-# and Plotly are files in static/vendor/). Inline styles are allowed: Plotly and Redoc insert
-# <style> elements and the dashboard's bars are sized with style attributes.
-CONTENT_SECURITY_POLICY = {"DIRECTIVES": {
-    "default-src": ["'self'"],
-    "script-src": ["'self'"],
-    "style-src": ["'self'", "'unsafe-inline'"],
-    "img-src": ["'self'", "data:"],
-    "font-src": ["'self'", "data:"],
-    "connect-src": ["'self'"],
-    "worker-src": ["'self'", "blob:"],  # Redoc's search runs in a worker made from a blob
-    "object-src": ["'none'"],
-    "base-uri": ["'self'"],
-    "form-action": ["'self'"],
-    "frame-ancestors": ["'none'"],
-}}
-
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -135,7 +98,6 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
-    "csp",
     "csp",
     "collectors",
     "incidents",
