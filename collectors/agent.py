@@ -11,7 +11,10 @@ Like the collectors it sends changes, not samples (a GPU in thermal slowdown is 
 every pass while it lasts, which is what "sustained" needs). Signals go first to an on-disk
 spool, then to FleetWatch over HTTP(S) with the node's token; when FleetWatch cannot be
 reached they wait in the spool and are sent, oldest first, on a later pass: nothing is lost.
-The spool is one JSON object per line; a batch is removed only after FleetWatch stored it.
+The spool is one JSON object per line; a batch is removed only after FleetWatch stored it, or
+set aside (``spool.rejected``) when FleetWatch refused it or failed on it every time, so one
+batch the server cannot take never holds up the rest. Each batch carries an idempotency key,
+kept with it in the spool: FleetWatch stores a retried batch once.
 
 Everything that touches the machine is injected (``nvml``, ``sysfs_root``, ``kmsg``), so the
 agent is tested with a fake NVML and fixture files, and on a GPU machine with real NVML.
@@ -24,6 +27,7 @@ import logging
 import os
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -211,8 +215,26 @@ class InfinibandSource:
 # --- spool and push -----------------------------------------------------------------------
 
 
+# A sealed batch's header line at the top of the spool (see Spool.batch).
+BATCH_HEADER = "_batch"
+
+
+@dataclass
+class SpooledBatch:
+    """The batch at the head of the spool: its signals, its idempotency key (the same on
+    every try, across restarts) and how many times FleetWatch answered it with an error."""
+
+    key: str
+    signals: list[dict[str, Any]]
+    tries: int = 0
+    next_at: float = 0.0  # no try before this (time.time()), after a failed one
+
+
 class Spool:
-    """Signals waiting to be sent, one JSON object per line, oldest first."""
+    """Signals waiting to be sent, one JSON object per line, oldest first. The batch being
+    sent is sealed: a header line on top names its key, size and failed tries, so a retry
+    (after a crash too) sends the same signals under the same key and FleetWatch stores
+    them once."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -226,35 +248,73 @@ class Spool:
                 fh.flush()
                 os.fsync(fh.fileno())
 
-    def pending(self, limit: int) -> list[dict[str, Any]]:
+    def _read(self, limit: int = 10**9) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """The header (if a batch is sealed) and up to ``limit`` signals."""
         if not self.path.exists():
-            return []
-        out = []
+            return None, []
+        header, out = None, []
         with self.path.open() as fh:
             for line in fh:
                 if not line.strip():
                     continue
                 try:
-                    out.append(json.loads(line))
+                    record = json.loads(line)
                 except json.JSONDecodeError:
                     # A line torn by a crash or a full disk while it was written (likely on
                     # the very node that is failing): skipped, and gone at the next drop,
                     # rather than stopping the agent on every start.
                     log.warning("spool %s: unreadable line skipped: %.120s", self.path, line)
                     continue
+                if isinstance(record, dict) and BATCH_HEADER in record:
+                    if header is None and not out:
+                        header = record[BATCH_HEADER]
+                    continue
+                out.append(record)
                 if len(out) >= limit:
                     break
-        return out
+        return header, out
 
-    def drop(self, count: int) -> None:
-        """Remove the first ``count`` signals (sent), atomically: a crash keeps them all."""
-        rest = self.pending(10**9)[count:]
+    def _write(self, header: dict[str, Any] | None, signals: list[dict[str, Any]]) -> None:
+        """Replace the spool, atomically: a crash leaves the old one or the new one."""
+        lines = [{BATCH_HEADER: header}] if header is not None else []
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(s, separators=(",", ":")) + "\n" for s in rest))
+        with tmp.open("w") as fh:
+            fh.write("".join(json.dumps(s, separators=(",", ":")) + "\n"
+                             for s in lines + signals))
+            fh.flush()
+            os.fsync(fh.fileno())
         tmp.replace(self.path)
 
+    def pending(self, limit: int) -> list[dict[str, Any]]:
+        return self._read(limit)[1]
+
+    def batch(self, limit: int) -> SpooledBatch | None:
+        """The sealed batch at the head of the spool, sealing up to ``limit`` signals with a
+        fresh key when none is."""
+        header, signals = self._read()
+        if header is not None and int(header.get("count", 0)) > 0:
+            count = int(header["count"])
+            return SpooledBatch(str(header["key"]), signals[:count], int(header.get("tries", 0)),
+                                float(header.get("next_at", 0.0)))
+        if not signals:
+            return None
+        sealed = SpooledBatch(uuid.uuid4().hex, signals[:limit])
+        self._write({"key": sealed.key, "count": len(sealed.signals), "tries": 0}, signals)
+        return sealed
+
+    def tried(self, batch: SpooledBatch, error: str) -> None:
+        """Record a failed try of the sealed batch (``batch.tries``, ``batch.next_at``)."""
+        _, signals = self._read()
+        self._write({"key": batch.key, "count": len(batch.signals), "tries": batch.tries,
+                     "next_at": batch.next_at, "error": error[:300]}, signals)
+
+    def drop(self, count: int) -> None:
+        """Remove the first ``count`` signals (sent) and the batch header, atomically: a crash
+        keeps them all."""
+        self._write(None, self._read()[1][count:])
+
     def __len__(self) -> int:
-        return len(self.pending(10**9))
+        return len(self._read()[1])
 
 
 class Pusher:
@@ -264,32 +324,54 @@ class Pusher:
         self.timeout = timeout
         self.session = session or requests.Session()
         # Retries for the blips (a restart behind a load balancer); a longer outage is the
-        # spool's job, so keep them short.
+        # spool's job, so keep them short. Safe to repeat: every push carries its batch's key.
+        # The last answer comes back (not an exception), so push() can tell a gateway's 502
+        # or 504, which may be this batch's doing, from an unreachable server.
         retry = Retry(total=2, backoff_factor=0.5, status_forcelist=(502, 503, 504),
-                      allowed_methods=frozenset({"POST"}))
+                      allowed_methods=frozenset({"POST"}), raise_on_status=False)
         self.session.mount("http://", HTTPAdapter(max_retries=retry))
         self.session.mount("https://", HTTPAdapter(max_retries=retry))
         self.session.headers["Authorization"] = f"Token {token}"
 
-    def push(self, signals: list[dict[str, Any]]) -> None:
-        """Raises ``PushFailed`` unless FleetWatch stored the whole batch."""
+    def push(self, signals: list[dict[str, Any]], key: str | None = None) -> None:
+        """Raises ``PushFailed`` unless FleetWatch stored the whole batch (now, or earlier
+        under the same ``key``: a retry whose first answer was lost)."""
+        headers = {"Idempotency-Key": key} if key else {}
         try:
-            response = self.session.post(self.url, json={"signals": signals},
+            response = self.session.post(self.url, json={"signals": signals}, headers=headers,
                                          timeout=self.timeout)
         except requests.RequestException as exc:
             raise PushFailed(f"FleetWatch unreachable: {exc}", retry=True) from exc
-        if response.status_code == 201:
+        code = response.status_code
+        if code == 201:
             return
-        raise PushFailed(f"FleetWatch answered {response.status_code}: {response.text[:300]}",
-                         # 401/404: a token being rotated, a proxy mid-deploy: keep the spool.
-                         retry=response.status_code >= 500
-                         or response.status_code in (401, 404, 408, 429))
+        message = f"FleetWatch answered {code}: {response.text[:300]}"
+        if code in (401, 404, 408, 429, 503):
+            # A token being rotated, a proxy mid-deploy, "later, please": not this batch's
+            # fault, so no try is counted and the spool waits as long as it takes.
+            raise PushFailed(message, retry=True)
+        # Any other server error may be this very batch (a record the server trips on): tried
+        # again a few times, then set aside. 400/403/413/422: refused, set aside at once.
+        raise PushFailed(message, retry=code >= 500, bounded=True)
 
 
 class PushFailed(Exception):
-    def __init__(self, message: str, *, retry: bool) -> None:
+    """``retry``: worth sending again; ``bounded``: only a few times (the answer may be about
+    this batch), else for as long as it takes (FleetWatch is away)."""
+
+    def __init__(self, message: str, *, retry: bool, bounded: bool = False) -> None:
         super().__init__(message)
         self.retry = retry
+        self.bounded = bounded
+
+
+def _env_number(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    try:
+        return float(raw) if raw.strip() else default
+    except ValueError:
+        log.warning("%s=%r is not a number; using %s", name, raw, default)
+        return default
 
 
 @dataclass
@@ -300,6 +382,15 @@ class Agent:
     sources: list[Any] = field(default_factory=list)
     batch: int = 500
     clock: Callable[[], str] = _now
+    # A batch answered with a server error is tried this many times in all, waiting
+    # retry_backoff seconds after the first failure, twice as long after each next one (at
+    # most retry_backoff_max), and then set aside beside the spool so the rest flows.
+    max_tries: int = field(default_factory=lambda: max(
+        1, int(_env_number("FLEETWATCH_AGENT_MAX_TRIES", 5))))
+    retry_backoff: float = field(default_factory=lambda: max(
+        0.0, _env_number("FLEETWATCH_AGENT_RETRY_BACKOFF", 10.0)))
+    retry_backoff_max: float = 300.0
+    now: Callable[[], float] = time.time
 
     def collect(self) -> int:
         signals = []
@@ -317,27 +408,46 @@ class Agent:
         return len(stamped)
 
     def flush(self) -> int:
-        """Send the spool, oldest first. Returns how many were stored."""
+        """Send the spool, oldest first. Returns how many signals left it (stored, or set
+        aside)."""
         sent = 0
         while True:
-            batch = self.spool.pending(self.batch)
-            if not batch:
-                return sent
+            batch = self.spool.batch(self.batch)
+            if batch is None or batch.next_at > self.now():
+                return sent  # empty, or this batch's next try is not due yet
             try:
-                self.pusher.push(batch)
+                self.pusher.push(batch.signals, key=batch.key)
             except PushFailed as exc:
-                if exc.retry:
+                if exc.retry and not exc.bounded:
                     log.warning("push failed, %d signal(s) kept in the spool: %s",
                                 len(self.spool), exc)
                     return sent
-                # FleetWatch refused the batch itself (400/403/413/422): sending it again
-                # cannot help. Keep it beside the spool for a person, and go on.
-                rejected = self.spool.path.with_suffix(".rejected")
-                with rejected.open("a") as fh:
-                    fh.write(json.dumps({"error": str(exc), "signals": batch}) + "\n")
-                log.error("push rejected, batch moved to %s: %s", rejected, exc)
-            self.spool.drop(len(batch))
-            sent += len(batch)
+                batch.tries += 1
+                if exc.retry and batch.tries < self.max_tries:
+                    batch.next_at = self.now() + min(
+                        self.retry_backoff * 2 ** (batch.tries - 1), self.retry_backoff_max)
+                    self.spool.tried(batch, str(exc))
+                    log.warning("push of a batch of %d failed (try %d of %d), next try in "
+                                "%.0f s: %s", len(batch.signals), batch.tries, self.max_tries,
+                                batch.next_at - self.now(), exc)
+                    return sent
+                self._set_aside(batch, exc)
+            self.spool.drop(len(batch.signals))
+            sent += len(batch.signals)
+
+    def _set_aside(self, batch: SpooledBatch, exc: PushFailed) -> None:
+        """FleetWatch refused the batch (400/403/413/422), or failed on it every time: sending
+        it again cannot help, and the signals behind it must not wait. Kept beside the spool
+        for a person."""
+        rejected = self.spool.path.with_suffix(".rejected")
+        with rejected.open("a") as fh:
+            fh.write(json.dumps({"error": str(exc), "key": batch.key, "tries": batch.tries,
+                                 "signals": batch.signals}) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        log.error("push %s, batch of %d moved to %s: %s",
+                  f"failed {batch.tries} times" if exc.retry else "rejected",
+                  len(batch.signals), rejected, exc)
 
     def run(self, interval: float, passes: int | None = None) -> None:
         done = 0

@@ -2,8 +2,62 @@
 
 from __future__ import annotations
 
+import math
+import re
+from typing import Any
+
 from django.db import models
 from django.utils import timezone
+
+# Deeper than this, a stored value is cut (the door refuses such nesting; older rows may
+# hold it, and walking or encoding them must not exhaust the stack).
+JSON_SAFE_DEPTH = 64
+_REPLACEMENT = "\ufffd"
+_UNSAFE_CHARS = re.compile("[\x00\ud800-\udfff]")
+
+
+def json_safe(value: Any, _depth: int = 0) -> Any:
+    """``value`` with what strict JSON, PostgreSQL or UTF-8 cannot hold replaced: NUL and lone
+    surrogates in strings (and keys) become U+FFFD, infinities and NaN become ``None``, nesting
+    past ``JSON_SAFE_DEPTH`` becomes a note. The value itself when nothing needed replacing,
+    so the common case copies nothing."""
+    if isinstance(value, str):
+        return _UNSAFE_CHARS.sub(_REPLACEMENT, value) if not value.isascii() or "\x00" in value \
+            else value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict | list | tuple) and _depth >= JSON_SAFE_DEPTH:
+        return f"[nested deeper than {JSON_SAFE_DEPTH} levels: left out]"
+    if isinstance(value, dict):
+        out, changed = {}, False
+        for k, v in value.items():
+            safe_k = json_safe(k, _depth) if isinstance(k, str) else k
+            safe_v = json_safe(v, _depth + 1)
+            changed = changed or safe_k is not k or safe_v is not v
+            out[safe_k] = safe_v
+        return out if changed else value
+    if isinstance(value, list | tuple):
+        items = [json_safe(v, _depth + 1) for v in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    return value
+
+
+# What a JSON text holds when json_safe may have something to replace: an escaped NUL or
+# surrogate, or the NaN/Infinity tokens Python writes (a false alarm only costs a walk).
+_UNSAFE_JSON_TEXT = re.compile(r"\\u(?:0000|[dD][89a-fA-F])|NaN|Infinity|\x00")
+
+
+class SafeJSONField(models.JSONField):
+    """A JSONField whose reads never hand out what readers cannot encode.
+
+    SQLite keeps the JSON text as it was written, so a row stored before the door refused
+    them can hold a lone surrogate or ``NaN`` (PostgreSQL's jsonb refuses both, and NUL): every
+    reader (API, pages, exports, diagnosis) gets them replaced (see ``json_safe``)."""
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        unsafe = isinstance(value, str) and _UNSAFE_JSON_TEXT.search(value) is not None
+        value = super().from_db_value(value, expression, connection)
+        return json_safe(value) if unsafe else value
 
 
 class Cluster(models.Model):
@@ -147,7 +201,7 @@ class Signal(models.Model):
     code = models.IntegerField(null=True, blank=True)
     value = models.CharField(max_length=128, blank=True)
     message = models.TextField(blank=True)
-    data = models.JSONField(default=dict, blank=True)
+    data = SafeJSONField(default=dict, blank=True)
     observed_at = models.DateTimeField(db_index=True)
     ingested_at = models.DateTimeField(default=timezone.now)
 
@@ -160,6 +214,27 @@ class Signal(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source}:{self.kind} {self.node_name} {self.value}"
+
+
+class PushReceipt(models.Model):
+    """A push sent with an ``Idempotency-Key``: the same key from the same caller again (an
+    agent retrying a batch whose answer it never got) is answered from here and stores
+    nothing. ``digest`` is the batch's, so a key reused for another batch is refused. Kept
+    FLEETWATCH_INGEST_IDEMPOTENCY_HOURS (pruned with the telemetry)."""
+
+    caller = models.CharField(max_length=64, help_text="token:<id> or user:<id>")
+    key = models.CharField(max_length=128)
+    digest = models.CharField(max_length=64)
+    stored = models.PositiveIntegerField()
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["caller", "key"], name="push_receipt_unique_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.caller} {self.key}: {self.stored} stored"
 
 
 class SourceHealth(models.Model):

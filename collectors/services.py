@@ -7,7 +7,10 @@ the transaction that stored them (signals_stored); whoever listens decides what 
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 import logging
+import re
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
@@ -18,7 +21,7 @@ from typing import Any
 import django.dispatch
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -33,10 +36,13 @@ from collectors.models import (
     GpuSample,
     Job,
     Node,
+    PushReceipt,
     Signal,
     SourceHealth,
+    json_safe,
 )
 from collectors.normalize import SignalDraft
+from fleetwatch.roles import INGEST_SOURCES, PushRights
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +163,13 @@ def signals_store(
     now = timezone.now()
     nodes = {n.name: n for n in Node.objects.filter(
         cluster=cluster, name__in={d.node for d in drafts if d.node})}
+    # Stored in a form every reader and both databases take: NUL, lone surrogates and
+    # non-finite numbers (from a push, or a source that sent them) are replaced (json_safe).
     rows = [
         Signal(cluster=cluster, source=d.source, kind=d.kind, node=nodes.get(d.node),
-               node_name=d.node, gpu_index=d.gpu, job_id=d.job, code=d.code, value=d.value,
-               message=d.message, data=d.data, observed_at=d.observed_at or observed_at or now,
+               node_name=json_safe(d.node), gpu_index=d.gpu, job_id=json_safe(d.job),
+               code=d.code, value=json_safe(d.value), message=json_safe(d.message),
+               data=json_safe(d.data), observed_at=d.observed_at or observed_at or now,
                ingested_at=now)
         for d in drafts
     ]
@@ -169,32 +178,70 @@ def signals_store(
 
 
 class IngestRejected(Exception):
-    """A pushed batch that cannot be stored; nothing of it was."""
+    """A pushed batch that cannot be stored; nothing of it was. ``refused``: the records at
+    fault, as ``signals[i].field: why`` (for the answer and the audit entry)."""
 
-    def __init__(self, message: str, *, status: int = 422) -> None:
+    def __init__(self, message: str, *, status: int = 422,
+                 refused: list[str] | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.refused = refused or []
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    ids: list[int]
+    stored: int
+    # A retry under an Idempotency-Key already used for this batch: nothing new was stored.
+    replayed: bool = False
 
 
 SIGNAL_FIELDS = ("at", "source", "node", "gpu", "job", "message")
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,128}")
+
+
+def _push_refusals(batch: list[dict[str, Any]], rights: PushRights) -> list[str]:
+    """What ``rights`` do not allow in a batch, one line per record at fault."""
+    refused = []
+    for i, record in enumerate(batch):
+        source, node = record.get("source"), record.get("node") or ""
+        if source not in rights.sources:
+            why = ("whether a source is up is only what FleetWatch's own collectors see"
+                   if source == "collector" else f"FleetWatch reads {source} itself"
+                   if source in ("slurm", "kubernetes") else "not a source it may push")
+            refused.append(f"signals[{i}].source: {rights.who} may not push {source!r} records "
+                           f"({why}); it may push {', '.join(sorted(rights.sources))}")
+        elif rights.node is not None and node != rights.node:
+            # An agent speaks for its own node only: a record naming another node, or none
+            # (a job or a switch, which it cannot vouch for), rejects the batch.
+            refused.append(f"signals[{i}].node: {rights.who} may only push signals for "
+                           f"{rights.node}, not {node or 'records that name no node'}")
+    return refused
 
 
 def signals_ingest(cluster: Cluster, batch: list[dict[str, Any]], *,
-                   only_node: str | None = None) -> list[int]:
+                   rights: PushRights | None = None,
+                   idempotency: tuple[str, str] | None = None) -> IngestResult:
     """Store a batch of pushed signals (replay-format records, validated by the caller's
     serializer) and announce them to diagnosis. All or nothing: one bad record rejects the
-    batch, so an agent that retries never leaves half a batch behind."""
+    batch, so an agent that retries never leaves half a batch behind.
+
+    ``rights``: what the caller may push (fleetwatch.roles.push_rights; by default what any
+    ingest token may). ``idempotency``: (caller, key) from the Idempotency-Key header: a batch
+    already stored under it is not stored again, and the answer says so."""
+    rights = rights or PushRights("an ingest token", INGEST_SOURCES)
+    refused = _push_refusals(batch, rights)
+    if refused:
+        shown = "; ".join(refused[:5]) + (f"; and {len(refused) - 5} more" if len(refused) > 5
+                                          else "")
+        raise IngestRejected(f"refused, nothing stored: {shown}", status=403, refused=refused)
     names = {r["node"] for r in batch if r.get("node")}
-    if only_node is not None and (names - {only_node} or len(names) < 1 or
-                                  any(not r.get("node") for r in batch)):
-        # An agent speaks for its own node only: a record naming another node, or none (a
-        # job or a switch, which it cannot vouch for), rejects the batch.
-        others = ", ".join(sorted(names - {only_node})) or "records that name no node"
-        raise IngestRejected(f"this token may only push signals for {only_node}, not "
-                             f"{others}", status=403)
     known = set(Node.objects.filter(cluster=cluster, name__in=names).values_list("name", flat=True))
     if names - known:
         raise IngestRejected(f"unknown node(s): {', '.join(sorted(names - known))}")
+    if idempotency is not None and not IDEMPOTENCY_KEY.fullmatch(idempotency[1]):
+        raise IngestRejected("Idempotency-Key must be 1 to 128 visible ASCII characters",
+                             status=400)
     drafts = []
     for record in batch:
         data = {k: v for k, v in record.items() if k not in SIGNAL_FIELDS}
@@ -204,9 +251,36 @@ def signals_ingest(cluster: Cluster, batch: list[dict[str, Any]], *,
             value=str(data.get("value", data.get("state", "")))[:128],
             message=record.get("message") or "", data=data, observed_at=record["at"]))
     with transaction.atomic():
+        if idempotency is not None:
+            replayed = _push_receipt(idempotency, _batch_digest(batch), len(drafts))
+            if replayed is not None:
+                return replayed
         ids = signals_store(cluster, drafts)
         signals_announce(ids)
-    return ids
+    return IngestResult(ids, len(ids))
+
+
+def _batch_digest(batch: list[dict[str, Any]]) -> str:
+    text = json.dumps(batch, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _push_receipt(idempotency: tuple[str, str], digest: str, count: int) -> IngestResult | None:
+    """Claim the key for this batch, or the earlier push's answer if it was claimed. The
+    unique constraint decides between two pushes sent at once: the second one's insert waits
+    for the first to commit (or roll back), then fails and reads its receipt."""
+    caller, key = idempotency
+    try:
+        with transaction.atomic():
+            PushReceipt.objects.create(caller=caller, key=key, digest=digest, stored=count)
+        return None
+    except IntegrityError:
+        earlier = PushReceipt.objects.get(caller=caller, key=key)
+    if earlier.digest != digest:
+        raise IngestRejected(
+            f"Idempotency-Key {key!r} was used at {earlier.created_at:%Y-%m-%d %H:%M:%S} UTC for "
+            "a different batch; nothing stored (a new batch needs a new key)", status=422)
+    return IngestResult([], earlier.stored, replayed=True)
 
 
 # Sent with the ids of newly stored signals, inside the transaction that stored them;
@@ -633,4 +707,7 @@ def telemetry_prune() -> int:
     cutoff = timezone.now() - timedelta(hours=settings.FLEETWATCH_TELEMETRY_RETENTION_HOURS)
     deleted, _ = GpuSample.objects.filter(at__lt=cutoff).delete()
     CollectorRun.objects.filter(started_at__lt=cutoff).delete()
+    # Idempotency keys outlive any agent's retries of a batch, then go.
+    PushReceipt.objects.filter(created_at__lt=timezone.now() - timedelta(
+        hours=settings.FLEETWATCH_INGEST_IDEMPOTENCY_HOURS)).delete()
     return deleted

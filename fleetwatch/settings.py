@@ -325,6 +325,17 @@ for _entry in FLEETWATCH_WEBHOOK_ALLOW_HOSTS:
                 "address or CIDR range") from None
 # The most signals one push (POST /api/v1/signals/) may carry; more gets 413.
 FLEETWATCH_INGEST_MAX_BATCH = env_int("FLEETWATCH_INGEST_MAX_BATCH", 1000, minimum=1)
+# The largest batch must fit the request size limit. One signal's message holds up to 4,000
+# characters, which JSON may write as 6 bytes each ("\u00e9", as Python's json and requests
+# do); its extra fields at most 4 KiB, the named fields under 1 KiB: 32 KiB a signal. Django
+# refuses bodies over DATA_UPLOAD_MAX_MEMORY_SIZE (the API answers 413 naming it).
+FLEETWATCH_INGEST_MESSAGE_MAX_CHARS = 4000
+FLEETWATCH_INGEST_EXTRA_MAX_BYTES = 4096
+FLEETWATCH_INGEST_SIGNAL_MAX_BYTES = 32 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(
+    2_621_440, FLEETWATCH_INGEST_MAX_BATCH * FLEETWATCH_INGEST_SIGNAL_MAX_BYTES + 64 * 1024)
+# How long a push's Idempotency-Key is remembered (its retry is then answered, not stored).
+FLEETWATCH_INGEST_IDEMPOTENCY_HOURS = env_int("FLEETWATCH_INGEST_IDEMPOTENCY_HOURS", 24, minimum=1)
 FLEETWATCH_SIM_STATE = Path(env_str("FLEETWATCH_SIM_STATE", str(DATA_DIR / "sim-fleet.json")))
 FLEETWATCH_SIM_SPEED = env_float("FLEETWATCH_SIM_SPEED", 20.0, minimum=0.01)
 FLEETWATCH_DEMO_CONTROLS = env_bool("FLEETWATCH_DEMO_CONTROLS", FLEETWATCH_FLEET == "sim")
@@ -393,6 +404,9 @@ REST_FRAMEWORK = {
     # JSON only: one body format to validate, document and fuzz (the docs page sends JSON).
     # Refuses, naming the field, what the database cannot store (NUL, lone surrogates, 1e999).
     "DEFAULT_PARSER_CLASSES": ["incidents.api.parsers.SafeJSONParser"],
+    # Answers survive what is already stored (a lone surrogate, NaN): see renderers.py.
+    "DEFAULT_RENDERER_CLASSES": ["incidents.api.renderers.SafeJSONRenderer",
+                                 "rest_framework.renderers.BrowsableAPIRenderer"],
     "DEFAULT_SCHEMA_CLASS": "incidents.api.schema.FleetWatchSchema",
 }
 

@@ -58,7 +58,8 @@ def incident_replay(incident: Incident) -> dict[str, Any]:
     window = timedelta(minutes=settings.FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES)
     start = incident.detected_at - window
     end = (incident.resolved_at or timezone.now()) + timedelta(minutes=1)
-    rows = Signal.objects.filter(cluster=incident.cluster, observed_at__range=(start, end))
+    rows = Signal.objects.filter(cluster=incident.cluster,
+                                 observed_at__range=(start, end)).exclude(kind=PUSHED_COLLECTOR)
     expect: dict[str, Any] = {"root_cause": incident.root_cause, "nodes": list(incident.nodes)}
     if incident.switch:
         expect["switch"] = incident.switch
@@ -78,8 +79,15 @@ def incident_replay(incident: Incident) -> dict[str, Any]:
     }
 
 
+# A pushed ``collector`` record: the door refuses them (fleetwatch/roles.py), but rows stored
+# before stay. Whether a source is up is only what FleetWatch's own collectors saw: diagnosis,
+# replay exports and timelines leave pushed claims about it out.
+PUSHED_COLLECTOR = "pushed_collector"
+
+
 def observations_between(cluster: Cluster, start: datetime, end: datetime) -> list[Observation]:
-    rows = Signal.objects.filter(cluster=cluster, observed_at__gte=start, observed_at__lte=end)
+    rows = Signal.objects.filter(cluster=cluster, observed_at__gte=start,
+                                 observed_at__lte=end).exclude(kind=PUSHED_COLLECTOR)
     return _window_observations(rows)
 
 
@@ -177,7 +185,8 @@ def incident_timeline(incident: Incident) -> list[dict[str, Any]]:
     watched = set(incident.nodes) | replacement_nodes(incident)
     # The database picks the incident's signals: at 100,000 GPUs the cluster's window holds
     # far more rows than the page shows.
-    wanted = Q(node_name__in=watched) | Q(source=Signal.Source.COLLECTOR)
+    wanted = Q(node_name__in=watched) | (Q(source=Signal.Source.COLLECTOR)
+                                         & ~Q(kind=PUSHED_COLLECTOR))
     if incident.jobs:
         wanted |= Q(job_id__in=incident.jobs)
     signals = Signal.objects.filter(wanted, cluster=incident.cluster,

@@ -4,9 +4,11 @@ validate a body before the view hands it to a service."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
@@ -95,7 +97,8 @@ class SignalInSerializer(serializers.Serializer):
     node = serializers.CharField(max_length=128, required=False, allow_blank=True)
     gpu = serializers.IntegerField(min_value=0, max_value=255, required=False, allow_null=True)
     job = serializers.CharField(max_length=32, required=False, allow_blank=True)
-    message = serializers.CharField(max_length=4000, required=False, allow_blank=True)
+    message = serializers.CharField(max_length=settings.FLEETWATCH_INGEST_MESSAGE_MAX_CHARS,
+                                    required=False, allow_blank=True)
     metric = serializers.CharField(max_length=128, required=False)
     value = serializers.FloatField(required=False, allow_null=True)
 
@@ -112,6 +115,14 @@ class SignalInSerializer(serializers.Serializer):
         for key, value in extra.items():
             if not isinstance(value, str | int | float | bool | list | dict | type(None)):
                 raise serializers.ValidationError({key: "not a JSON value"})
+        # Bounded, so the largest batch always fits the request size limit (settings.py).
+        limit = settings.FLEETWATCH_INGEST_EXTRA_MAX_BYTES
+        size = len(json.dumps(extra, default=str))
+        if size > limit:
+            biggest = max(extra, key=lambda k: len(json.dumps(extra[k], default=str)))
+            raise serializers.ValidationError({biggest: (
+                f"extra fields take {size} bytes as JSON, over the limit of {limit} "
+                "(FLEETWATCH_INGEST_EXTRA_MAX_BYTES); this is the largest")})
         return {**extra, **validated}
 
 
@@ -121,6 +132,10 @@ class SignalBatchSerializer(serializers.Serializer):
 
 class StoredSerializer(serializers.Serializer):
     stored = serializers.IntegerField(help_text="how many signals were stored")
+    replayed = serializers.BooleanField(
+        required=False, help_text="only on a retry under an Idempotency-Key already used for "
+                                  "this batch: nothing new was stored, ``stored`` is the first "
+                                  "push's")
 
 
 # --- incidents and their repair -------------------------------------------------------------

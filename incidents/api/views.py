@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
@@ -31,7 +32,7 @@ from rest_framework.response import Response
 
 from collectors import services as collectors
 from collectors.models import Cluster, Gpu, Node, Signal
-from fleetwatch.roles import agent_node
+from fleetwatch.roles import push_rights
 from incidents import selectors, services
 from incidents.api import filters
 from incidents.api.pagination import AuditCursor, SignalCursor
@@ -59,7 +60,7 @@ from incidents.api.serializers import (
     TokenCreateSerializer,
     TokenSerializer,
 )
-from incidents.audit import actor_from_request
+from incidents.audit import actor_from_request, audit_record
 from incidents.models import ApiToken, AuditEntry, Incident, Remediation, Step
 from incidents.tokens import TokenError, token_create, token_revoke
 
@@ -172,12 +173,24 @@ class SignalViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 
     @extend_schema(
         request=SignalBatchSerializer,
+        parameters=[OpenApiParameter(
+            "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+            description="1 to 128 visible ASCII characters, one per batch: the same batch sent "
+                        "again with it (a retry) is stored once, and its answer carries "
+                        "\"replayed\": true and the Idempotent-Replayed header")],
         responses={201: StoredSerializer,
-                   413: OpenApiResponse(ErrorSerializer, description="Batch over the limit"),
-                   422: OpenApiResponse(ErrorSerializer, description="Unknown node(s)")},
+                   403: OpenApiResponse(ErrorSerializer, description="A record this caller "
+                                        "may not push (source or node), named"),
+                   413: OpenApiResponse(ErrorSerializer, description="Batch or body over the "
+                                        "limit"),
+                   422: OpenApiResponse(ErrorSerializer, description="Unknown node(s), or an "
+                                        "Idempotency-Key used for another batch")},
         description="Push a batch of signals (node agents, other monitors), in the replay "
-                    "format. All or nothing: a batch with one bad record stores nothing. An "
-                    "agent's token may push only for its own node (403).")
+                    "format. All or nothing: a batch with one bad record stores nothing. What "
+                    "a caller may push follows from who it is: an agent's token, its own "
+                    "node's kernel, dcgm and nic records; any other ingest token, those and "
+                    "job_log records for known nodes; nobody, collector, slurm or kubernetes "
+                    "records (403, audited).")
     def create(self, request: Request) -> Response:
         signals = request.data.get("signals") if isinstance(request.data, dict) else None
         if isinstance(signals, list) and len(signals) > settings.FLEETWATCH_INGEST_MAX_BATCH:
@@ -186,13 +199,39 @@ class SignalViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
                             status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
         batch = SignalBatchSerializer(data=request.data)
         batch.is_valid(raise_exception=True)
-        own = agent_node(request.user)
+        key = request.headers.get("Idempotency-Key")
+        # Keys are per token (its digest, shortened: a token's key is never stored), else
+        # per signed-in person.
+        auth_id = getattr(request.auth, "pk", None)
+        caller = f"token:{str(auth_id)[:48]}" if auth_id is not None else f"user:{request.user.pk}"
         try:
-            ids = collectors.signals_ingest(collectors.cluster_default(),
-                                            batch.validated_data["signals"], only_node=own)
+            result = collectors.signals_ingest(
+                collectors.cluster_default(), batch.validated_data["signals"],
+                rights=push_rights(request.user),
+                idempotency=(caller, key) if key is not None else None)
         except collectors.IngestRejected as exc:
+            # The api.call entry says a push was refused; this one says why.
+            audit_record("signals.refused", f"POST {request.path}"[:200],
+                         actor=actor_from_request(request), ok=False, result=str(exc)[:500],
+                         data={"status": exc.status, "records": exc.refused[:20],
+                               "signals": len(batch.validated_data["signals"])})
             return Response({"detail": str(exc)}, status=exc.status)
-        return Response({"stored": len(ids)}, status=status.HTTP_201_CREATED)
+        if result.replayed:
+            return Response({"stored": result.stored, "replayed": True},
+                            status=status.HTTP_201_CREATED,
+                            headers={"Idempotent-Replayed": "true"})
+        return Response({"stored": result.stored}, status=status.HTTP_201_CREATED)
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, RequestDataTooBig):
+            # Django's own answer would be an HTML 400.
+            return Response(
+                {"detail": f"request body over the limit of {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} "
+                           "bytes (DATA_UPLOAD_MAX_MEMORY_SIZE, room for "
+                           f"FLEETWATCH_INGEST_MAX_BATCH={settings.FLEETWATCH_INGEST_MAX_BATCH} "
+                           "signals of the largest size); split the batch"},
+                status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        return super().handle_exception(exc)
 
 
 # --- incidents and their repair -------------------------------------------------------------
