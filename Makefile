@@ -16,8 +16,10 @@ $(BIN)/.installed: requirements.txt requirements-dev.txt
 
 install: $(BIN)/.installed
 
+# exec: the script takes the shell's place, so a TERM that make passes on to its recipe
+# reaches the script, which stops everything it started (deploy/run-local.sh).
 run: install
-	HOST=$(HOST) PORT=$(PORT) VENV=$(VENV) deploy/run-local.sh
+	HOST=$(HOST) PORT=$(PORT) VENV=$(VENV) exec deploy/run-local.sh
 
 test: install
 	deploy/bootstrap.sh test

@@ -7,10 +7,12 @@ sources), ``diagnose`` (pure correlation, cheap) and ``remediate`` (slow outside
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from contextvars import Token
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun
+from celery.signals import task_postrun, task_prerun, worker_shutting_down
 from kombu import Queue
 
 from fleetwatch.request_id import request_id_reset, request_id_set
@@ -133,3 +135,28 @@ def _request_id_leave(task_id: str | None = None, **_: object) -> None:
     token = _request_id_tokens.pop(task_id or "", None)
     if token is not None:
         request_id_reset(token)
+
+
+# A stopping worker (SIGTERM or Ctrl-C: Celery's warm shutdown) waits for its running tasks, as
+# long as they take: a step inside a slow outside call kept `make run`'s worker alive for a
+# minute after everything else had stopped. After FLEETWATCH_WORKER_SHUTDOWN_SECONDS it sends
+# itself SIGQUIT, Celery's cold shutdown: running tasks are cancelled (late-acked messages go
+# back to the broker) and the worker exits. A step cut off that way has recorded the calls it
+# completed (Step.done_calls); it resumes after its lease, or at once when `make run` starts
+# again (steps_resume_all). A timer rather than worker_soft_shutdown_timeout with
+# REMAP_SIGTERM: the soft timeout sleeps its whole length whenever any task runs, this ends
+# as soon as the running tasks do.
+_cold_shutdown_timer: list[threading.Timer] = []
+
+
+@worker_shutting_down.connect
+def _warm_shutdown_bounded(how: str = "", **_: object) -> None:
+    from django.conf import settings
+
+    seconds = settings.FLEETWATCH_WORKER_SHUTDOWN_SECONDS
+    if how != "Warm" or seconds <= 0 or _cold_shutdown_timer:
+        return
+    timer = threading.Timer(seconds, os.kill, args=(os.getpid(), signal.SIGQUIT))
+    timer.daemon = True  # a worker whose tasks end first exits without waiting for it
+    _cold_shutdown_timer.append(timer)
+    timer.start()

@@ -251,6 +251,10 @@ FLEETWATCH_STEP_MAX_ATTEMPTS = env_int("FLEETWATCH_STEP_MAX_ATTEMPTS", 3, minimu
 # (longer than the Celery time limit). The watchdog re-queues steps whose message was lost.
 FLEETWATCH_STEP_LEASE_SECONDS = env_float("FLEETWATCH_STEP_LEASE_SECONDS", 120.0, minimum=1)
 FLEETWATCH_WATCHDOG_SECONDS = env_float("FLEETWATCH_WATCHDOG_SECONDS", 30.0, minimum=0.5)
+# How long a stopping worker (SIGTERM, Ctrl-C) lets its running tasks finish before it cancels
+# them (Celery's cold shutdown; a cut-off step resumes from its recorded calls). Below a
+# Pod's default 30 s grace, so the worker stops itself before the kubelet's SIGKILL. 0: wait.
+FLEETWATCH_WORKER_SHUTDOWN_SECONDS = env_float("FLEETWATCH_WORKER_SHUTDOWN_SECONDS", 20.0, minimum=0)
 FLEETWATCH_DEDUPE_MINUTES = env_int("FLEETWATCH_DEDUPE_MINUTES", 30, minimum=0)
 # Remediation policy. Modes per playbook (root cause) and per risky step kind override
 # FLEETWATCH_POLICY_MODE: "gpu_hardware=auto,thermal=approve"; "replace=approve,reboot=auto".

@@ -659,6 +659,39 @@ def steps_rescue() -> list[int]:
     return stuck
 
 
+def steps_resume_all() -> list[int]:
+    """At the start of a stack with one worker (``make run``), before that worker starts:
+    release every step lease and queue again every step of a running remediation. A step cut
+    off mid-call by the last stop then resumes at once instead of after its lease (two
+    minutes), and a poll whose message died with the last worker is not left to the watchdog.
+    The calls a cut-off step completed are in its done_calls and are not made again.
+
+    Only safe when no worker can be running a step: every lease is taken for a dead one's.
+    Several workers sharing a database leave leases to expire (steps_rescue)."""
+    now = timezone.now()
+    resumed: list[int] = []
+    with transaction.atomic():
+        cut_off = list(Step.objects.exclude(lease_until=None)
+                       .select_related("remediation__incident").order_by("pk"))
+        for step in cut_off:
+            audit_record("step.lease_released", step.kind, remediation=step.remediation, step=step,
+                         result=f"held until {step.lease_until.isoformat()} by a worker that has "
+                                "stopped; the step resumes, skipping the calls it completed")
+        Step.objects.exclude(lease_until=None).update(lease_until=None)
+        # Only steps that were queued (next_check_at is set then): a later step of the
+        # playbook is queued by the one before it when that one is done.
+        for step_id, due in Step.objects.filter(
+                remediation__status=Remediation.Status.RUNNING,
+                status__in=[Step.Status.PENDING, Step.Status.RUNNING, Step.Status.WAITING],
+                next_check_at__isnull=False).order_by("pk").values_list("pk", "next_check_at"):
+            # A waiting step keeps its next poll time; a cut-off or lost one runs now.
+            _step_enqueue(step_id, "restart", max(0.0, (due - now).total_seconds()))
+            resumed.append(step_id)
+    if resumed:
+        log.warning("start-up: released %d step lease(s), queued step(s) %s", len(cut_off), resumed)
+    return resumed
+
+
 def step_run(step_id: int, reason: str = "start") -> str:
     """Run (or re-check) one step. Safe to call any number of times for the same step."""
     step = _step_take(step_id, reason)

@@ -23,8 +23,15 @@ class Command(BaseCommand):
 
         seed = sub.add_parser("seed", help="create the simulated fleet, the roles and a login")
         seed.add_argument("--reset", action="store_true", help="start the fleet over")
-        seed.add_argument("--demo-user", default="", help="create/refresh this operator login")
-        seed.add_argument("--password", default="", help="password for --demo-user")
+        seed.add_argument("--demo-user", default="",
+                          help="create this operator login if it is not there")
+        seed.add_argument("--password", default="",
+                          help="set this password for --demo-user (new or not); without it a new "
+                               "login gets a generated one and an existing login keeps its own")
+
+        sub.add_parser("steps-resume", help="at start-up, before the only worker starts: release "
+                       "every step lease and queue the running remediations' steps again "
+                       "(embedded default only: SQLite and the filesystem broker)")
 
         inject = sub.add_parser("inject", help="inject a fault into the simulated fleet")
         kinds = inject.add_subparsers(dest="fault", required=True)
@@ -104,8 +111,35 @@ class Command(BaseCommand):
                               "Prometheus report")
         roles_ensure()
         if opts["demo_user"]:
+            from django.contrib.auth import get_user_model
+
+            # An existing login keeps its password (and role) unless one is asked for: every
+            # `make run` seeds, and a second one, even one that cannot start, must not lock
+            # out whoever uses the first.
+            if not opts["password"] and get_user_model().objects.filter(
+                    username=opts["demo_user"]).exists():
+                self.stdout.write(f"login: {opts['demo_user']} (password unchanged; "
+                                  "FLEETWATCH_DEMO_PASSWORD or --password sets one)")
+                return
             _, password = user_with_role(opts["demo_user"], OPERATOR, opts["password"] or None)
             self.stdout.write(f"login: {opts['demo_user']} / {password}")
+
+    def _steps_resume(self, opts: dict[str, Any]) -> None:
+        from django.conf import settings
+        from django.db import connection
+
+        from incidents.services import steps_resume_all
+
+        # One machine, one worker: the database and the broker are files in the data folder
+        # that run-local.sh holds locked. With a shared database another worker may be running
+        # a step right now; there leases expire and the watchdog re-queues (steps_rescue).
+        if connection.vendor != "sqlite" or not settings.CELERY_BROKER_URL.startswith("filesystem://"):
+            raise CommandError("steps-resume is for the embedded default (SQLite and the filesystem "
+                               "broker) only: with a shared database other workers may hold live "
+                               "leases")
+        resumed = steps_resume_all()
+        if resumed:
+            self.stdout.write(f"remediation steps queued again after the last stop: {resumed}")
 
     def _inject(self, opts: dict[str, Any]) -> None:
         fault = opts["fault"]
