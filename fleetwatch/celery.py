@@ -112,6 +112,12 @@ def _beat_schedule(sender: Celery, **_: object) -> None:
     schedule["diagnosis-rescue"] = {"task": "incidents.tasks.diagnosis_rescue",
                                     "schedule": settings.FLEETWATCH_WATCHDOG_SECONDS,
                                     "options": {"expires": settings.FLEETWATCH_WATCHDOG_SECONDS}}
+    if settings.FLEETWATCH_AUDIT_CHECKPOINT_MINUTES > 0:
+        # The audit trail's signed head, into the log (see incidents/audit.py).
+        schedule["audit-checkpoint"] = {
+            "task": "incidents.audit.checkpoint",
+            "schedule": settings.FLEETWATCH_AUDIT_CHECKPOINT_MINUTES * 60,
+            "options": {"expires": settings.FLEETWATCH_AUDIT_CHECKPOINT_MINUTES * 60}}
     sender.conf.beat_schedule = schedule
 
 

@@ -58,7 +58,8 @@ _URL_WITH_CREDENTIALS = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/@'\"<>]+@[
 # Settings (and, outside Django, environment variables) whose values are secrets: they are
 # replaced wherever they appear, whatever the words around them.
 SECRET_SETTINGS = ("SECRET_KEY", "FLEETWATCH_NOTIFY_WEBHOOK_SECRET", "EMAIL_HOST_PASSWORD",
-                   "FLEETWATCH_PROMETHEUS_TOKEN", "FLEETWATCH_METRICS_TOKEN")
+                   "FLEETWATCH_PROMETHEUS_TOKEN", "FLEETWATCH_METRICS_TOKEN",
+                   "FLEETWATCH_AUDIT_CHECKPOINT_KEY")
 # URLs whose password, query string or (for Slack-style hooks) path is the secret.
 SECRET_URL_SETTINGS = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "FLEETWATCH_CACHE_URL",
                        "FLEETWATCH_NOTIFY_SLACK_URL", "FLEETWATCH_NOTIFY_WEBHOOK_URL")

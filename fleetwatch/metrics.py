@@ -133,7 +133,8 @@ class DomainCollector:
         up = GaugeMetricFamily("fleetwatch_metrics_database_up",
                                "1 when the scrape could read the database, else 0.")
         try:
-            families = list(self._incidents()) + list(self._steps()) + list(self._collectors())
+            families = (list(self._incidents()) + list(self._steps()) + list(self._collectors())
+                        + list(self._audit()))
         except DatabaseError as exc:  # every scrape would repeat the traceback: one line
             log.warning("metrics: the database could not be read: %s", exc)
             up.add_metric([], 0)
@@ -241,6 +242,30 @@ class DomainCollector:
             runs.add_metric(key, row["runs"])
             errors.add_metric(key, row["failures"])
         yield from (up, lag, last_success, failures, duration, runs, errors)
+
+
+    def _audit(self) -> Iterator[Metric]:
+        """The audit trail's head, so Prometheus keeps a copy the database cannot rewrite: a
+        count that falls, or a head that changes while the count does not, is a trail cut or
+        rewritten (see incidents/audit.py)."""
+        from incidents.audit import audit_head
+
+        head = audit_head()
+        entries = GaugeMetricFamily("fleetwatch_audit_entries", "Entries in the audit trail.")
+        entries.add_metric([], head.count)
+        last_id = GaugeMetricFamily("fleetwatch_audit_head_id",
+                                    "Id of the audit trail's newest entry (0: none).")
+        last_id.add_metric([], head.last_id or 0)
+        # The first 52 bits of the newest entry's hash: exact in a float, so Prometheus keeps it
+        # as it was, and changes() shows every new head.
+        value = GaugeMetricFamily("fleetwatch_audit_head",
+                                  "First 52 bits of the newest audit entry's hash, as a number.")
+        value.add_metric([], float(int(head.hash[:13], 16)) if head.hash else 0.0)
+        info = GaugeMetricFamily("fleetwatch_audit_head_info",
+                                 "The newest audit entry's hash (label), always 1.",
+                                 labels=["head"])
+        info.add_metric([head.hash], 1)
+        yield from (entries, last_id, value, info)
 
 
 # --- the view ----------------------------------------------------------------------------------

@@ -327,6 +327,12 @@ for _entry in FLEETWATCH_WEBHOOK_ALLOW_HOSTS:
             raise ImproperlyConfigured(
                 f"FLEETWATCH_WEBHOOK_ALLOW_HOSTS: {_entry!r} is neither a host name nor an "
                 "address or CIDR range") from None
+# The audit trail's head, signed and written to the log every CHECKPOINT_MINUTES (0: never)
+# so that a trail cut or rewritten in the database is caught against a copy kept elsewhere
+# (see README "Audit trail"). The key signs the checkpoints: keep it out of the database.
+FLEETWATCH_AUDIT_CHECKPOINT_KEY = env_str("FLEETWATCH_AUDIT_CHECKPOINT_KEY") or SECRET_KEY
+FLEETWATCH_AUDIT_CHECKPOINT_MINUTES = env_float("FLEETWATCH_AUDIT_CHECKPOINT_MINUTES", 60.0,
+                                                minimum=0)
 # The most signals one push (POST /api/v1/signals/) may carry; more gets 413.
 FLEETWATCH_INGEST_MAX_BATCH = env_int("FLEETWATCH_INGEST_MAX_BATCH", 1000, minimum=1)
 # The largest batch must fit the request size limit. One signal's message holds up to 4,000

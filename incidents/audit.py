@@ -36,12 +36,15 @@ PostgreSQL a trigger (migration 0002) refuses UPDATE and DELETE from any SQL ses
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from celery import shared_task
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connections, router, transaction
 from django.http import HttpRequest
@@ -190,6 +193,8 @@ class VerifyResult:
             text = f"audit trail OK: {self.checked} entries"
             if self.head:
                 text += f" (head {self.head})"
+            if self.reason:  # what else it was checked against
+                text += f"; {self.reason}"
             if self.unchained:
                 text += (f"; {self.unchained} earlier entries predate the hash chain and "
                          "are not covered")
@@ -227,3 +232,133 @@ def audit_verify(using: str | None = None, chunk_size: int = 2000) -> VerifyResu
         checked += 1
         last_id, last_hash = entry_id, stored
     return VerifyResult(True, checked, unchained=unchained, head=last_hash)
+
+
+# --- the head, kept outside the database ------------------------------------------------------
+#
+# The chain proves that the trail as stored is the trail as written *up to its last entry*:
+# whoever can write the database can also delete the newest entries (the chain of what is left
+# still verifies) or rewrite the whole chain from some entry on with fresh hashes. Only a copy
+# of the head kept where that someone cannot write bounds this: the /metrics gauges (scraped
+# into Prometheus) and a signed checkpoint written to the log (shipped off the machine) every
+# FLEETWATCH_AUDIT_CHECKPOINT_MINUTES. ``audit_verify_checkpoint`` checks the trail against
+# one: the entry the checkpoint names must still be there with the same hash, and as many
+# entries up to it as there were.
+
+CHECKPOINT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Head:
+    count: int  # entries in the trail
+    last_id: int | None
+    hash: str  # the newest entry's hash ("" for none, or for a trail from before the chain)
+
+
+def audit_head(using: str | None = None) -> Head:
+    """The trail's newest entry and size now (two index reads)."""
+    alias = using or router.db_for_read(AuditEntry)
+    rows = AuditEntry.objects.using(alias)
+    last = rows.order_by("-id").values_list("id", "hash").first()
+    return Head(rows.count(), *(last or (None, "")))
+
+
+def _checkpoint_key() -> bytes:
+    from django.conf import settings
+
+    return str(settings.FLEETWATCH_AUDIT_CHECKPOINT_KEY).encode()
+
+
+def _checkpoint_mac(body: dict[str, Any]) -> str:
+    fields = {k: body[k] for k in ("v", "at", "count", "last_id", "head")}
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return hmac.new(_checkpoint_key(), canonical.encode(), hashlib.sha256).hexdigest()
+
+
+def checkpoint_make(using: str | None = None) -> dict[str, Any]:
+    """A checkpoint of the trail's head, signed (HMAC-SHA256 with
+    FLEETWATCH_AUDIT_CHECKPOINT_KEY) so that one forged with the database alone is refused."""
+    head = audit_head(using)
+    body: dict[str, Any] = {"v": CHECKPOINT_VERSION,
+                            "at": timezone.now().astimezone(UTC).isoformat(timespec="seconds"),
+                            "count": head.count, "last_id": head.last_id, "head": head.hash}
+    body["hmac"] = _checkpoint_mac(body)
+    return body
+
+
+class CheckpointError(ValueError):
+    """Not a checkpoint, or not one signed with this installation's key."""
+
+
+def checkpoint_parse(text: str) -> dict[str, Any]:
+    """A checkpoint from what was saved: the checkpoint's JSON, or the whole JSON log line
+    that carried it (its ``checkpoint`` field)."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise CheckpointError(f"not JSON: {exc}") from None
+    if isinstance(data, dict) and "checkpoint" in data:
+        data = data["checkpoint"]
+        if isinstance(data, str):
+            return checkpoint_parse(data)
+    fields = {"v": int, "at": str, "count": int, "head": str, "hmac": str}
+    if not isinstance(data, dict) or any(not isinstance(data.get(k), t) or isinstance(
+            data.get(k), bool) for k, t in fields.items()) or not (
+            data.get("last_id") is None or isinstance(data.get("last_id"), int)):
+        raise CheckpointError("not an audit checkpoint (v, at, count, last_id, head, hmac)")
+    if data["v"] != CHECKPOINT_VERSION:
+        raise CheckpointError(f"checkpoint version {data['v']} is not {CHECKPOINT_VERSION}")
+    if not hmac.compare_digest(_checkpoint_mac(data), data["hmac"]):
+        raise CheckpointError("the checkpoint's HMAC does not match: changed, or signed with "
+                              "another FLEETWATCH_AUDIT_CHECKPOINT_KEY")
+    return data
+
+
+def audit_verify_checkpoint(checkpoint: dict[str, Any], using: str | None = None) -> VerifyResult:
+    """Verify the chain, then that it still holds the checkpoint's head: the entry it names,
+    with the hash it had, and as many entries up to it. Catches a cut-off tail and a chain
+    rewritten from some entry on, which the chain alone cannot."""
+    alias = using or router.db_for_read(AuditEntry)
+    result = audit_verify(using=alias)
+    if not result.ok:
+        return result
+    last_id, count, head = checkpoint["last_id"], checkpoint["count"], checkpoint["head"]
+    where = f"the checkpoint of {checkpoint['at']} ({count} entries, head {head or 'none'})"
+    if last_id is None:
+        return result  # the trail was empty then: anything since is new
+    stored = AuditEntry.objects.using(alias).filter(pk=last_id).values_list("hash", flat=True).first()
+    if stored is None:
+        newest = AuditEntry.objects.using(alias).order_by("-id").values_list("id", flat=True).first()
+        why = ("the trail ends before it: entries were cut from its tail" if newest is None
+               or newest < last_id else "its head entry was removed")
+        return VerifyResult(False, result.checked, last_id, f"{why} ({where})", result.unchained)
+    if stored != head:
+        return VerifyResult(False, result.checked, last_id,
+                            f"its head entry has another hash now: the chain was rewritten "
+                            f"({where})", result.unchained)
+    before = AuditEntry.objects.using(alias).filter(pk__lte=last_id).count()
+    if before != count:
+        return VerifyResult(False, result.checked, last_id,
+                            f"{before} entries up to its head, not {count}: entries were "
+                            f"removed or added and the chain rewritten ({where})",
+                            result.unchained)
+    return VerifyResult(True, result.checked, unchained=result.unchained, head=result.head,
+                        reason=f"holds {where}")
+
+
+def checkpoint_log() -> dict[str, Any]:
+    """Write a signed checkpoint to the log (JSON: its ``checkpoint`` field is what
+    ``manage.py fleetwatch audit verify --checkpoint`` takes), for the log shipper to carry
+    off the machine. The beat runs this every FLEETWATCH_AUDIT_CHECKPOINT_MINUTES."""
+    checkpoint = checkpoint_make()
+    logging.getLogger("fleetwatch.audit").info(
+        "audit checkpoint: %d entries, head %s", checkpoint["count"], checkpoint["head"] or "none",
+        extra={"checkpoint": json.dumps(checkpoint, sort_keys=True, separators=(",", ":"))})
+    return checkpoint
+
+
+# The beat's task. Here rather than in incidents/tasks.py, beside what it runs; registered
+# wherever this module is imported (the worker imports it through incidents.tasks).
+@shared_task(name="incidents.audit.checkpoint", ignore_result=True)
+def checkpoint_task() -> None:
+    checkpoint_log()

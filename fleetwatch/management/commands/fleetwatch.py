@@ -89,8 +89,15 @@ class Command(BaseCommand):
 
         audit = sub.add_parser("audit", help="the audit trail")
         audit_actions = audit.add_subparsers(dest="audit_action", required=True)
-        audit_actions.add_parser("verify", help="check the hash chain; exit 1 at the first "
-                                 "entry changed, removed or reordered")
+        verify = audit_actions.add_parser(
+            "verify", help="check the hash chain; exit 1 at the first entry changed, removed "
+                           "or reordered (and, with --checkpoint, a cut-off tail)")
+        verify.add_argument(
+            "--checkpoint", metavar="JSON",
+            help="a saved checkpoint (the `checkpoint` field of an \"audit checkpoint\" log "
+                 "line, or the whole line): the trail must still hold its head")
+        audit_actions.add_parser("checkpoint", help="print a signed checkpoint of the trail's "
+                                 "head now (and write it to the log)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
@@ -221,10 +228,26 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(simulation.fleet_snapshot(), indent=1, sort_keys=True))
 
     def _audit(self, opts: dict[str, Any]) -> None:
-        from incidents.audit import audit_verify
+        from incidents.audit import (
+            CheckpointError,
+            audit_verify,
+            audit_verify_checkpoint,
+            checkpoint_log,
+            checkpoint_parse,
+        )
 
+        if opts["audit_action"] == "checkpoint":
+            self.stdout.write(json.dumps(checkpoint_log(), sort_keys=True, separators=(",", ":")))
+            return
         if opts["audit_action"] == "verify":
-            result = audit_verify()
+            if opts.get("checkpoint"):
+                try:
+                    checkpoint = checkpoint_parse(opts["checkpoint"])
+                except CheckpointError as exc:
+                    raise CommandError(f"--checkpoint: {exc}") from None
+                result = audit_verify_checkpoint(checkpoint)
+            else:
+                result = audit_verify()
             if not result.ok:
                 self.stderr.write(str(result))
                 sys.exit(1)
