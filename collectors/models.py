@@ -51,8 +51,9 @@ class SafeJSONField(models.JSONField):
     """A JSONField whose reads never hand out what readers cannot encode.
 
     SQLite keeps the JSON text as it was written, so a row stored before the door refused
-    them can hold a lone surrogate or ``NaN`` (PostgreSQL's jsonb refuses both, and NUL): every
-    reader (API, pages, exports, diagnosis) gets them replaced (see ``json_safe``)."""
+    them can hold a lone surrogate or a NUL, escaped (PostgreSQL's jsonb refuses both, and
+    SQLite's JSON check refuses NaN): every reader (API, pages, exports, diagnosis) gets them
+    replaced (see ``json_safe``)."""
 
     def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
         unsafe = isinstance(value, str) and _UNSAFE_JSON_TEXT.search(value) is not None
