@@ -291,13 +291,16 @@ class Spool:
     def batch(self, limit: int) -> SpooledBatch | None:
         """The sealed batch at the head of the spool, sealing up to ``limit`` signals with a
         fresh key when none is."""
-        header, signals = self._read()
+        header, signals = self._read(limit)  # a sealed batch needs no more (a long spool)
         if header is not None and int(header.get("count", 0)) > 0:
             count = int(header["count"])
+            if count > len(signals):  # sealed by an agent with a larger batch size
+                signals = self._read(count)[1]
             return SpooledBatch(str(header["key"]), signals[:count], int(header.get("tries", 0)),
                                 float(header.get("next_at", 0.0)))
         if not signals:
             return None
+        signals = self._read()[1]  # all of them: the spool is rewritten with the header on top
         sealed = SpooledBatch(uuid.uuid4().hex, signals[:limit])
         self._write({"key": sealed.key, "count": len(sealed.signals), "tries": 0}, signals)
         return sealed

@@ -168,3 +168,19 @@ def test_a_batch_whose_answer_was_lost_is_stored_once(
     assert restarted.flush() == 2 and len(restarted.spool) == 0
     assert Signal.objects.filter(source="kernel").count() == 2
     assert not (tmp_path / "spool.rejected").exists()
+
+
+def test_sealing_a_batch_keeps_the_spool_and_a_restart_sends_the_batch_it_sealed(
+        tmp_path: Path) -> None:
+    spool = agent.Spool(tmp_path / "spool.jsonl")
+    spool.add([_line(str(i)) for i in range(7)])
+    sealed = spool.batch(3)
+    assert sealed is not None and [s["message"] for s in sealed.signals] == ["0", "1", "2"]
+    assert len(spool) == 7  # nothing lost by writing the header
+    # An agent restarted with a smaller batch size sends the batch as sealed, under its key.
+    again = spool.batch(2)
+    assert again is not None and (again.key, again.signals) == (sealed.key, sealed.signals)
+    spool.drop(3)
+    fresh = spool.batch(2)
+    assert fresh is not None and fresh.key != sealed.key
+    assert [s["message"] for s in fresh.signals] == ["3", "4"] and len(spool) == 4
