@@ -162,6 +162,11 @@ def test_pushed_source_health_already_stored_hides_no_other_nodes_failure(
     # (pushed_collector), or observed by FleetWatch's own collectors (collector_health).
     cluster = collectors.cluster_default()
     now = timezone.now()
+    if kind == "pushed_collector":  # today the agent of gpu-001 cannot push them at all
+        pushed = _push(Client(), agent_token_create("gpu-001")[1], [
+            {"at": _at(30), "source": "collector", "node": "gpu-001", "name": name,
+             "healthy": False} for name in ("slurm", "kubernetes")])
+        assert pushed.status_code == 403 and not Signal.objects.exists()
     ids = list(Signal.objects.bulk_create(
         Signal(cluster=cluster, source="collector", kind=kind, node_name="gpu-001",
                value="false", observed_at=now - timedelta(seconds=30),
