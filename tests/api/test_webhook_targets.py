@@ -191,3 +191,70 @@ def test_only_admins_read_what_the_receiver_answered(
             page.force_login(user)
             html = page.get(f"/incidents/{incident.pk}/").content.decode()
             assert "webhook pager" in html and excerpt not in html
+
+
+def test_an_https_delivery_to_the_checked_address_still_checks_the_certificate_name(
+        incident: Incident, settings: Any, no_queue: None, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Pinned to the checked address, TLS still sends the name (SNI) and checks the receiver's
+    # certificate against it: a certificate for another name is refused.
+    import shutil
+    import ssl
+    import subprocess
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=hooks.test",
+                    "-addext", "subjectAltName=DNS:hooks.test"], check=True, capture_output=True)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert))
+    seen: dict[str, str] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen["host"] = self.headers["Host"]
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+
+    def sni(sock: Any, name: str | None, ctx: Any) -> None:
+        seen.setdefault("sni", name or "")
+
+    context.sni_callback = sni
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_port
+    settings.FLEETWATCH_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
+    real = socket.getaddrinfo
+
+    def resolver(host: str, *args: Any, **kwargs: Any) -> Any:
+        # Both names point at the receiver, as a DNS server would say.
+        return real("127.0.0.1" if host in ("hooks.test", "other.test") else host, *args,
+                    **kwargs)
+
+    try:
+        with mock.patch.object(socket, "getaddrinfo", resolver):
+            for name in ("hooks.test", "other.test"):
+                WebhookSubscription.objects.create(name=name, url=f"https://{name}:{port}/h",
+                                                   secret="s" * 32, events=["incident.opened"])
+            good, bad = webhooks.event_emit("incident.opened", incident.pk)
+            webhooks.delivery_attempt(good)
+            webhooks.delivery_attempt(bad)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert WebhookDelivery.objects.get(pk=good).status == "delivered"
+    assert seen == {"sni": "hooks.test", "host": f"hooks.test:{port}"}
+    failed = WebhookDelivery.objects.get(pk=bad)
+    assert failed.status == "pending" and failed.response_code is None
+    assert "certificate" in failed.response.lower()
