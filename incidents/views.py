@@ -19,7 +19,10 @@ from django.views.decorators.http import require_POST
 
 from collectors import simulation
 from collectors.clients.base import ClientError
+from collectors.models import json_safe
+from fleetwatch.roles import ADMIN
 from incidents import selectors, services, webhooks
+from incidents.api.permissions import role_of
 from incidents.audit import actor_name, audit_record
 from incidents.filters import AuditFilter, IncidentFilter, JobFilter, NodeFilter
 from incidents.models import Incident, Remediation, Step
@@ -37,6 +40,12 @@ def _list_status(filters: Any) -> int:
     # A filter value that does not parse (an incident number that is not one) shows the list
     # with the form's error, as a 400, as the API answers: never silently unfiltered.
     return 400 if filters.is_bound and not filters.is_valid() else 200
+
+
+def _json(data: Any, **kwargs: Any) -> JsonResponse:
+    # A stored non-finite reading (PostgreSQL's float8 keeps Infinity) would be written as the
+    # token Infinity, which browsers' JSON.parse refuses: the chart would break.
+    return JsonResponse(json_safe(data), **kwargs)
 
 
 def _paginate(request: HttpRequest, rows: QuerySet[Any], per_page: int = PAGE_SIZE) -> Page:
@@ -65,7 +74,7 @@ def dashboard_live(request: HttpRequest) -> HttpResponse:
 
 
 def gpu_grid(request: HttpRequest) -> JsonResponse:
-    return JsonResponse(selectors.gpu_grid(request.GET.get("by", "leaf"), _grid_group(request)[0]))
+    return _json(selectors.gpu_grid(request.GET.get("by", "leaf"), _grid_group(request)[0]))
 
 
 def node_list(request: HttpRequest) -> HttpResponse:
@@ -95,7 +104,7 @@ def node_telemetry(request: HttpRequest, name: str) -> JsonResponse:
         minutes = min(max(int(request.GET.get("minutes", "60")), 1), 24 * 60)
     except ValueError:
         minutes = 60
-    return JsonResponse(selectors.node_telemetry(node, minutes))
+    return _json(selectors.node_telemetry(node, minutes))
 
 
 def job_list(request: HttpRequest) -> HttpResponse:
@@ -120,7 +129,7 @@ def incident_list(request: HttpRequest) -> HttpResponse:
                   status=_list_status(filters))
 
 
-def _incident_context(incident: Incident) -> dict[str, object]:
+def _incident_context(request: HttpRequest, incident: Incident) -> dict[str, object]:
     remediation = selectors.remediation_current(incident)
     playbook = playbook_get(incident.playbook)
     steps = list(remediation.steps.all()) if remediation else []
@@ -134,6 +143,8 @@ def _incident_context(incident: Incident) -> dict[str, object]:
         "playbook": playbook,
         "timeline": selectors.incident_timeline(incident),
         "deliveries": webhooks.incident_deliveries(incident.pk),
+        # What a webhook receiver answered may hold internal details: admins only, as in the API.
+        "show_receiver_answers": role_of(request.user) == ADMIN,
         "can_start": remediation is None or remediation.status in (
             Remediation.Status.CANCELLED, Remediation.Status.FAILED,
             Remediation.Status.OBSERVED),
@@ -149,22 +160,22 @@ def _incident_context(incident: Incident) -> dict[str, object]:
 
 def incident_detail(request: HttpRequest, pk: int) -> HttpResponse:
     incident = get_object_or_404(Incident.objects.select_related("cluster"), pk=pk)
-    return render(request, "incidents/incident_detail.html", _incident_context(incident))
+    return render(request, "incidents/incident_detail.html", _incident_context(request, incident))
 
 
 def incident_live(request: HttpRequest, pk: int) -> HttpResponse:
     incident = get_object_or_404(Incident, pk=pk)
-    return render(request, "partials/incident_live.html", _incident_context(incident))
+    return render(request, "partials/incident_live.html", _incident_context(request, incident))
 
 
 def incident_chart(request: HttpRequest, pk: int) -> JsonResponse:
     incident = get_object_or_404(Incident, pk=pk)
-    return JsonResponse(selectors.incident_chart(incident))
+    return _json(selectors.incident_chart(incident))
 
 
 def incident_replay(request: HttpRequest, pk: int) -> JsonResponse:
     incident = get_object_or_404(Incident, pk=pk)
-    response = JsonResponse(selectors.incident_replay(incident), json_dumps_params={"indent": 1})
+    response = _json(selectors.incident_replay(incident), json_dumps_params={"indent": 1})
     response["Content-Disposition"] = f'attachment; filename="incident-{pk}.replay.json"'
     return response
 

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,7 +22,7 @@ from django.db import connection
 from django.test import Client
 from rest_framework.test import APIClient
 
-from collectors.models import Signal
+from collectors.models import GpuSample, Signal
 from fleetwatch.roles import ADMIN, OPERATOR, user_with_role
 from incidents.api.parsers import MAX_DEPTH
 from incidents.models import ApiToken
@@ -255,3 +256,40 @@ def test_a_chunked_body_under_gunicorn_is_a_411_not_an_empty_push(
     assert "Content-Length" in json.loads(answer)["detail"]
     status, answer = _raw_post(gunicorn.base, "/api/v1/signals/", token, None, body)
     assert status in (201, 202), answer
+
+
+# --- what the pages' JSON and tables show ---------------------------------------------------
+
+
+def _strict_json(text: str) -> Any:
+    def refuse(name: str) -> Any:
+        raise ValueError(f"not JSON: {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_stored_infinite_reading_leaves_the_pages_json_parseable(page: Client,
+                                                                   world: World) -> None:
+    type(world.gpu).objects.filter(pk=world.gpu.pk).update(temperature=float("inf"),
+                                                            utilization=float("nan"))
+    # PostgreSQL's float8 keeps an infinite reading (and SQLite's REAL too).
+    for minutes in (0, 1):
+        GpuSample.objects.create(node=world.node, gpu_index=1, temperature=float("inf"),
+                                 utilization=float("-inf"),
+                                 at=world.incident.detected_at + timedelta(minutes=minutes))
+    for url in (f"/nodes/{NODE}/telemetry.json", "/dashboard/gpu-grid.json?group=*",
+                f"/incidents/{world.incident.pk}/chart.json",
+                f"/incidents/{world.incident.pk}/replay.json"):
+        response = page.get(url)
+        assert response.status_code == 200, url
+        _strict_json(response.content.decode())
+
+
+def test_only_admins_see_what_a_webhook_receiver_answered_on_the_page(world: World) -> None:
+    world.delivery.response = "db-7.internal refused"
+    world.delivery.save(update_fields=["response"])
+    url = f"/incidents/{world.incident.pk}/"
+    for role, sees in ((OPERATOR, False), (ADMIN, True)):
+        client = Client()
+        client.force_login(user_with_role(f"{role}-hooks", role)[0])
+        html = client.get(url).content.decode()
+        assert ("db-7.internal refused" in html) is sees, role
