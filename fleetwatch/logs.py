@@ -217,6 +217,9 @@ def logging_config(fmt: str = "json", level: str = "INFO", *,
         # with CELERY_WORKER_HIJACK_ROOT_LOGGER off, the root handler below is left alone.
         "celery.task": {"handlers": ["console"], "level": level, "propagate": False},
         "fleetwatch.access": {"level": level},
+        # The audit trail's signed checkpoints are written whatever the level: a quieter log
+        # must not drop the copy of the head kept outside the database (incidents/audit.py).
+        "fleetwatch.audit": {"level": "INFO"},
     }
     if gunicorn:
         loggers["gunicorn.error"] = {"handlers": ["console"], "level": level, "propagate": False}

@@ -142,3 +142,22 @@ def test_metrics_carry_the_head(client: Any) -> None:
     assert samples[("fleetwatch_audit_head_info", (("head", head.hash),))] == 1
     # 52 bits: the float holds them exactly, so the value names the head.
     assert samples[("fleetwatch_audit_head", ())] == int(head.hash[:13], 16)
+
+
+def test_checkpoints_are_logged_whatever_the_log_level(capsys: pytest.CaptureFixture[str],
+                                                        settings: Any) -> None:
+    import logging.config
+
+    from fleetwatch.logs import logging_config
+
+    _write(2)
+    logging.config.dictConfig(logging_config(level="ERROR"))  # a site that logs errors only
+    try:
+        logging.getLogger("incidents").info("an ordinary info line")
+        checkpoint = checkpoint_log()
+    finally:
+        logging.config.dictConfig(settings.LOGGING)
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert [line["message"] for line in lines] == [
+        f"audit checkpoint: 2 entries, head {checkpoint['head']}"]
+    assert checkpoint_parse(json.dumps(lines[0])) == checkpoint
