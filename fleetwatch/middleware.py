@@ -79,8 +79,8 @@ def _has_nul(pairs: Any) -> bool:
 class BadInputMiddleware(MiddlewareMixin):
     """Refuses what no view can use, before one tries and fails with a 500:
 
-    - a NUL character in the path, the query string or a page's form fields (PostgreSQL's
-      text cannot hold one, so any lookup with it raised): 400;
+    - a NUL character in the path (404), the query string or a page's form fields (400):
+      PostgreSQL's text cannot hold one, so any lookup with it raised;
     - a chunked body (``Transfer-Encoding: chunked``, no ``Content-Length``): Django reads a
       body only up to its Content-Length, so under gunicorn such a body arrived empty and a
       push looked like an empty batch. 411, asking for the length, instead.
@@ -96,7 +96,9 @@ class BadInputMiddleware(MiddlewareMixin):
             return _refuse(request, 411, "chunked request bodies are not read: send the body "
                                          "with a Content-Length header")
         if "\x00" in request.path_info:
-            return _refuse(request, 400, "the URL path contains a NUL character (%00)")
+            # 404, not 400: no resource has such a name (and the API documents 404 for every
+            # path with a name or id in it).
+            return _refuse(request, 404, "not found: the URL path contains a NUL character (%00)")
         if _has_nul(request.GET.lists()):
             return _refuse(request, 400, "the query string contains a NUL character (%00)")
         if request.method == "POST" and not _is_api(request):

@@ -119,8 +119,14 @@ def test_a_good_push_still_goes_through(api: APIClient) -> None:
 # --- URLs and forms -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("url", [f"/api/v1/nodes/{NODE}%00/", "/api/v1/tokens/x%00/",
+                                 "/api/v1/clusters/%00/", f"/api/v1/jobs/%00{NODE}/"])
+def test_a_nul_in_an_api_path_is_a_json_404(api: APIClient, url: str) -> None:
+    response = api.get(url)
+    assert response.status_code == 404 and "NUL" in response.json()["detail"]
+
+
 @pytest.mark.parametrize("url", [
-    f"/api/v1/nodes/{NODE}%00/",
     "/api/v1/nodes/?cluster=%00",
     "/api/v1/incidents/?node=gpu%00",
     "/api/v1/signals/?kind=%00",
@@ -131,14 +137,15 @@ def test_a_nul_in_an_api_url_is_a_json_400(api: APIClient, url: str) -> None:
     assert response.status_code == 400 and "NUL" in response.json()["detail"]
 
 
-@pytest.mark.parametrize("url", [
-    "/?group=%00", "/dashboard/live?group=a%00", "/dashboard/gpu-grid.json?group=%00",
-    f"/nodes/{NODE}%00/", f"/nodes/{NODE}/?cluster=%00", "/incidents/?node=%00",
-    "/jobs/x%00/", "/audit/?actor=%00",
+@pytest.mark.parametrize(("url", "status"), [
+    ("/?group=%00", 400), ("/dashboard/live?group=a%00", 400),
+    ("/dashboard/gpu-grid.json?group=%00", 400), (f"/nodes/{NODE}/?cluster=%00", 400),
+    ("/incidents/?node=%00", 400), ("/audit/?actor=%00", 400),
+    (f"/nodes/{NODE}%00/", 404), ("/jobs/x%00/", 404),
 ])
-def test_a_nul_in_a_page_url_is_a_400(page: Client, url: str) -> None:
+def test_a_nul_in_a_page_url_is_a_400_or_404(page: Client, url: str, status: int) -> None:
     response = page.get(url)
-    assert response.status_code == 400 and "NUL" in response.content.decode()
+    assert response.status_code == status and "NUL" in response.content.decode()
 
 
 @pytest.mark.parametrize(("value", "status"), [("\x00", 400), ("abc", 400), ("", 400),
