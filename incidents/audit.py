@@ -349,11 +349,15 @@ def audit_verify_checkpoint(checkpoint: dict[str, Any], using: str | None = None
 def checkpoint_log() -> dict[str, Any]:
     """Write a signed checkpoint to the log (JSON: its ``checkpoint`` field is what
     ``manage.py fleetwatch audit verify --checkpoint`` takes), for the log shipper to carry
-    off the machine. The beat runs this every FLEETWATCH_AUDIT_CHECKPOINT_MINUTES."""
+    off the machine, and send it as an ``audit.checkpoint`` webhook event to the
+    subscriptions that list it. The beat runs this every FLEETWATCH_AUDIT_CHECKPOINT_MINUTES."""
     checkpoint = checkpoint_make()
     logging.getLogger("fleetwatch.audit").info(
         "audit checkpoint: %d entries, head %s", checkpoint["count"], checkpoint["head"] or "none",
         extra={"checkpoint": json.dumps(checkpoint, sort_keys=True, separators=(",", ":"))})
+    from incidents import webhooks  # webhooks import models and clients: only when sending
+
+    webhooks.checkpoint_emit(checkpoint)  # and to subscriptions that list audit.checkpoint
     return checkpoint
 
 

@@ -329,6 +329,8 @@ class WebhookSubscription(models.Model):
         INCIDENT_UPDATED = "incident.updated", "incident updated"
         APPROVAL_WAITING = "remediation.awaiting_approval", "remediation waiting for approval"
         INCIDENT_RESOLVED = "incident.resolved", "incident resolved"
+        # Not about an incident: sent only to subscriptions that list it (see webhooks.OPT_IN).
+        AUDIT_CHECKPOINT = "audit.checkpoint", "audit trail checkpoint (only where listed)"
 
     name = models.CharField(max_length=64, unique=True)
     url = models.URLField(max_length=500)

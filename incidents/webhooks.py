@@ -146,7 +146,15 @@ def payload_build(event: str, incident_id: int, remediation_id: int | None = Non
     }
 
 
+# Events a subscription gets only when it lists them ("no events listed: all of them" means
+# all incident events): the audit trail's hourly checkpoint is news to an auditor's store, not
+# to a pager.
+OPT_IN = frozenset({WebhookSubscription.Event.AUDIT_CHECKPOINT.value})
+
+
 def _wants(subscription: WebhookSubscription, event: str) -> bool:
+    if event in OPT_IN:
+        return event in (subscription.events or [])
     return not subscription.events or event in subscription.events
 
 
@@ -192,6 +200,32 @@ def event_emit(event: str, incident_id: int, remediation_id: int | None = None) 
     for delivery_id in ids:
         delivery_queue(delivery_id)
     log.info("webhooks: %s for incident %s queued as deliveries %s", event, incident_id, ids)
+    return ids
+
+
+def checkpoint_emit(checkpoint: dict[str, Any]) -> list[int]:
+    """Send a signed audit checkpoint (incidents.audit.checkpoint_make) to the subscriptions
+    that list ``audit.checkpoint``: a copy of the trail's head kept outside the database.
+    Never raises (the checkpoint is in the log whatever happens here)."""
+    event = WebhookSubscription.Event.AUDIT_CHECKPOINT.value
+    try:
+        subscriptions = [s for s in WebhookSubscription.objects.filter(active=True)
+                         if _wants(s, event)]
+        if not subscriptions:
+            return []
+        payload = {"event": event, "event_id": str(uuid.uuid4()),
+                   "occurred_at": timezone.now().isoformat(), "checkpoint": checkpoint,
+                   "incident": None, "remediation": None}
+        now = timezone.now()
+        with transaction.atomic():
+            ids = [WebhookDelivery.objects.create(
+                subscription=s, event=event, event_id=payload["event_id"], payload=payload,
+                next_attempt_at=now).pk for s in subscriptions]
+    except Exception:
+        log.exception("webhooks: audit checkpoint not recorded")
+        return []
+    for delivery_id in ids:
+        delivery_queue(delivery_id)
     return ids
 
 

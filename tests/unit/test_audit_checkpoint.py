@@ -29,6 +29,7 @@ from incidents.audit import (
     entry_hash,
 )
 from incidents.models import AuditEntry
+from tests.api.test_webhooks import receiver  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db
 
@@ -161,3 +162,28 @@ def test_checkpoints_are_logged_whatever_the_log_level(capsys: pytest.CaptureFix
     assert [line["message"] for line in lines] == [
         f"audit checkpoint: 2 entries, head {checkpoint['head']}"]
     assert checkpoint_parse(json.dumps(lines[0])) == checkpoint
+
+
+def test_subscriptions_that_list_it_get_the_checkpoint(receiver: Any, settings: Any) -> None:  # noqa: F811
+    from unittest import mock
+
+    from collectors.clients.notify import verify_signature
+    from incidents import tasks
+    from incidents.models import WebhookSubscription
+
+    settings.FLEETWATCH_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
+    secret = "s" * 32
+    WebhookSubscription.objects.create(name="auditor", url=f"{receiver.url}/audit",
+                                       secret=secret, events=["audit.checkpoint"])
+    # "No events listed" means every incident event, not this one.
+    WebhookSubscription.objects.create(name="pager", url=f"{receiver.url}/pager", secret=secret)
+    _write(3)
+    with mock.patch.object(tasks.webhook_deliver, "apply_async",
+                           side_effect=lambda args, **_: tasks.webhook_deliver.apply(args=args)):
+        checkpoint = checkpoint_log()
+    [hit] = receiver.hits
+    assert hit.path == "/audit" and hit.headers["X-FleetWatch-Event"] == "audit.checkpoint"
+    assert verify_signature(secret, hit.headers["X-FleetWatch-Timestamp"], hit.raw,
+                            hit.headers["X-FleetWatch-Signature"])
+    assert hit.json["checkpoint"] == checkpoint
+    assert audit_verify_checkpoint(checkpoint_parse(json.dumps(hit.json["checkpoint"]))).ok
