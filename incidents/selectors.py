@@ -93,11 +93,12 @@ def observations_between(cluster: Cluster, start: datetime, end: datetime) -> li
 
 # Telemetry samples that facts.extract skips at once (it only notes that their node exists and
 # that the window reaches their time): utilisation, clocks, power, memory use and temperatures
-# below facts.HOT_C. A busy exporter or a flood of pushes is mostly these, and reading each one
-# (a row, its JSON, its timestamps) was nearly all of a diagnosis run's time: 200,000 of them
-# took 5.5 s. The database leaves them out and sums them up per node instead (their first and
-# last time), and each node stands in as two empty observations at those times, so the engine
-# sees the same nodes and the same window ends, and reaches the same verdicts.
+# below facts.HOT_C, and kernel lines that are no XID or link change. A busy exporter or a
+# flood of pushes is mostly these, and reading each one (a row, its JSON, its timestamps) was
+# nearly all of a diagnosis run's time: 200,000 of them took 5.5 s. The database leaves them
+# out and sums them up per node instead (their first and last time), and each node stands in
+# as two empty observations at those times, so the engine sees the same nodes and the same
+# window ends, and reaches the same verdicts.
 IDLE_METRICS = (
     "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL",
     "DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK",
@@ -112,9 +113,13 @@ assert not set(IDLE_METRICS) & {facts.XID_GAUGE, facts.ROW_REMAP_FAILURE, *facts
 # text), and the two bounds match only JSON numbers on PostgreSQL (jsonb orders strings below
 # numbers and booleans above them); SQLite reads true/false as 1/0, which the engine reads as
 # no value and skips as well. Anything else is read in full, as before.
-_IDLE = Q(source=Signal.Source.DCGM) & (
+# Kernel lines are read only for XIDs and link changes (parsers.parse_kernel looks no further
+# than lines holding "Xid" or "ink"): the rest is left out too. SQLite's LIKE ignores case, so
+# there a line with "xid" is read in full: fewer left out, never one too many.
+_IDLE = (Q(source=Signal.Source.DCGM) & (
     Q(data__metric__in=IDLE_METRICS)
     | Q(data__metric__in=facts.TEMPERATURES, data__value__gt=-1e300, data__value__lt=facts.HOT_C))
+) | (Q(source=Signal.Source.KERNEL) & ~Q(message__contains="Xid") & ~Q(message__contains="ink"))
 
 
 def _window_observations(rows: QuerySet[Signal]) -> list[Observation]:

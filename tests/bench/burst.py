@@ -5,8 +5,9 @@ web server (gunicorn with the production config, two workers), a Celery worker a
 Redis, PostgreSQL (a database of its own, ``<DATABASE_URL's name>_burst``, created and dropped
 here) and the simulated fleet standing in for Slurm and Kubernetes.
 
-Clients push ``--batches`` batches of ``--batch-size`` GPU telemetry records from eight nodes
-through ``POST /api/v1/signals/`` (an ingest token, ``--clients`` at once). When
+Clients push ``--batches`` batches of ``--batch-size`` records from eight nodes (GPU telemetry;
+``--records kernel``: kernel chatter; ``--records job_log``: training output, which diagnosis
+must read line by line) through ``POST /api/v1/signals/`` (an ingest token, ``--clients`` at once). When
 ``--fault-at`` of the batches are in, a node agent on another node pushes the kernel's XID 79
 line. Reported: how long after that push the incident was opened (the server's own
 ``opened_at``), whether the flood was still going on then, how long the flood took, the
@@ -78,7 +79,26 @@ class Sampler(threading.Thread):
             connection.close()
 
 
-def flood(base: str, key: str, batches: int, size: int, clients: int,
+def records(kind: str, n: int, size: int) -> list[dict[str, Any]]:
+    """Batch ``n``: GPU telemetry (utilisation, normal temperatures) or kernel chatter, which
+    diagnosis leaves out in SQL, or training output, which it must read, every line."""
+    at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z"
+    node = FLOOD_NODES[n % len(FLOOD_NODES)]
+    if kind == "job_log":
+        return [{"at": at, "source": "job_log", "node": node, "job": str(4000 + n % 8),
+                 "message": f"[rank {i}] step {n * size + i} loss 2.{i:03d} lr 3e-4 "
+                            f"tokens/s 41{i:03d}"} for i in range(size)]
+    if kind == "kernel":
+        return [{"at": at, "source": "kernel", "node": node,
+                 "message": f"mlx5_core 0000:{0x10 + i % 8:02x}:00.0: poll_health:{n}: device's "
+                            "health compromised - reached miss count 1"} for i in range(size)]
+    # What a busy exporter sends: utilisation and (normal) temperatures per GPU.
+    return [{"at": at, "source": "dcgm", "node": node, "gpu": i % 8,
+             "metric": "DCGM_FI_DEV_GPU_UTIL" if i % 2 else "DCGM_FI_DEV_GPU_TEMP",
+             "value": (n + i) % 100 if i % 2 else 40 + (n + i) % 30} for i in range(size)]
+
+
+def flood(base: str, key: str, kind: str, batches: int, size: int, clients: int,
           pushed: list[int], errors: list[str]) -> None:
     """Push ``batches`` batches from ``clients`` threads; ``pushed[0]`` counts them."""
     import requests
@@ -94,13 +114,7 @@ def flood(base: str, key: str, batches: int, size: int, clients: int,
                 n = next(todo, None)
             if n is None or errors:
                 return
-            at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z"
-            node = FLOOD_NODES[n % len(FLOOD_NODES)]
-            # What a busy exporter sends: utilisation and (normal) temperatures per GPU.
-            batch = [{"at": at, "source": "dcgm", "node": node, "gpu": i % 8,
-                      "metric": "DCGM_FI_DEV_GPU_UTIL" if i % 2 else "DCGM_FI_DEV_GPU_TEMP",
-                      "value": (n + i) % 100 if i % 2 else 40 + (n + i) % 30}
-                     for i in range(size)]
+            batch = records(kind, n, size)
             for attempt in range(5):
                 try:
                     answer = session.post(f"{base}/api/v1/signals/", json={"signals": batch},
@@ -184,7 +198,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         pushed, errors = [0], []
         started = time.time()
         pusher = threading.Thread(target=flood, daemon=True, args=(
-            base, ingest_key, args.batches, args.batch_size, args.clients, pushed, errors))
+            base, ingest_key, args.records, args.batches, args.batch_size, args.clients, pushed,
+            errors))
         pusher.start()
         _wait(lambda: pushed[0] >= args.batches * args.fault_at or errors
               or not pusher.is_alive(), 3600, "the flood to reach the fault")
@@ -216,7 +231,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         state = DiagnosisState.objects.get()
         from collectors.models import Signal
 
-        stored = Signal.objects.filter(node_name__in=FLOOD_NODES, source="dcgm").count()
+        source = {"telemetry": "dcgm"}.get(args.records, args.records)
+        stored = Signal.objects.filter(node_name__in=FLOOD_NODES, source=source).count()
     finally:
         sampler.stop.set()
         for proc in procs:
@@ -226,7 +242,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         raise SystemExit(f"burst bench: pushes failed: {errors[:3]}")
     latency = incident.opened_at.timestamp() - fault_at
     return {
-        "batches": args.batches, "batch_size": args.batch_size, "clients": args.clients,
+        "kind": args.records, "batches": args.batches, "batch_size": args.batch_size,
+        "clients": args.clients,
         "records": args.batches * args.batch_size, "stored": stored,
         "web_workers": args.web_workers, "worker_concurrency": args.worker_concurrency,
         "flood_s": round(flood_done - started, 1),
@@ -274,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument("--records", choices=["telemetry", "kernel", "job_log"],
+                        default="telemetry",
+                        help="what the flood is: GPU telemetry samples or kernel chatter, which "
+                        "diagnosis leaves out in SQL, or training output, which it must read")
     parser.add_argument("--clients", type=int, default=4, help="pushing at once")
     parser.add_argument("--fault-at", type=float, default=0.5,
                         help="share of the batches pushed before the XID")
@@ -299,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             _drop_database(admin, name)
     lines = [
         "# Burst benchmark", "",
-        f"{r['records']:,} records in {r['batches']:,} batches of {r['batch_size']} pushed "
+        f"{r['records']:,} {r['kind']} records in {r['batches']:,} batches of "
+        f"{r['batch_size']} pushed "
         f"through `POST /api/v1/signals/` ({r['clients']} clients at once; gunicorn with "
         f"{r['web_workers']} workers, one Celery worker of concurrency "
         f"{r['worker_concurrency']} with beat, PostgreSQL, Redis). After "
@@ -321,8 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     report = "\n".join(lines) + "\n"
     print(report)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench-burst.md").write_text(report)
-    (args.out / "bench-burst.json").write_text(json.dumps(r, indent=1))
+    suffix = "" if args.records == "telemetry" else f"-{args.records}"
+    (args.out / f"bench-burst{suffix}.md").write_text(report)
+    (args.out / f"bench-burst{suffix}.json").write_text(json.dumps(r, indent=1))
     return 0
 
 

@@ -1,5 +1,6 @@
 """The diagnosis window as read from the database: leaving out the telemetry samples the engine
-skips (utilisation, cold temperatures) changes no verdict, no note and no fact.
+skips (utilisation, cold temperatures, kernel chatter) changes no verdict, no note and no
+fact.
 
 Runs on PostgreSQL under make test and on SQLite with DATABASE_URL=sqlite:///...: the rows are
 picked by JSON lookups, which the two databases evaluate differently."""
@@ -50,6 +51,11 @@ def store(cluster: Cluster) -> None:
     add(350, "dcgm", "gpu-007", kind="xid", gpu=2, code=None, metric="DCGM_FI_DEV_XID_ERRORS",
         value=48)
     add(420, "kernel", "gpu-008", message=XID79)
+    # Kernel lines: a NIC going down (read), chatter that is neither XID nor link (left out).
+    add(430, "kernel", "gpu-002", message="mlx5_core 0000:3b:00.0 ibp59s0: Link down")
+    for i in range(50):
+        add(440 + i, "kernel", "gpu-003",
+            message="mlx5_core 0000:3b:00.0: poll_health: device's health compromised")
     # The last sample of the window is an idle one: the window's end is its time.
     add(599, "dcgm", "gpu-099", gpu=0, metric="DCGM_FI_DEV_GPU_UTIL", value=3)
     Signal.objects.bulk_create(rows)
@@ -65,16 +71,18 @@ def test_leaving_idle_samples_out_changes_no_verdict() -> None:
         window = selectors.observations_between(cluster, start, end)
     topology = {"leaf-a": ["gpu-001", "gpu-002", "gpu-005", "gpu-006", "gpu-007", "gpu-008"]}
 
-    assert len(every_row) == 817
-    # The 801 idle samples are summed up in the database: two stand-ins for each of the five
-    # nodes that sent them; the 16 other rows are read in full.
-    assert len(window) == 16 + 2 * 5
+    assert len(every_row) == 868
+    # The 801 idle samples and 50 chatty kernel lines are summed up in the database: two
+    # stand-ins for each of the five nodes that sent them (gpu-003 among them already); the
+    # 17 other rows are read in full.
+    assert len(window) == 17 + 2 * 5
     assert len(queries) == 2
     full, lean = facts.extract(every_row), facts.extract(sorted(window, key=lambda o: o.at))
     assert (lean.nodes_seen, lean.first, lean.last) == (full.nodes_seen, full.first, full.last)
     assert lean.hot == full.hot and len(full.hot[("gpu-005", "GPU 3")]) == 6
     assert full.hot[("gpu-006", "GPU 1")]  # the string "95" was read, not taken for cold
     assert lean.thermal_runs == full.thermal_runs and lean.xids == full.xids
+    assert lean.links == full.links and len(full.links) == 1
     verdict, verdict_lean = (diagnose_window(every_row, topology),
                              diagnose_window(window, topology))
     assert verdict_lean == verdict
