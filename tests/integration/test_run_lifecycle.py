@@ -232,7 +232,7 @@ def test_term_to_make_stops_all_and_a_second_make_run_changes_nothing(stack: Sta
 @pytest.mark.parametrize(("target", "signum"), [
     ("worker", signal.SIGTERM), ("beat", signal.SIGTERM), ("gunicorn", signal.SIGTERM),
     ("script", signal.SIGINT),
-])
+], ids=["TERM-to-worker", "TERM-to-beat", "TERM-to-gunicorn", "INT-to-script"])
 def test_a_stop_signal_to_any_one_process_stops_them_all(stack: Stack, target: str,
                                                           signum: int) -> None:
     stack.start()
