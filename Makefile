@@ -33,6 +33,9 @@ bench: install
 	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m tests.bench.collectors --out reports
 	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m tests.bench.pages --out reports
 	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m tests.bench.burst --out reports $(BURST_ARGS)
+	# Hostile requests at every endpoint and page, on SQLite and PostgreSQL; fails on any 5xx.
+	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m tests.bench.bad_input \
+	  --database sqlite --database postgres --out reports
 
 # The end-to-end failure drill on real Slurm, Prometheus and the Kubernetes test server:
 # reports/drill/*.json and .md. Production-like by default (120 s SIGTERM grace, 15 s scrapes,

@@ -1,68 +1,104 @@
-"""Schemathesis against the generated OpenAPI schema, on a live server with an operator's
-token that has every scope: every operation, reads and actions alike, with generated input
-(valid and invalid). No answer may be a server error, or have a status code or a body the
-schema does not describe. The admin-only operations (tokens, changing webhooks) are called
-with an admin's token, so that they too get past the permission check.
+"""Schemathesis against the served OpenAPI schema, every phase (examples, coverage, fuzzing
+and stateful), on a live server as production runs it (gunicorn, PostgreSQL), within a time
+budget that fits ``make test``.
 
-Kept quick (a few examples per operation): it runs in every ``make test``."""
+The server is the bad-input battery's (tests/bench/bad_input.py): its own database with a
+small world (a node with GPUs, an incident whose remediation awaits approval, a failed
+remediation and step, a webhook with a delivery, a spare token) and an admin's token with
+every scope, which gets past every permission check. Generated path parameters are drawn half
+of the time from that world's ids and names (schemathesis "dictionaries"), so actions really
+act (approve, cancel, retry, resolve, redeliver) and what follows meets the state they left;
+the stateful phase chains operations through the links schemathesis infers (Location headers
+and parameter names; the schema declares none).
+
+Checks: no server error, status codes and content types as documented, bodies that match
+their schema. A failure prints schemathesis's own report (each failure with a curl command
+that reproduces it); the JUnit and NDJSON reports are kept under the test's tmp_path.
+
+Budget: ``SCHEMATHESIS_MAX_TIME`` seconds (default 150) for the run, about 30 s more to start
+the server. Deterministic generation with a fixed seed; how far fuzzing and stateful testing
+get within the budget depends on the machine's speed.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-import schemathesis
-from drf_spectacular.generators import SchemaGenerator
-from hypothesis import HealthCheck, settings
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
 
-from fleetwatch.roles import ADMIN, OPERATOR, user_with_role
-from tests.api.test_permissions import NEEDS
-from tests.api.world import build_world
-from tests.conftest import token_for
+from tests.bench.bad_input import ROOT, own_server
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-          response_schema_conformance]
+CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
+          "response_schema_conformance")
+PHASES = ("examples", "coverage", "fuzzing", "stateful")
+SEED = 23
+# Revoking a token is left out: the run would revoke its own token (it learns the names from
+# GET /api/v1/tokens/) and every later answer would be a 401. The battery and
+# test_endpoints.py call revoke.
+EXCLUDE_PATH_REGEX = r"/api/v1/tokens/\{name\}/revoke/$"
 
 
-@pytest.fixture
-def fuzz_world(live_server: Any, settings: Any) -> dict[str, Any]:
-    """A fleet with one of everything, and the operator's token (all scopes). Built afresh for
-    each operation (live_server flushes the database after each test), so one operation's
-    actions never decide what the next one finds."""
-    world = build_world(settings)
-    operator = token_for(user_with_role("fuzz-operator", OPERATOR)[0], name="schemathesis")
-    admin = token_for(user_with_role("fuzz-admin", ADMIN)[0], name="schemathesis-admin")
-    return {"world": world, "base_url": live_server.url,
-            "operator": {"Authorization": f"Token {operator}"},
-            "admin": {"Authorization": f"Token {admin}"}}
+def _config(world: dict, path: Path) -> Path:
+    """schemathesis.toml: the world's ids and names as dictionaries for the path parameters;
+    no requests with methods an operation does not have (DRF's 405 is tested elsewhere and
+    would cost a request per method per operation)."""
+    ids, names, jobs = set(), set(), set()
+    for params in world["path_parameters"].values():
+        for key, value in params.items():
+            if key == "id" and str(value).isdigit() and int(value) > 0:
+                ids.add(int(value))
+            elif key == "name":
+                names.add(str(value))
+            elif key == "slurm_id":
+                jobs.add(str(value))
+    names.discard("")
+    lines = [
+        "[dictionaries.ids]", f"values = {json.dumps(sorted(ids) or [1])}",
+        "[dictionaries.names]", f"values = {json.dumps(sorted(names) or ['x'])}",
+        "[dictionaries.jobs]", f"values = {json.dumps(sorted(jobs) or ['1'])}",
+        "[parameters]",
+        '"path.id" = { dictionary = "ids", probability = 0.5 }',
+        '"path.name" = { dictionary = "names", probability = 0.5 }',
+        '"path.slurm_id" = { dictionary = "jobs", probability = 0.5 }',
+        "[phases.coverage]", "unexpected-methods = []",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
-# Generated at import (schemathesis's lazy fixture loader does not work with pytest 9); the
-# schema the server serves is this same document (test_schema.py).
-schema = schemathesis.openapi.from_dict(SchemaGenerator().get_schema(request=None, public=True))
-# Not every method on every path: DRF's 405 for those is tested enough elsewhere, and each
-# costs a request per operation.
-schema.config.phases.coverage.unexpected_methods = set()
+def _failures(output: str) -> str:
+    """The failures section of schemathesis's report (all of it when there is none)."""
+    match = re.search(r"=+ FAILURES =+\n(.*?)(?:\n=+ (?:WARNINGS|SUMMARY) =+)", output, re.S)
+    return (match.group(1) if match else output)[-30000:]
 
 
-@schema.parametrize()
-@settings(max_examples=5, deadline=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
-def test_api_answers_as_its_schema_says(case: Any, fuzz_world: dict[str, Any]) -> None:
-    who = "admin" if NEEDS[case.method.upper(), case.operation.path] == "admin" else "operator"
-    call = {"base_url": fuzz_world["base_url"], "headers": fuzz_world[who], "checks": CHECKS,
-            "timeout": 20}
-    case.call_and_validate(**call)
-    # Generated ids seldom name a real object, so each example is also sent to the world's
-    # objects: the actions then really act (approve, cancel, resolve, revoke, retry), with
-    # generated bodies and query strings, and what follows meets the state they left.
-    real = fuzz_world["world"].path_parameters(case.operation.path)
-    if real and real != case.path_parameters:
-        case.path_parameters = {**(case.path_parameters or {}), **real}
-        case.call_and_validate(**call)
+def test_api_answers_as_its_schema_says(tmp_path: Path) -> None:
+    if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
+        pytest.fail("needs PostgreSQL: run it with `make test` (deploy/testing/with-services.sh)")
+    budget = os.environ.get("SCHEMATHESIS_MAX_TIME", "150")
+    schemathesis = Path(sys.executable).parent / "schemathesis"
+    with own_server(ROOT, "postgres", sys.executable, tmp_path / "server.log") as target:
+        config = _config(target.world, tmp_path / "schemathesis.toml")
+        command = [
+            str(schemathesis), "--config-file", str(config), "--no-color", "run",
+            f"{target.base_url}/api/schema/?format=json", "--url", target.base_url,
+            "-H", f"Authorization: Token {target.tokens['admin']}",
+            "--phases", ",".join(PHASES), "--checks", ",".join(CHECKS),
+            "--max-time", budget, "--seed", str(SEED), "--generation-deterministic",
+            "--workers", "2", "--request-timeout", "30", "--suppress-health-check", "all",
+            "--exclude-path-regex", EXCLUDE_PATH_REGEX, "--generation-database", "none",
+            "--report", "junit,ndjson", "--report-dir", str(tmp_path / "report"),
+        ]
+        run = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path,
+                             timeout=int(budget) + 300)
+    print(run.stdout[-20000:])  # pytest shows it with -s or on failure
+    assert "Stateful" in run.stdout, f"the stateful phase did not run:\n{run.stdout[-5000:]}"
+    assert run.returncode == 0, (
+        f"schemathesis found answers the schema does not describe (reports in "
+        f"{tmp_path / 'report'}, server log in {tmp_path / 'server.log'}):\n"
+        f"{_failures(run.stdout)}\n{run.stderr[-3000:]}")
