@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from base64 import b64decode, b64encode
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib import parse
 
@@ -102,6 +102,21 @@ class _Cursor(CursorPagination):
             values.append(value.isoformat() if isinstance(value, datetime) else value)
         return values
 
+    def _typed(self, queryset: QuerySet[Any], position: list[Any]) -> list[Any]:
+        """The position's values as their fields' types: times in UTC (PostgreSQL refuses an
+        offset past 15:59 that ISO 8601 allows), whole numbers within 64 bits."""
+        values = []
+        for field_name, raw in zip(self.ordering, position, strict=True):
+            value = queryset.model._meta.get_field(field_name.lstrip("-")).to_python(raw)
+            if isinstance(value, datetime):
+                if value.tzinfo is None:
+                    raise ValueError("a time without its offset")
+                value = value.astimezone(UTC)
+            elif isinstance(value, int) and not -(2 ** 63) <= value < 2 ** 63:
+                raise OverflowError("beyond 64 bits")
+            values.append(value)
+        return values
+
     def get_ordering(self, request: Request, queryset: QuerySet[Any],
                      view: Any = None) -> tuple[str, ...]:
         return tuple(self.ordering)  # the key is fixed: no ?ordering= for these lists
@@ -116,10 +131,11 @@ class _Cursor(CursorPagination):
         order = [f[1:] if f.startswith("-") else f"-{f}" for f in self.ordering] if reverse \
             else list(self.ordering)
         queryset = queryset.order_by(*order)
-        # A position edited by hand to the wrong type fails when the filter is built or when
-        # the query runs.
+        # A position edited by hand to the wrong type fails when it is read as the field's
+        # type, when the filter is built or when the query runs.
         try:
             if position is not None:
+                position = self._typed(queryset, position)
                 queryset = queryset.filter(_keyset_after(self.ordering, position, before=reverse))
             rows = list(queryset[:self.page_size + 1])
         except (DjangoValidationError, ValueError, TypeError, OverflowError):

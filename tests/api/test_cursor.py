@@ -104,6 +104,11 @@ def test_audit_pages_every_entry_once(api: APIClient) -> None:
     "cj0xJnA9WyJ5ZXN0ZXJkYXkiLDFd",  # r=1&p=["yesterday",1]
     "cj0wJnA9WyIyMDI2LTAxLTAxVDAwOjAwOjAwKzAwOjAwIiwieCJd",  # an id that is not a number
     "cj0yJnA9W10=",  # r=2&p=[]
+    "cj0wJnA9WyI5OTk5LTEyLTMxVDIzOjU5OjU5LTIzOjU5IiwxXQ==",  # an offset PostgreSQL cannot store
+    "cj0wJnA9WyIyMDI2LTAxLTAxVDAwOjAwOjAwIiwxXQ==",  # a time without its offset
+    # an id beyond 64 bits
+    "cj0wJnA9WyIyMDI2LTAxLTAxVDAwOjAwOjAwJTJCMDA6MDAiLDEwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMF0=",
+    "cj0wJnA9WyJcdTAwMDAiLDFd",  # a NUL
 ])
 def test_tampered_cursors_answer_400(api: APIClient, cursor: str) -> None:
     response = api.get(f"/api/v1/signals/?cursor={cursor}")
