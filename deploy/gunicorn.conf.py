@@ -8,6 +8,9 @@ What it sets up, besides the usual knobs (each overridable on the command line):
   run's counts): a fresh temporary one is made unless the variable names one, which is then
   emptied of prometheus_client's files. A dead worker's files are kept, its counts still count;
   ``child_exit`` tells prometheus_client so its live gauges (none yet) drop it.
+- Chunked request bodies: gunicorn passes them on without a Content-Length (it sets
+  ``wsgi.input_terminated``), which Django does not read: it would see an empty body. FleetWatch
+  answers such a request 411 (fleetwatch/middleware.py), so a client sends the length instead.
 - Logs as FleetWatch writes them (fleetwatch/logs.py): JSON by default, request ids, secrets
   scrubbed. gunicorn's own access log is off: FleetWatch's middleware writes one line per
   request with the caller and request id and without query-string secrets.
