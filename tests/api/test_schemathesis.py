@@ -91,7 +91,7 @@ def test_api_answers_as_its_schema_says(tmp_path: Path) -> None:
             "--phases", ",".join(PHASES), "--checks", ",".join(CHECKS),
             "--max-time", budget, "--seed", str(SEED), "--generation-deterministic",
             "--workers", "2", "--request-timeout", "30", "--suppress-health-check", "all",
-            "--exclude-path-regex", EXCLUDE_PATH_REGEX, "--generation-database", "none",
+            "--exclude-path-regex", EXCLUDE_PATH_REGEX,
             "--report", "junit,ndjson", "--report-dir", str(tmp_path / "report"),
         ]
         run = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path,

@@ -524,6 +524,34 @@ def page_probes(target: Target, who: str, full: bool, profile: Profile = FULL) -
     return probes
 
 
+def method_probes(schema: dict[str, Any], who: str) -> Iterator[Probe]:
+    """Methods an operation does not document, on every API path (real ids not needed)."""
+    for template in schema.get("paths", {}):
+        path = re.sub(r"\{[^}]+\}", "1", template)
+        for method in ("OPTIONS", "HEAD", "TRACE", "PROPFIND"):
+            yield Probe(method, path, who, f"method {method}")
+    yield Probe("GET", "/api/v1/" + "a/" * 4000, who, "path 8000 characters")
+    yield Probe("GET", "/api/v1/incidents/?status=a&status=b&status=%00", who, "repeated query")
+
+
+def admin_probes(target: Target) -> list[Probe]:
+    """The Django admin's model pages (found on its index as the admin sees it) with poisoned
+    searches, orderings, pages and object ids."""
+    conn = http.client.HTTPConnection(*target.host_port, timeout=30)
+    cookies = target.sessions.get("admin", {})
+    conn.request("GET", "/admin/", headers={"Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())})
+    html = conn.getresponse().read().decode("utf-8", "replace")
+    models = sorted(set(re.findall(r'href="(/admin/\w+/\w+/)"', html)))
+    probes = []
+    for model in models:
+        for query in ("q=%00", "q=%ED%A0%80", "p=abc", "p=99999999999999999999", "o=%00",
+                      "o=99", "id__exact=99999999999999999999", "id__gt=abc", "e=1&%00=1"):
+            probes.append(Probe("GET", f"{model}?{query}", "page:admin", f"admin list {query}"))
+        for obj in ("%00", "99999999999999999999", "abc", "%ED%A0%80"):
+            probes.append(Probe("GET", f"{model}{obj}/change/", "page:admin", f"admin object {obj}"))
+    return probes
+
+
 def login_probes() -> Iterator[Probe]:
     form = "application/x-www-form-urlencoded"
     for label, body in [("login NUL user", b"username=a%00b&password=x"),
@@ -623,6 +651,9 @@ def run_battery(target: Target, workers: int = 4, profile: Profile = FULL) -> li
             fire(api_probes(target, schema, who, full=who == "admin", profile=profile))
     fire(list(header_probes("admin")))
     fire(list(login_probes()))
+    fire(list(method_probes(schema, "admin")))
+    if "admin" in target.sessions:
+        fire(admin_probes(target))
     for role in ROLES:
         if role in target.sessions:
             fire(page_probes(target, f"page:{role}", full=role == "admin", profile=profile))
@@ -657,7 +688,10 @@ def summary(answers: list[Answer]) -> dict[str, Any]:
     return {"requests": len(answers), "by_class": dict(sorted(classes.items())),
             "server_errors": [describe(a) for a in errors],
             "no_answer": [describe(a) for a in silent],
-            "api_errors_not_json": [describe(a) for a in html_api]}
+            "api_errors_not_json": [describe(a) for a in html_api],
+            # Every answer, one line each, for reading what a class of input got.
+            "answers": [f"{a.status} {a.probe.who} {a.probe.method} {a.probe.path[:100]!r} {a.probe.label}"
+                        for a in answers]}
 
 
 def describe(answer: Answer) -> str:
