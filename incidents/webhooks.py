@@ -360,7 +360,7 @@ def target_check(url: str, *, resolve_failure_ok: bool = False) -> list[Address]
     port = _port(parts)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: an IDNA label too long, a NUL
         if resolve_failure_ok:
             return []
         raise TargetUnresolved(f"{host} does not resolve ({exc})") from None
