@@ -1,8 +1,9 @@
 """Stopping and starting `make run` (deploy/run-local.sh) as a user does, on its embedded
 default: SQLite, the filesystem broker, the simulated fleet.
 
-- A SIGTERM to make, or a stop signal to the script or to any one of the three processes it
-  starts (gunicorn, the Celery worker, Celery beat), stops every process `make run` started:
+- Ctrl-C in the terminal, a SIGTERM to make, or a stop signal to the script or to any one of
+  the three processes it starts (gunicorn, the Celery worker, Celery beat), stops every process
+  `make run` started:
   all of them, their own children (gunicorn's workers, Celery's pool) included, are gone.
 - A second `make run` that cannot start (its port is taken, or the data folder is in use)
   exits non-zero before changing anything: the first one's demo password still logs in.
@@ -14,15 +15,19 @@ default: SQLite, the filesystem broker, the simulated fleet.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import http.cookiejar
 import json
 import os
+import pty
 import re
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import termios
+import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -71,6 +76,7 @@ class Stack:
     tmp: Path
     port: int = field(default_factory=_free_port)
     proc: subprocess.Popen[bytes] | None = None
+    terminal: int = -1
     runs: int = 0
     pids: set[int] = field(default_factory=set)
     sessions: set[int] = field(default_factory=set)
@@ -91,21 +97,36 @@ class Stack:
                    FLEETWATCH_SIM_SPEED="40", **extra)
         return env
 
-    def make_run(self, port: int | None = None, **extra: str) -> subprocess.Popen[bytes]:
+    def make_run(self, port: int | None = None, terminal: bool = False,
+                 **extra: str) -> subprocess.Popen[bytes]:
+        """`make run` in a session of its own; with ``terminal``, in the foreground of a
+        pseudo-terminal (self.terminal: the side a person types into) as from a shell."""
         # -o: the venv the suite runs in is installed; make must not reinstall it.
         command = ["make", "--no-print-directory", "-o", f"{VENV}/bin/.installed", "run",
                    f"PORT={port or self.port}", f"VENV={VENV}"]
         self.runs += 1
         log = self.tmp / f"run-{self.runs}.log"
-        with open(log, "wb") as out:
-            return subprocess.Popen(command, cwd=ROOT, env=self.env(**extra), stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+        if not terminal:
+            with open(log, "wb") as out:
+                return subprocess.Popen(command, cwd=ROOT, env=self.env(**extra), stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.terminal, tty = pty.openpty()
+
+        def controlling_terminal() -> None:  # in the child, after setsid()
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        proc = subprocess.Popen(command, cwd=ROOT, env=self.env(**extra), stdin=tty, stdout=tty,
+                                stderr=tty, start_new_session=True,
+                                preexec_fn=controlling_terminal)
+        os.close(tty)
+        threading.Thread(target=_copy, args=(self.terminal, log), daemon=True).start()
+        return proc
 
     def log(self) -> str:
         return (self.tmp / f"run-{self.runs}.log").read_text(errors="replace")
 
-    def start(self, **extra: str) -> None:
-        self.proc = self.make_run(FLEETWATCH_DEMO_PASSWORD=PASSWORD, **extra)
+    def start(self, terminal: bool = False, **extra: str) -> None:
+        self.proc = self.make_run(terminal=terminal, FLEETWATCH_DEMO_PASSWORD=PASSWORD, **extra)
         try:
             wait_for(lambda: _get(f"{self.base}/healthz") == 200, 120, "the web server")
             # The worker and beat are up too (they start before gunicorn, but slower).
@@ -169,6 +190,20 @@ class Stack:
             return db.execute(sql, params).fetchall()
 
 
+def _copy(terminal: int, log: Path) -> None:
+    """What the terminal shows, into the log (read all along: a full terminal blocks)."""
+    with open(log, "ab") as out:
+        while True:
+            try:
+                data = os.read(terminal, 65536)
+            except OSError:  # every process holding the terminal has ended
+                return
+            if not data:
+                return
+            out.write(data)
+            out.flush()
+
+
 def _get(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -227,6 +262,15 @@ def test_term_to_make_stops_all_and_a_second_make_run_changes_nothing(stack: Sta
     os.kill(first.pid, signal.SIGTERM)  # make passes a TERM on to its recipe: the script
     stack.wait_stopped()
     assert first.returncode != 0
+
+
+def test_ctrl_c_in_a_terminal_stops_everything(stack: Stack) -> None:
+    stack.start(terminal=True)
+    # The terminal sends SIGINT to its foreground process group: make and the script. The
+    # three the script started run in sessions of their own and are stopped by the script.
+    os.write(stack.terminal, b"\x03")
+    stack.wait_stopped()
+    assert "FleetWatch: stopping web, worker and beat" in stack.log()
 
 
 @pytest.mark.parametrize(("target", "signum"), [
