@@ -7,9 +7,10 @@ default: SQLite, the filesystem broker, the simulated fleet.
   all of them, their own children (gunicorn's workers, Celery's pool) included, are gone.
 - A second `make run` that cannot start (its port is taken, or the data folder is in use)
   exits non-zero before changing anything: the first one's demo password still logs in.
-- A remediation step cut off inside an outside call by a stop resumes at the next start, long
-  before its lease (10 minutes here) would have let the watchdog take it, and makes each
-  outside call once.
+- A worker told to stop while a step is inside a 5-minute outside call stops within seconds
+  (it cancels what still runs after FLEETWATCH_WORKER_SHUTDOWN_SECONDS), and the others with
+  it. The step resumes at the next start, long before its lease (10 minutes here) would have
+  let the watchdog take it, and makes each outside call once.
 """
 
 from __future__ import annotations
@@ -303,12 +304,12 @@ def _changes(stack: Stack, verb: str) -> int:
 
 
 def test_a_step_cut_off_by_a_stop_resumes_at_the_next_start(stack: Stack) -> None:
-    # The eviction takes 15 s in the sim, longer than the worker's 3 s to finish its tasks:
-    # the stop lands inside the call. The lease (10 minutes) is far longer than this test
-    # waits, so only the next start can bring the step back.
-    slow = {"FLEETWATCH_SIM_ACTION_DELAY": "k8s.evict=15", "FLEETWATCH_STEP_LEASE_SECONDS": "600",
-            "FLEETWATCH_STEP_POLL_SECONDS": "0.5"}
-    stack.start(**slow)
+    # In the first run the eviction takes 5 minutes in the sim. A worker that waited for its
+    # running tasks (Celery's warm shutdown) would outlive this test; it gives them 3 s and
+    # cancels them. The lease (10 minutes) is far longer than this test waits, so only the
+    # next start can bring the step back.
+    lease = {"FLEETWATCH_STEP_LEASE_SECONDS": "600", "FLEETWATCH_STEP_POLL_SECONDS": "0.5"}
+    stack.start(FLEETWATCH_SIM_ACTION_DELAY="k8s.evict=300", **lease)
     wait_for(lambda: stack.query("SELECT count(*) FROM collectors_node WHERE health = 'healthy'")
              [0][0] == 16, 60, "the first collection")
     stack.manage("fleetwatch", "inject", "xid", "--node", "gpu-003", "--gpu", "5", "--code", "79")
@@ -319,8 +320,9 @@ def test_a_step_cut_off_by_a_stop_resumes_at_the_next_start(stack: Stack) -> Non
         print(stack.log()[-5000:])
         raise
     stack.remember()
-    assert stack.proc is not None
-    os.kill(stack.proc.pid, signal.SIGTERM)
+    worker = stack.find("worker")
+    assert worker is not None
+    os.kill(worker, signal.SIGTERM)  # the worker alone: the script stops the rest once it ends
     stack.wait_stopped()
 
     # Cut off inside the eviction: still leased, the pod not evicted, nothing audited for it.
@@ -330,7 +332,7 @@ def test_a_step_cut_off_by_a_stop_resumes_at_the_next_start(stack: Stack) -> Non
     assert "slurmd-gpu-003" in [p["name"] for p in pods if p["node"] == "gpu-003"]
     assert _changes(stack, "k8s.evict") == 0
 
-    stack.start(**slow)
+    stack.start(**lease)
     try:
         wait_for(lambda: stack.query("SELECT status FROM incidents_incident") == [("resolved",)],
                  120, "the incident to resolve", interval=0.5)
