@@ -671,6 +671,7 @@ def steps_resume_all() -> list[int]:
     now = timezone.now()
     resumed: list[int] = []
     with transaction.atomic():
+        audit_lock()  # before any row lock: see incidents/audit.py
         cut_off = list(Step.objects.exclude(lease_until=None)
                        .select_related("remediation__incident").order_by("pk"))
         for step in cut_off:
