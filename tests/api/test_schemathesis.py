@@ -90,7 +90,10 @@ def test_api_answers_as_its_schema_says(tmp_path: Path) -> None:
             "-H", f"Authorization: Token {target.tokens['admin']}",
             "--phases", ",".join(PHASES), "--checks", ",".join(CHECKS),
             "--max-time", budget, "--seed", str(SEED), "--generation-deterministic",
-            "--workers", "2", "--request-timeout", "30", "--suppress-health-check", "all",
+            # One worker: the same order of requests each run, and schemathesis 4.32's
+            # coverage phase once failed inside itself (SystemError from CPython's AST
+            # compiler) with two threads generating at once.
+            "--workers", "1", "--request-timeout", "30", "--suppress-health-check", "all",
             "--exclude-path-regex", EXCLUDE_PATH_REGEX,
             "--report", "junit,ndjson", "--report-dir", str(tmp_path / "report"),
         ]
