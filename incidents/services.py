@@ -834,6 +834,9 @@ def _step_context(step: Step) -> StepContext:
     rem, incident = step.remediation, step.remediation.incident
     previous = {s.kind: s.result for s in rem.steps.filter(order__lt=step.order)}
 
+    # Retried on its own (a deadlock lost here must not leave a call made but unrecorded,
+    # which a re-run would make again).
+    @retry_transient
     def audit(verb: str, target: str, result: ActionResult | None, error: str | None,
               duration_ms: float | None = None) -> None:
         audit_record(verb, target, remediation=rem, step=step, ok=error is None,
@@ -854,6 +857,7 @@ def _step_context(step: Step) -> StepContext:
     )
 
 
+@retry_transient
 def _step_call_done(step_id: int, key: str) -> None:
     """Save at once (autocommit: the executor runs outside any transaction) that this call
     completed, so a run after a crash skips it. The step is leased to this worker."""
