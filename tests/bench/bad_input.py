@@ -576,17 +576,17 @@ def concurrent_probes(target: Target) -> list[list[Probe]]:
                token_body, "application/json") for _ in range(8)],
         [Probe("POST", "/api/v1/webhooks/", "admin", "concurrent webhook create, one name",
                hook_body, "application/json") for _ in range(8)],
-        [Probe("POST", f"/api/v1/incidents/{w.get('old_incident', 1)}/remediate", "operator",
+        [Probe("POST", f"/api/v1/incidents/{w.get('old_incident', 1)}/remediate/", "operator",
                "concurrent remediate", b"", "application/json") for _ in range(8)],
-        [Probe("POST", f"/api/v1/remediations/{w.get('failed', 1)}/retry", "operator",
+        [Probe("POST", f"/api/v1/remediations/{w.get('failed', 1)}/retry/", "operator",
                "concurrent retry while a newer remediation is active", b"", "application/json")
          for _ in range(6)],
-        [Probe("POST", f"/api/v1/steps/{w.get('failed_step', 1)}/retry", "operator",
+        [Probe("POST", f"/api/v1/steps/{w.get('failed_step', 1)}/retry/", "operator",
                "concurrent step retry while a newer remediation is active", b"",
                "application/json") for _ in range(6)],
-        [Probe("POST", f"/api/v1/remediations/{w.get('remediation', 1)}/approve", "operator",
+        [Probe("POST", f"/api/v1/remediations/{w.get('remediation', 1)}/approve/", "operator",
                "concurrent approve", b"", "application/json") for _ in range(4)]
-        + [Probe("POST", f"/api/v1/remediations/{w.get('remediation', 1)}/cancel", "operator",
+        + [Probe("POST", f"/api/v1/remediations/{w.get('remediation', 1)}/cancel/", "operator",
                  "concurrent cancel", b"", "application/json") for _ in range(4)],
         [Probe("POST", "/api/v1/signals/", "agent", "concurrent push, one idempotency key", push,
                "application/json", headers={"Idempotency-Key": "battery-batch-1"})
