@@ -31,11 +31,14 @@ def _battery(database: str, tmp_path: Path) -> None:
         + "\n".join(result["server_errors"]))
 
 
+# A few minutes on a loaded machine: more than the suite's 300 s default.
+@pytest.mark.timeout(900)
 def test_no_server_error_on_postgresql(tmp_path: Path) -> None:
     if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
         pytest.fail("needs PostgreSQL: run it with `make test` (deploy/testing/with-services.sh)")
     _battery("postgres", tmp_path)
 
 
+@pytest.mark.timeout(900)
 def test_no_server_error_on_sqlite(tmp_path: Path) -> None:
     _battery("sqlite", tmp_path)

@@ -77,6 +77,7 @@ def _failures(output: str) -> str:
     return (match.group(1) if match else output)[-30000:]
 
 
+@pytest.mark.timeout(int(os.environ.get("SCHEMATHESIS_MAX_TIME", "150")) + 420)
 def test_api_answers_as_its_schema_says(tmp_path: Path) -> None:
     if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
         pytest.fail("needs PostgreSQL: run it with `make test` (deploy/testing/with-services.sh)")
