@@ -5,7 +5,8 @@ duplicate creates) at every API operation and page family, as an admin, an opera
 viewer, a user with no role, a node agent and nobody, against gunicorn on PostgreSQL and on
 SQLite (the embedded default). Not one answer may be a server error; the failure lists each
 one (method, path, caller, what was hostile, the answer's start), and the server's log with
-the tracebacks is kept in the test's tmp_path.
+the tracebacks is kept in the test's tmp_path. Identical creates, actions and pushes (one
+Idempotency-Key) sent at once must take effect once.
 
 ``make test`` runs the quick profile (fewer poisons per parameter, every class still fired);
 ``python -m tests.bench.bad_input`` runs the full one."""
@@ -29,6 +30,8 @@ def _battery(database: str, tmp_path: Path) -> None:
     assert not result["server_errors"], (
         f"{len(result['server_errors'])} server errors on {database} (tracebacks in {log}):\n"
         + "\n".join(result["server_errors"]))
+    # Identical creates, actions and pushes sent at once take effect once.
+    assert not result["done_twice"], "\n".join(result["done_twice"])
 
 
 # A few minutes on a loaded machine: more than the suite's 300 s default.

@@ -687,11 +687,30 @@ def summary(answers: list[Answer]) -> dict[str, Any]:
                 and a.content_type.startswith("text/html;")]
     return {"requests": len(answers), "by_class": dict(sorted(classes.items())),
             "server_errors": [describe(a) for a in errors],
+            "done_twice": done_twice(answers),
             "no_answer": [describe(a) for a in silent],
             "api_errors_not_json": [describe(a) for a in html_api],
             # Every answer, one line each, for reading what a class of input got.
             "answers": [f"{a.status} {a.probe.who} {a.probe.method} {a.probe.path[:100]!r} {a.probe.label}"
                         for a in answers]}
+
+
+# Identical requests sent at once that must take effect once at most: (label, success status).
+ONCE = [("concurrent token create, one name", 201), ("concurrent webhook create, one name", 201),
+        ("concurrent remediate", 201), ("concurrent approve", 200), ("concurrent cancel", 200),
+        ("concurrent push, one idempotency key", 201)]
+
+
+def done_twice(answers: list[Answer]) -> list[str]:
+    """The concurrent duplicates that took effect more than once (a replayed push, answered
+    201 with ``"replayed": true``, took no effect)."""
+    found = []
+    for label, ok in ONCE:
+        took = [a for a in answers if a.probe.label == label and a.status == ok
+                and '"replayed": true' not in a.excerpt.replace('":true', '": true')]
+        if len(took) > 1:
+            found.append(f"{label}: {len(took)} answers {ok} of {sum(a.probe.label == label for a in answers)}")
+    return found
 
 
 def describe(answer: Answer) -> str:
@@ -711,6 +730,9 @@ def report_text(result: dict[str, Any]) -> str:
     if result["server_errors"]:
         lines.append(f"{len(result['server_errors'])} server errors:")
         lines += [f"  {line}" for line in result["server_errors"]]
+    if result["done_twice"]:
+        lines.append("concurrent duplicates that took effect more than once:")
+        lines += [f"  {line}" for line in result["done_twice"]]
     if result["no_answer"]:
         lines.append(f"{len(result['no_answer'])} without an answer:")
         lines += [f"  {line}" for line in result["no_answer"]]
