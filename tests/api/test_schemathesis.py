@@ -72,8 +72,9 @@ def _config(world: dict, path: Path) -> Path:
 
 
 def _failures(output: str) -> str:
-    """The failures section of schemathesis's report (all of it when there is none)."""
-    match = re.search(r"=+ FAILURES =+\n(.*?)(?:\n=+ (?:WARNINGS|SUMMARY) =+)", output, re.S)
+    """The errors and failures sections of schemathesis's report (all of it when there are
+    none)."""
+    match = re.search(r"(=+ (?:ERRORS|FAILURES) =+\n.*?)(?:\n=+ (?:WARNINGS|SUMMARY) =+)", output, re.S)
     return (match.group(1) if match else output)[-30000:]
 
 
