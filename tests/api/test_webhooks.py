@@ -565,6 +565,7 @@ def worker_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     """Read by the worker process (its environment is copied when it starts)."""
     monkeypatch.setenv("FLEETWATCH_WEBHOOK_BACKOFF_SECONDS", "0.5")
     monkeypatch.setenv("FLEETWATCH_WEBHOOK_MAX_ATTEMPTS", "3")
+    monkeypatch.setenv("FLEETWATCH_WEBHOOK_ALLOW_HOSTS", "127.0.0.1")  # the loopback receiver
 
 
 @pytest.mark.integration
