@@ -47,6 +47,18 @@ def token_for(user: Any, scopes: tuple[str, ...] = ("read", "operate", "ingest")
     return token_create(user, name, scopes, ttl_days=days)[1]
 
 
+def rerun_on_sqlite(test_file: str, tmp_path: Path, select: str) -> None:
+    """Run ``test_file``'s tests selected by ``select`` (a ``-k`` expression) again in a
+    subprocess on an SQLite database, the embedded demo's: where the two databases differ
+    (what they store, how they compare, how writers take turns), both are tested."""
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'rerun.sqlite3'}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", test_file, "-q", "-p", "no:cacheprovider", "-k", select],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout, done.stdout[-3000:]
+
+
 def steps_queued(callbacks: list[Callable[[], Any]]) -> int:
     """How many on-commit callbacks queue a remediation step (others tell webhooks)."""
     return sum(1 for c in callbacks if c.__qualname__.startswith("_step_enqueue"))

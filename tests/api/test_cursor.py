@@ -5,9 +5,6 @@ than a page are normal; the cursor must still move on (it carries ``id`` as a ti
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,7 +17,7 @@ from rest_framework.test import APIClient
 from collectors.models import Signal
 from fleetwatch.roles import OPERATOR, user_with_role
 from incidents.audit import audit_record
-from tests.conftest import ROOT, token_for
+from tests.conftest import rerun_on_sqlite, token_for
 
 
 @pytest.fixture
@@ -118,9 +115,4 @@ def test_tampered_cursors_answer_400(api: APIClient, cursor: str) -> None:
 @pytest.mark.skipif(connection.vendor == "sqlite", reason="this run is the SQLite one")
 def test_the_same_on_sqlite(tmp_path: Path) -> None:
     # The embedded demo's database compares times as text: run this file's tests on it too.
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'cursor.sqlite3'}"}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider",
-         "-k", "not the_same_on_sqlite"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    rerun_on_sqlite(__file__, tmp_path, "not the_same_on_sqlite")

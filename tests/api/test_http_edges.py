@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,7 +26,7 @@ from incidents.models import ApiToken
 from tests.api.test_metrics import Gunicorn, gunicorn  # noqa: F401  (the fixture)
 from tests.api.test_permissions import schema_operations
 from tests.api.world import NODE, World, build_world, signal_body
-from tests.conftest import token_for
+from tests.conftest import rerun_on_sqlite, token_for
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BIG = "99999999999999999999"  # 20 digits: more than a 64-bit id
@@ -226,12 +223,7 @@ def test_a_page_filter_that_cannot_be_an_id_is_a_400_showing_the_form(page: Clie
 def test_the_same_on_sqlite(tmp_path: Path) -> None:
     # SQLite raised OverflowError for ids beyond 64 bits: run this file's tests on it too
     # (not the gunicorn one, which wants PostgreSQL).
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'edges.sqlite3'}"}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider",
-         "-k", "not the_same_on_sqlite and not gunicorn"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    rerun_on_sqlite(__file__, tmp_path, "not the_same_on_sqlite and not gunicorn")
 
 
 # --- chunked bodies, under gunicorn as production runs it -----------------------------------

@@ -14,9 +14,6 @@ see test_the_same_on_sqlite)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -36,7 +33,7 @@ from fleetwatch.roles import OPERATOR, user_with_role
 from incidents import services as incidents
 from incidents.models import AuditEntry, Incident
 from incidents.tokens import agent_token_create
-from tests.conftest import token_for
+from tests.conftest import rerun_on_sqlite, token_for
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 pytestmark = pytest.mark.django_db
@@ -396,10 +393,5 @@ def test_every_reader_survives_what_is_stored(fleet: None, client: Client) -> No
 def test_the_same_on_sqlite(tmp_path: Path) -> None:
     # SQLite keeps a lone surrogate or NUL written into a JSON text: the readers' tests again,
     # and the idempotency keys' (its writes take turns differently).
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'poison.sqlite3'}"}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider",
-         "-k", "poison or reader or idempotency or retried or pushed_source_health"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout
+    rerun_on_sqlite(__file__, tmp_path,
+                    "poison or reader or idempotency or retried or pushed_source_health")
