@@ -42,7 +42,7 @@ from collectors.models import (
     json_safe,
 )
 from collectors.normalize import SignalDraft
-from fleetwatch.roles import INGEST_SOURCES, PushRights
+from collectors.push import INGEST_SOURCES, PushRights
 
 log = logging.getLogger(__name__)
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
 
 from django.contrib.auth.models import Group, Permission, User
+
+from collectors.push import AGENT_SOURCES, INGEST_SOURCES, PushRights
 
 VIEWER, OPERATOR, ADMIN = "viewer", "operator", "admin"
 # A node agent: may push signals, for its own node only (its user is "agent:<node>").
@@ -38,26 +39,6 @@ def agent_node(user: User) -> str | None:
     if user.username.startswith(AGENT_PREFIX) and user.groups.filter(name=AGENT).exists():
         return user.username[len(AGENT_PREFIX):]
     return None
-
-
-# What a push may say follows from who sends it. A node agent sees its own node's hardware and
-# kernel: the NVML readings and XIDs it reports as ``dcgm``, the kernel log, the NIC counters.
-# Another monitor (an operator's or admin's token with the ``ingest`` scope) adds job logs, for
-# any node FleetWatch knows. Nobody pushes ``collector`` records (whether a source is up is
-# only what FleetWatch's own collectors saw: a pushed "slurm is down" would make diagnosis set
-# aside real node failures), nor Slurm or Kubernetes state, which FleetWatch reads from them.
-AGENT_SOURCES = frozenset({"kernel", "dcgm", "nic"})
-INGEST_SOURCES = frozenset({"kernel", "dcgm", "nic", "job_log"})
-
-
-@dataclass(frozen=True)
-class PushRights:
-    """What one caller may push: these sources, about this node only (``None``: any known
-    node, or none)."""
-
-    who: str
-    sources: frozenset[str]
-    node: str | None = None
 
 
 def push_rights(user: User) -> PushRights:

@@ -1,0 +1,25 @@
+"""What a pushed signal may say, by who pushes it: plain data, read by the ingest service and
+by fleetwatch.roles, which decides whose token is whose (collectors depend on no project code)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# What a push may say follows from who sends it. A node agent sees its own node's hardware and
+# kernel: the NVML readings and XIDs it reports as ``dcgm``, the kernel log, the NIC counters.
+# Another monitor (an operator's or admin's token with the ``ingest`` scope) adds job logs, for
+# any node FleetWatch knows. Nobody pushes ``collector`` records (whether a source is up is
+# only what FleetWatch's own collectors saw: a pushed "slurm is down" would make diagnosis set
+# aside real node failures), nor Slurm or Kubernetes state, which FleetWatch reads from them.
+AGENT_SOURCES = frozenset({"kernel", "dcgm", "nic"})
+INGEST_SOURCES = frozenset({"kernel", "dcgm", "nic", "job_log"})
+
+
+@dataclass(frozen=True)
+class PushRights:
+    """What one caller may push: these sources, about this node only (``None``: any known
+    node, or none)."""
+
+    who: str
+    sources: frozenset[str]
+    node: str | None = None
