@@ -23,32 +23,32 @@ run: install
 
 test: install
 	deploy/bootstrap.sh test
-	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m pytest $(PYTEST_ARGS)
+	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Benchmarks: figures in reports/, never timed assertions in tests (the machines are shared).
 # BURST_ARGS: e.g. --batches 500 for a shorter burst (the default is 2,000 batches of 100).
 bench: install
 	$(BIN)/python -m tests.bench.diagnosis --out reports
 	deploy/bootstrap.sh test
-	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m tests.bench.collectors --out reports
-	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m tests.bench.pages --out reports
-	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m tests.bench.burst --out reports $(BURST_ARGS)
+	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.collectors --out reports
+	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.pages --out reports
+	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.burst --out reports $(BURST_ARGS)
 	# Hostile requests at every endpoint and page, on SQLite and PostgreSQL; fails on any 5xx.
-	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m tests.bench.bad_input \
+	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.bad_input \
 	  --database sqlite --database postgres --out reports
 
 # The end-to-end failure drill on real Slurm, Prometheus and the Kubernetes test server:
 # reports/drill/*.json and .md. Production-like by default (120 s SIGTERM grace, 15 s scrapes,
 # Slurm's default 120 s cred_expire); shorten it with e.g. `make drill DRILL_GRACE=10
 # DRILL_SCRAPE=2 DRILL_CRED_EXPIRE=10`, or pass more options (`--fault-path agent`,
-# `--no-auto-replace`, see `python -m deploy.drill.run --help`) in DRILL_ARGS.
+# `--no-auto-replace`, see `python -m tests.drill.run --help`) in DRILL_ARGS.
 DRILL_GRACE ?= 120
 DRILL_SCRAPE ?= 15
 DRILL_CRED_EXPIRE ?= 120
 DRILL_ARGS ?=
 drill: install
 	deploy/bootstrap.sh test
-	VENV=$(VENV) deploy/testing/with-services.sh $(BIN)/python -m deploy.drill.run \
+	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.drill.run \
 	  --out reports/drill --grace $(DRILL_GRACE) --scrape $(DRILL_SCRAPE) \
 	  --cred-expire $(DRILL_CRED_EXPIRE) $(DRILL_ARGS)
 

@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 
 from collectors.clients.sim import SimFleet
-from deploy.testing.processes import stop_process_group
 from fleetwatch.roles import OPERATOR, VIEWER, user_with_role
+from tests.harness.processes import stop_process_group
 
 ROOT = Path(__file__).resolve().parent.parent
 

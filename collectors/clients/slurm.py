@@ -25,7 +25,7 @@ Actions read the current state first, so a retried step does nothing twice, and 
 FleetWatch did: every reason FleetWatch sets starts with ``fleetwatch:``, and resume() refuses a
 node whose reason does not.
 
-Semantics found on a real 22.05 cluster (deploy/testing/slurm_cluster.py, tests/integration/
+Semantics found on a real 22.05 cluster (tests/harness/slurm_cluster.py, tests/integration/
 test_slurm.py), which decide how cancel() and requeue() work:
 
 * ``scancel --signal=TERM --full JOBID`` only delivers SIGTERM: a job that ignores it (a hung

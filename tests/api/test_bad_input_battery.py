@@ -38,7 +38,7 @@ def _battery(database: str, tmp_path: Path) -> None:
 @pytest.mark.timeout(900)
 def test_no_server_error_on_postgresql(tmp_path: Path) -> None:
     if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
-        pytest.fail("needs PostgreSQL: run it with `make test` (deploy/testing/with-services.sh)")
+        pytest.fail("needs PostgreSQL: run it with `make test` (tests/harness/with-services.sh)")
     _battery("postgres", tmp_path)
 
 

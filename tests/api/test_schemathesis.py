@@ -81,7 +81,7 @@ def _failures(output: str) -> str:
 @pytest.mark.timeout(int(os.environ.get("SCHEMATHESIS_MAX_TIME", "150")) + 420)
 def test_api_answers_as_its_schema_says(tmp_path: Path) -> None:
     if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
-        pytest.fail("needs PostgreSQL: run it with `make test` (deploy/testing/with-services.sh)")
+        pytest.fail("needs PostgreSQL: run it with `make test` (tests/harness/with-services.sh)")
     budget = os.environ.get("SCHEMATHESIS_MAX_TIME", "150")
     schemathesis = Path(sys.executable).parent / "schemathesis"
     with own_server(ROOT, "postgres", sys.executable, tmp_path / "server.log") as target:

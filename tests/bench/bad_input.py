@@ -853,7 +853,7 @@ def own_server(app_dir: Path, database: str, python: str, log_to: Path | None = 
             url = os.environ.get("DATABASE_URL", "")
             if not url.startswith(("postgres://", "postgresql://")):
                 raise SystemExit("--database postgres needs DATABASE_URL naming a PostgreSQL server "
-                                 "(run under deploy/testing/with-services.sh)")
+                                 "(run under tests/harness/with-services.sh)")
             db_cm = postgres_database(url)
         with db_cm as db_url:
             port = _free_port()

@@ -1,6 +1,6 @@
 """Benchmark: a fault is acted on while a flood of pushes is absorbed.
 
-Run by ``make bench`` under deploy/testing/with-services.sh. The whole stack as deployed: the
+Run by ``make bench`` under tests/harness/with-services.sh. The whole stack as deployed: the
 web server (gunicorn with the production config, two workers), a Celery worker and beat on
 Redis, PostgreSQL (a database of its own, ``<DATABASE_URL's name>_burst``, created and dropped
 here) and the simulated fleet standing in for Slurm and Kubernetes.
@@ -46,7 +46,7 @@ def _setup_database() -> tuple[str, str]:
     if not url.startswith("postgres") or not os.environ.get("CELERY_BROKER_URL", "").startswith(
             "redis://"):
         sys.exit("burst bench: needs DATABASE_URL (PostgreSQL) and CELERY_BROKER_URL (Redis): "
-                 "run it with deploy/testing/with-services.sh")
+                 "run it with tests/harness/with-services.sh")
     name = f"{dj_database_url.parse(url)['NAME']}_burst"
     admin = url.rsplit("/", 1)[0] + "/postgres"
     with psycopg.connect(admin, autocommit=True) as conn:
@@ -147,10 +147,10 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from django.db import connection
 
     from collectors.clients.sim import SimFleet
-    from deploy.testing.processes import stop_process_group
     from fleetwatch.roles import OPERATOR, user_with_role
     from incidents.models import DiagnosisState, Incident
     from incidents.tokens import agent_token_create, token_create
+    from tests.harness.processes import stop_process_group
 
     call_command("migrate", verbosity=0)
     broker = os.environ["CELERY_BROKER_URL"]

@@ -1,6 +1,6 @@
 """Benchmark: a full poll of 12,500 nodes and 100,000 GPUs, normalized and stored in PostgreSQL.
 
-Run by ``make bench`` under deploy/testing/with-services.sh, in a database of its own
+Run by ``make bench`` under tests/harness/with-services.sh, in a database of its own
 (``<DATABASE_URL's name>_bench``, created and dropped here). Slurm and Prometheus are the real
 clients (``SlurmCli``, ``PrometheusTelemetry``) with their transport replaced by the text a
 real fleet's answers hold: ``sinfo --json`` and ``squeue --json`` output in Slurm 22.05's shape
@@ -86,7 +86,7 @@ def _setup_database() -> tuple[str, str]:
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith("postgres"):
         sys.exit("collectors bench: needs DATABASE_URL pointing at PostgreSQL "
-                 "(run it with deploy/testing/with-services.sh)")
+                 "(run it with tests/harness/with-services.sh)")
     config = dj_database_url.parse(url)
     name = f"{config['NAME']}_bench"
     admin = url.rsplit("/", 1)[0] + "/postgres"

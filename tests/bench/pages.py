@@ -1,7 +1,7 @@
 """Benchmark: server time of the operator's pages with 12,500 nodes, 100,000 GPUs and 10,000
 incidents in PostgreSQL.
 
-Run by ``make bench`` under deploy/testing/with-services.sh, in a database of its own
+Run by ``make bench`` under tests/harness/with-services.sh, in a database of its own
 (``<DATABASE_URL's name>_bench``, created and dropped here, as the collectors bench does).
 
 The fleet is bulk-created with the shares a month of a real fleet has:

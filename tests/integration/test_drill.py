@@ -1,4 +1,4 @@
-"""The end-to-end failure drill (``deploy/drill``), shortened: a GPU dies under a real Slurm
+"""The end-to-end failure drill (``tests/drill``), shortened: a GPU dies under a real Slurm
 training job and FleetWatch, on real sources (real Slurm, the Kubernetes test server, a real
 Prometheus scraping the simulated dcgm-exporter) with its real web server, worker and beat,
 repairs the fleet alone; the job resumes from its checkpoint on the spare.
@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from deploy.drill import report
-from deploy.drill.run import FAILED, SPARE, Drill, DrillConfig, DrillResult
-from deploy.testing.slurm_cluster import missing_binaries
 from incidents.audit import audit_verify
 from incidents.models import AuditEntry, Incident, Remediation, Step
+from tests.drill import report
+from tests.drill.run import FAILED, SPARE, Drill, DrillConfig, DrillResult
+from tests.harness.slurm_cluster import missing_binaries
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """The Kubernetes test server checked by the real ``kubectl``, and FleetWatch's Kubernetes
 client against the same server.
 
-No API server can be installed here, so ``deploy/testing/k8s_server.py`` stands in for one;
+No API server can be installed here, so ``tests/harness/k8s_server.py`` stands in for one;
 kubectl (get, cordon, uncordon, drain, get events) is the proof that it behaves like one.
 """
 
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.integration
 def _server_module() -> ModuleType:
     name = "fleetwatch_k8s_test_server"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "deploy/testing/k8s_server.py")
+        spec = importlib.util.spec_from_file_location(name, ROOT / "tests/harness/k8s_server.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses look their module up while being built

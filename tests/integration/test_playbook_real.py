@@ -1,6 +1,6 @@
 """The gpu_hardware playbook (replace_node) against real parts: a real Slurm cluster
-(deploy/testing/slurm_cluster.py: slurmctld, five slurmd, munged) and the Kubernetes test server
-with its node-pool stand-in (deploy/testing/k8s_server.py), through the real clients
+(tests/harness/slurm_cluster.py: slurmctld, five slurmd, munged) and the Kubernetes test server
+with its node-pool stand-in (tests/harness/k8s_server.py), through the real clients
 (SlurmCli, KubernetesApi, KubernetesPoolProvider + SlurmRebootProvider). Only GPU telemetry
 comes from the simulator, over five simulated nodes named like the real ones: GPU health is not
 what this test is about, and the resume step only needs "these GPUs report, with no XID".
@@ -41,13 +41,13 @@ from collectors.clients.providers import (
 )
 from collectors.clients.sim import SimFleet, SimTelemetry
 from collectors.clients.slurm import SlurmCli
-from deploy.testing.slurm_cluster import SlurmCluster, missing_binaries, scontrol_fields
 from incidents import services
 from incidents.audit import audit_verify
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, Incident, Remediation, Step
 from incidents.remediation.playbooks import FOR_ROOT_CAUSE
 from tests.conftest import wait_for
+from tests.harness.slurm_cluster import SlurmCluster, missing_binaries, scontrol_fields
 from tests.integration.test_kubernetes import _server_module, kubectl
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]

@@ -31,8 +31,8 @@ from collectors.clients.prometheus import SCRAPE_LAG, PrometheusTelemetry
 from collectors.clients.sim import SimFleet, SimKubernetes, SimProvider, SimSlurm, SimTelemetry
 from collectors.clients.sim_exporter import SimExporter
 from collectors.services import collect_source
-from deploy.testing.prometheus import PrometheusError, PrometheusServer, ScrapeTarget, find_binary
 from tests.conftest import ROOT, wait_for
+from tests.harness.prometheus import PrometheusError, PrometheusServer, ScrapeTarget, find_binary
 
 pytestmark = pytest.mark.integration
 

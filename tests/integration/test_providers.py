@@ -1,5 +1,5 @@
 """Node providers against real systems: Slurm's reboot on the real Slurm test cluster
-(deploy/testing/slurm_cluster.py), and node-pool replacement on the Kubernetes test server with
+(tests/harness/slurm_cluster.py), and node-pool replacement on the Kubernetes test server with
 its node-pool stand-in, checked with the real ``scontrol`` and ``kubectl`` too."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from collectors.clients.providers import (
     SlurmRebootProvider,
 )
 from collectors.clients.slurm import SlurmCli
-from deploy.testing.slurm_cluster import SlurmCluster, missing_binaries
 from tests.conftest import wait_for
+from tests.harness.slurm_cluster import SlurmCluster, missing_binaries
 from tests.integration.test_kubernetes import _server_module, kubectl
 
 pytestmark = pytest.mark.integration

@@ -23,12 +23,12 @@ from collectors.clients import sim
 from collectors.clients.sim import SimFleet
 from collectors.clients.sim_exporter import SimExporter
 from collectors.models import CollectorRun, Gpu, Node, SourceHealth
-from deploy.testing.k8s_server import K8sTestServer
-from deploy.testing.prometheus import PrometheusServer, ScrapeTarget
-from deploy.testing.slurm_cluster import SlurmCluster, missing_binaries
 from incidents import selectors
 from incidents.models import Incident
 from tests.conftest import ROOT, Worker, stop_process_group, wait_for
+from tests.harness.k8s_server import K8sTestServer
+from tests.harness.prometheus import PrometheusServer, ScrapeTarget
+from tests.harness.slurm_cluster import SlurmCluster, missing_binaries
 
 pytestmark = pytest.mark.integration
 

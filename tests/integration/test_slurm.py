@@ -1,5 +1,5 @@
 """SlurmCli against a real Slurm cluster: slurmctld, four slurmd and munged from Debian's
-slurm-wlm, started privately by deploy/testing/slurm_cluster.py. Every check is made twice:
+slurm-wlm, started privately by tests/harness/slurm_cluster.py. Every check is made twice:
 through the client and through Slurm's own ``scontrol``/``squeue``/``sinfo``."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from collectors.clients.base import ClientError, SlurmJob
 from collectors.clients.slurm import SlurmCli
-from deploy.testing.slurm_cluster import SlurmCluster, missing_binaries
 from tests.conftest import wait_for
+from tests.harness.slurm_cluster import SlurmCluster, missing_binaries
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 def _server() -> ModuleType:
     name = "fleetwatch_k8s_test_server"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "deploy/testing/k8s_server.py")
+        spec = importlib.util.spec_from_file_location(name, ROOT / "tests/harness/k8s_server.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module

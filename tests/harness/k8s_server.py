@@ -39,7 +39,7 @@ Node with the same pool label (an ADDED watch event, as when a new VM's kubelet 
 Ready at once or, with ``ready_delay``, NotReady first and Ready that much later (MODIFIED).
 No spares left: nothing joins (a pool at its maximum size). ``provisioned`` lists what it did.
 
-Run: ``python deploy/testing/k8s_server.py --port 0 --seed seed.json --kubeconfig out.yaml``
+Run: ``python tests/harness/k8s_server.py --port 0 --seed seed.json --kubeconfig out.yaml``
 (prints the port); or ``K8sTestServer(seed).start()`` from Python.
 """
 

@@ -1,22 +1,22 @@
 """The failure drill's orchestrator: "GPU died, training didn't", on real parts.
 
-    python -m deploy.drill.run --out reports/drill [--grace 120 --scrape 15 ...]
+    python -m tests.drill.run --out reports/drill [--grace 120 --scrape 15 ...]
 
 It starts, on this machine and in a temporary directory:
 
-- a real Slurm cluster (``deploy/testing/slurm_cluster.py``): gpu-001..gpu-004 in service and
+- a real Slurm cluster (``tests/harness/slurm_cluster.py``): gpu-001..gpu-004 in service and
   gpu-005, the spare, drained by FleetWatch ("fleetwatch: spare pool"); KillWait is the SIGTERM
   grace (``--grace``) and ``--cred-expire`` the wait Slurm imposes on a requeued job;
-- the simulated dcgm-exporter (``collectors/clients/sim_exporter.py``) for the five nodes,
+- the simulated dcgm-exporter (``collectors/sim/exporter.py``) for the five nodes,
   scraped by a real Prometheus every ``--scrape`` seconds. A node's GPUs are reported busy
   while a rank of a training job is stepping on it (its heartbeat file is fresh) and idle
   otherwise, so the utilisation FleetWatch charts is the job's real progress;
-- the Kubernetes test server (``deploy/testing/k8s_server.py``) with a Node and a slurmd pod
+- the Kubernetes test server (``tests/harness/k8s_server.py``) with a Node and a slurmd pod
   per in-service node, and a node pool that brings gpu-005 when a member is deleted;
 - FleetWatch's web server (gunicorn), worker and beat, configured by environment variables
   alone for real sources (``FLEETWATCH_FLEET=real``, ``FLEETWATCH_PROVIDER=kubernetes``).
 
-Then it submits, with plain ``sbatch --requeue``, the training job (``deploy/drill/train.py``)
+Then it submits, with plain ``sbatch --requeue``, the training job (``tests/drill/train.py``)
 on two nodes. A blocker job of another team holds gpu-001 and gpu-004 and the spare is
 drained, so the job can only start on gpu-002 and gpu-003 (a requeued job keeps its ReqNodeList,
 so ``-w`` would pin it to the dead node forever); once requeued it can only run on gpu-002 and
@@ -25,7 +25,7 @@ the spare. After ``--progress-steps`` steps it kills GPU 3 of gpu-003: XID 79 in
 agent``), and the job's rank on that node hangs in its CUDA call. FleetWatch is left alone
 (with ``--no-auto-replace``, the node's pod opts out and an operator continues through the
 REST API). The drill waits for the incident to resolve and the job to pass its checkpoint on
-the replacement node, then writes the report (``deploy/drill/report.py``).
+the replacement node, then writes the report (``tests/drill/report.py``).
 
 Everything the report says is observed: this process's clock for the injection, Prometheus's
 own sample timestamps, FleetWatch's rows (signals, incident, steps, audit entries), a poller of
@@ -52,8 +52,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from deploy.testing.processes import stop_process_group
-from deploy.testing.slurm_cluster import free_port, scontrol_fields
+from tests.harness.processes import stop_process_group
+from tests.harness.slurm_cluster import free_port, scontrol_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = ["gpu-001", "gpu-002", "gpu-003", "gpu-004", "gpu-005"]
@@ -189,7 +189,7 @@ class GpuLoad(threading.Thread):
         return found
 
     def sync(self) -> None:
-        from collectors.clients import sim
+        from collectors.sim import fleet as sim
 
         busy = self.busy()
         with self.fleet.transaction() as state:
@@ -320,11 +320,11 @@ class Drill:
             raise
 
     def _start_sources(self) -> None:
-        from collectors.clients.sim import SimFleet
-        from collectors.clients.sim_exporter import SimExporter
-        from deploy.testing.k8s_server import K8sTestServer
-        from deploy.testing.prometheus import PrometheusServer, ScrapeTarget
-        from deploy.testing.slurm_cluster import SlurmCluster, missing_binaries
+        from collectors.sim.fleet import SimFleet
+        from collectors.sim.exporter import SimExporter
+        from tests.harness.k8s_server import K8sTestServer
+        from tests.harness.prometheus import PrometheusServer, ScrapeTarget
+        from tests.harness.slurm_cluster import SlurmCluster, missing_binaries
 
         missing = missing_binaries()
         if missing:
@@ -399,7 +399,7 @@ class Drill:
                 stdin=subprocess.DEVNULL, start_new_session=True)
 
     def _start_fleetwatch(self) -> None:
-        from fleetwatch.roles import OPERATOR, user_with_role
+        from collectors.roles import OPERATOR, user_with_role
         from incidents.tokens import token_create
 
         python = sys.executable
@@ -499,7 +499,7 @@ class Drill:
         # no shell sits in between to die first.
         script.write_text(
             "#!/bin/bash\n"
-            f"exec srun --ntasks-per-node=1 {sys.executable} {ROOT / 'deploy/drill/train.py'} "
+            f"exec srun --ntasks-per-node=1 {sys.executable} {ROOT / 'tests/drill/train.py'} "
             f"--dir {self.run_dir} --step-seconds {c.step_seconds:g} "
             f"--checkpoint-every {c.checkpoint_every}\n")
         result.job_id = self.sbatch("--requeue", "-J", "llama-pretrain", "-N", "2",
@@ -516,7 +516,7 @@ class Drill:
                 if r["event"] == "step" and (restart is None or r["restart"] == restart)]
 
     def _inject(self, result: DrillResult) -> None:
-        from collectors.clients import sim
+        from collectors.sim import fleet as sim
 
         now = time.time()
         # The GPU dies under the job: its rank hangs from now on...
@@ -704,7 +704,7 @@ class Drill:
         result.train_log = read_train_log(self.run_dir / "train.log")
         for name in self.procs:
             result.logs[name] = _tail(self.logs / f"{name}.log", 20000)
-        from deploy.drill import report
+        from tests.drill import report
 
         result.report = report.build(result)
         return result
@@ -767,7 +767,7 @@ def _scratch_database(url: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deploy.drill.run", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tests.drill.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     d = DrillConfig()
     parser.add_argument("--out", type=Path, default=Path("reports/drill"))
@@ -802,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
     broker_url = os.environ.get("CELERY_BROKER_URL", "")
     if not database_url.startswith("postgres") or not broker_url.startswith("redis://"):
         print("the drill needs PostgreSQL and Redis: DATABASE_URL and CELERY_BROKER_URL "
-              "(deploy/testing/with-services.sh sets both)", file=sys.stderr)
+              "(tests/harness/with-services.sh sets both)", file=sys.stderr)
         return 2
     database_url = _scratch_database(database_url)
     os.environ["DATABASE_URL"] = database_url
@@ -823,7 +823,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"drill ({config.label()}): grace {config.grace}s, scrape {config.scrape:g}s, "
           f"collect {config.collect:g}s, cred_expire {config.cred_expire}s; database "
           f"{database_url.rsplit('/', 1)[1]}", flush=True)
-    from deploy.drill import report
+    from tests.drill import report
 
     with Drill(config, database_url, broker_url) as drill:
         print(f"FleetWatch on {drill.web_url} (login drill-operator / {drill.password}); "

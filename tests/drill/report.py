@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from deploy.drill.run import DrillResult
+    from tests.drill.run import DrillResult
 
 # The outside actions the gpu_hardware playbook makes, each exactly once.
 EXPECTED_ACTIONS = ("notify", "slurm.drain", "slurm.cancel", "slurm.requeue", "k8s.cordon",
@@ -71,9 +71,9 @@ def _union_within(intervals: list[tuple[float, float]], lo: float, hi: float) ->
 
 def build(result: DrillResult) -> dict[str, Any]:
     """Read FleetWatch's rows and the drill's observations into the report's dict."""
-    from deploy.drill.run import FAILED, SPARE
     from incidents.audit import audit_verify
     from incidents.models import AuditEntry, Evidence, Incident, Remediation, Step
+    from tests.drill.run import FAILED, SPARE
 
     c = result.config
     incident = Incident.objects.get(pk=result.incident_id)
@@ -266,7 +266,7 @@ def build(result: DrillResult) -> dict[str, Any]:
 def _chart_story(chart: dict[str, Any], fault_at: float, resumed_at: float | None) -> bool:
     """The incident chart (Prometheus range queries, 15 s points): the job's surviving node
     busy before the fault and idle after it, the replacement busy after the resume."""
-    from deploy.drill.run import HEALTHY_RANK, SPARE
+    from tests.drill.run import HEALTHY_RANK, SPARE
 
     series = chart.get("series") or {}
 
@@ -349,7 +349,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [f"- {'PASS' if ok else 'FAIL'} {name}" for name, ok in report["checks"].items()
               if name != "all_passed"]
     lines += ["", "How each figure is observed and what counts as waiting on others: "
-              "`deploy/drill/report.py`.", ""]
+              "`tests/drill/report.py`.", ""]
     return "\n".join(lines)
 
 

@@ -1,9 +1,9 @@
 """The end-to-end failure drill: "GPU died, training didn't".
 
-``python -m deploy.drill.run --out reports/drill`` (``make drill``) starts a real Slurm cluster,
+``python -m tests.drill.run --out reports/drill`` (``make drill``) starts a real Slurm cluster,
 the Kubernetes test server, a real Prometheus scraping the simulated dcgm-exporter, and
 FleetWatch's web server, worker and beat on real sources; submits a checkpointing training job
-(``deploy/drill/train.py``) with plain ``sbatch --requeue``; kills a GPU under it; lets
+(``tests/drill/train.py``) with plain ``sbatch --requeue``; kills a GPU under it; lets
 FleetWatch repair the fleet alone; and writes the timeline and timings
-(``deploy/drill/report.py``). ``tests/integration/test_drill.py`` runs it shortened.
+(``tests/drill/report.py``). ``tests/integration/test_drill.py`` runs it shortened.
 """

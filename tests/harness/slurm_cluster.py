@@ -17,7 +17,7 @@ Importable without Django::
 
 or from a shell, in the foreground until Ctrl-C::
 
-    python deploy/testing/slurm_cluster.py --nodes 'gpu-[001-005]' --dir /tmp/x
+    python -m tests.harness.slurm_cluster --nodes 'gpu-[001-005]' --dir /tmp/x
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from deploy.testing.processes import stop_process_group
+from tests.harness.processes import stop_process_group
 
 SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "scontrol", "sinfo", "squeue", "sbatch",
                   "scancel")
@@ -354,7 +354,7 @@ class SlurmCluster:
                 f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN")
             gres_lines.append(f"NodeName={node} Name=gpu File={devices}/nvidia[0-{GPUS_PER_NODE - 1}]")
         root = self.root
-        conf = f"""# Written by deploy/testing/slurm_cluster.py: a private test cluster.
+        conf = f"""# Written by tests/harness/slurm_cluster.py: a private test cluster.
 ClusterName=fleetwatch-test
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={self.ctld_port}
