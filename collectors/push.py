@@ -1,5 +1,5 @@
 """What a pushed signal may say, by who pushes it: plain data, read by the ingest service and
-by fleetwatch.roles, which decides whose token is whose (collectors depend on no project code)."""
+by collectors.roles, which decides whose token is whose (collectors depend on no project code)."""
 
 from __future__ import annotations
 

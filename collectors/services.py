@@ -226,7 +226,7 @@ def signals_ingest(cluster: Cluster, batch: list[dict[str, Any]], *,
     serializer) and announce them to diagnosis. All or nothing: one bad record rejects the
     batch, so an agent that retries never leaves half a batch behind.
 
-    ``rights``: what the caller may push (fleetwatch.roles.push_rights; by default what any
+    ``rights``: what the caller may push (collectors.roles.push_rights; by default what any
     ingest token may). ``idempotency``: (caller, key) from the Idempotency-Key header: a batch
     already stored under it is not stored again, and the answer says so."""
     rights = rights or PushRights("an ingest token", INGEST_SOURCES)

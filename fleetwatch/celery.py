@@ -15,7 +15,7 @@ from celery import Celery
 from celery.signals import task_postrun, task_prerun, worker_shutting_down
 from kombu import Queue
 
-from fleetwatch.request_id import request_id_reset, request_id_set
+from collectors.request_id import request_id_reset, request_id_set
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetwatch.settings")
 

@@ -22,7 +22,7 @@ from urllib.parse import urlencode, urlsplit
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
 
-from fleetwatch.request_id import current_request_id
+from collectors.request_id import current_request_id
 
 REDACTED = "[redacted]"
 

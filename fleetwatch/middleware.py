@@ -13,7 +13,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonRespons
 from django.http.multipartparser import MultiPartParserError
 from django.utils.deprecation import MiddlewareMixin
 
-from fleetwatch.request_id import HEADER, request_id_clean, request_id_new, request_id_scope
+from collectors.request_id import HEADER, request_id_clean, request_id_new, request_id_scope
 
 GetResponse = Callable[[HttpRequest], HttpResponseBase]
 AsyncGetResponse = Callable[[HttpRequest], Awaitable[HttpResponseBase]]

@@ -50,7 +50,7 @@ from django.db import connections, router, transaction
 from django.http import HttpRequest
 from django.utils import timezone
 
-from fleetwatch.request_id import current_request_id
+from collectors.request_id import current_request_id
 from incidents.models import AuditEntry, Incident, Remediation, Step
 
 if TYPE_CHECKING:

@@ -79,7 +79,7 @@ def incident_replay(incident: Incident) -> dict[str, Any]:
     }
 
 
-# A pushed ``collector`` record: the door refuses them (fleetwatch/roles.py), but rows stored
+# A pushed ``collector`` record: the door refuses them (collectors/roles.py), but rows stored
 # before stay. Whether a source is up is only what FleetWatch's own collectors saw: diagnosis,
 # replay exports and timelines leave pushed claims about it out.
 PUSHED_COLLECTOR = "pushed_collector"

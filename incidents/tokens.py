@@ -12,7 +12,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from fleetwatch.roles import agent_user
+from collectors.roles import agent_user
 from incidents.audit import SYSTEM, audit_record
 from incidents.models import ApiToken
 

@@ -20,7 +20,7 @@ from django.views.decorators.http import require_POST
 from collectors import simulation
 from collectors.clients.base import ClientError
 from collectors.models import json_safe
-from fleetwatch.roles import ADMIN
+from collectors.roles import ADMIN
 from incidents import selectors, services, webhooks
 from incidents.api.permissions import role_of
 from incidents.audit import actor_name, audit_record

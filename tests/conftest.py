@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from collectors.clients.sim import SimFleet
-from fleetwatch.roles import OPERATOR, VIEWER, user_with_role
+from collectors.roles import OPERATOR, VIEWER, user_with_role
 from tests.harness.processes import stop_process_group
 
 ROOT = Path(__file__).resolve().parent.parent

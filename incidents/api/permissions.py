@@ -22,7 +22,7 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
-from fleetwatch.roles import ADMIN, OPERATOR, VIEWER, agent_node
+from collectors.roles import ADMIN, OPERATOR, VIEWER, agent_node
 from incidents.models import ApiToken
 
 READ, OPERATE, INGEST, ADMIN_ONLY = "read", "operate", "ingest", "admin"

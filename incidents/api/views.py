@@ -32,7 +32,7 @@ from rest_framework.response import Response
 
 from collectors import services as collectors
 from collectors.models import Cluster, Gpu, Node, Signal
-from fleetwatch.roles import push_rights
+from collectors.roles import push_rights
 from incidents import selectors, services
 from incidents.api import filters
 from incidents.api.pagination import AuditCursor, SignalCursor

@@ -23,7 +23,7 @@ from rest_framework.response import Response
 from rest_framework.routers import DefaultRouter
 
 from collectors.clients.notify import redact_url
-from fleetwatch.roles import ADMIN
+from collectors.roles import ADMIN
 from incidents import webhooks
 from incidents.api.permissions import ADMIN_ONLY, READ, role_of
 from incidents.audit import actor_from_request

@@ -24,7 +24,7 @@ from rest_framework.test import APIClient
 
 from collectors import services as collectors
 from collectors.clients.sim import SimFleet
-from fleetwatch.roles import OPERATOR, user_with_role
+from collectors.roles import OPERATOR, user_with_role
 from incidents import services, tasks
 from incidents.audit import audit_verify
 from incidents.diagnosis import Diagnosis

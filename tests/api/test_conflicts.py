@@ -11,7 +11,7 @@ from django.db import connection, transaction
 from django.test import Client
 from rest_framework.test import APIClient
 
-from fleetwatch.roles import ADMIN, OPERATOR, user_with_role
+from collectors.roles import ADMIN, OPERATOR, user_with_role
 from incidents.models import ApiToken, Remediation, WebhookSubscription
 from tests.api.world import World, build_world
 from tests.conftest import token_for

@@ -15,7 +15,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from collectors.models import Signal
-from fleetwatch.roles import OPERATOR, user_with_role
+from collectors.roles import OPERATOR, user_with_role
 from incidents.audit import audit_record
 from tests.conftest import rerun_on_sqlite, token_for
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from collectors.models import Signal
-from fleetwatch.roles import ADMIN, OPERATOR, VIEWER, user_with_role
+from collectors.roles import ADMIN, OPERATOR, VIEWER, user_with_role
 from incidents.models import ApiToken, AuditEntry, Incident, Remediation, Step
 from tests.api.world import JOB, NODE, OTHER_NODE, World, build_world, signal_body
 from tests.conftest import token_for

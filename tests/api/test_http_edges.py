@@ -20,7 +20,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from collectors.models import GpuSample, Signal
-from fleetwatch.roles import ADMIN, OPERATOR, user_with_role
+from collectors.roles import ADMIN, OPERATOR, user_with_role
 from incidents.api.parsers import MAX_DEPTH
 from incidents.models import ApiToken
 from tests.api.test_metrics import Gunicorn, gunicorn  # noqa: F401  (the fixture)

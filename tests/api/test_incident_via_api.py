@@ -15,7 +15,7 @@ import pytest
 import requests
 from django.utils import timezone
 
-from fleetwatch.roles import OPERATOR, VIEWER, user_with_role
+from collectors.roles import OPERATOR, VIEWER, user_with_role
 from incidents.tokens import agent_token_create
 from tests.conftest import Worker, token_for, wait_for
 

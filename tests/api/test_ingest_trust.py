@@ -29,7 +29,7 @@ from django.utils import timezone
 from collectors import services as collectors
 from collectors.models import Gpu, Node, PushReceipt, Signal
 from collectors.normalize import SignalDraft
-from fleetwatch.roles import OPERATOR, user_with_role
+from collectors.roles import OPERATOR, user_with_role
 from incidents import services as incidents
 from incidents.models import AuditEntry, Incident
 from incidents.tokens import agent_token_create

@@ -14,7 +14,7 @@ import pytest
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
-from fleetwatch.roles import ADMIN, OPERATOR, VIEWER, user_with_role
+from collectors.roles import ADMIN, OPERATOR, VIEWER, user_with_role
 from incidents.tokens import agent_token_create
 from tests.api.world import NODE, World, build_world, signal_body
 from tests.conftest import token_for

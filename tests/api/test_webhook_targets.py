@@ -13,7 +13,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from fleetwatch.roles import ADMIN, OPERATOR, VIEWER, user_with_role
+from collectors.roles import ADMIN, OPERATOR, VIEWER, user_with_role
 from incidents import webhooks
 from incidents.models import Incident, WebhookDelivery, WebhookSubscription
 from tests.api.test_webhooks import Receiver, receiver  # noqa: F401 (a fixture)

@@ -28,7 +28,7 @@ from rest_framework.test import APIClient
 from collectors import services as collectors
 from collectors.clients.notify import verify_signature
 from collectors.clients.sim import SimFleet
-from fleetwatch.roles import ADMIN, user_with_role
+from collectors.roles import ADMIN, user_with_role
 from incidents import services, tasks, webhooks
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, Incident, WebhookDelivery, WebhookSubscription

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from collectors import services as collectors
 from collectors.models import Cluster, CollectorRun, Gpu, Job, Node, Signal, SourceHealth
-from fleetwatch.roles import ADMIN, user_with_role
+from collectors.roles import ADMIN, user_with_role
 from incidents import services
 from incidents.audit import audit_record
 from incidents.diagnosis.types import Diagnosis

@@ -264,7 +264,7 @@ def build(seed: int = 7) -> dict[str, Any]:
                      started_at=now - timedelta(seconds=5 * k + 1), finished_at=now,
                      duration_ms=900.0, ok=True, counts={"nodes": NODES}, warnings=[])
         for k in range(3000)], batch_size=5000)
-    from fleetwatch.roles import OPERATOR, user_with_role
+    from collectors.roles import OPERATOR, user_with_role
 
     user, _ = user_with_role("olivia", OPERATOR, "bench-pass-1")
     return {"user": User.objects.get(pk=user.pk), "focus": focus, "resolved": resolved,

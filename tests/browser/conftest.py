@@ -98,7 +98,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             print(stack.tail())
             raise
         # The viewer, in the same data dir (run-local.sh has migrated it by now).
-        stack.manage("shell", "-c", "from fleetwatch.roles import user_with_role; "
+        stack.manage("shell", "-c", "from collectors.roles import user_with_role; "
                      f"user_with_role({VIEWER[0]!r}, 'viewer', {VIEWER[1]!r})")
         yield stack
     finally:

@@ -20,7 +20,7 @@ import requests
 from django.utils import timezone
 
 from collectors.models import Signal
-from fleetwatch.roles import OPERATOR, user_with_role
+from collectors.roles import OPERATOR, user_with_role
 from incidents.models import DiagnosisState, Incident
 from incidents.tokens import agent_token_create
 from tests.conftest import Worker, token_for, wait_for

@@ -19,7 +19,7 @@ from rest_framework.test import APIClient
 from collectors import services as collectors
 from collectors.clients.sim import SimFleet
 from collectors.models import Signal
-from fleetwatch.roles import OPERATOR, user_with_role
+from collectors.roles import OPERATOR, user_with_role
 from incidents import services
 from incidents.models import DiagnosisState, Incident
 from tests.conftest import token_for

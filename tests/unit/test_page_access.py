@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from fleetwatch.roles import OPERATOR, VIEWER, agent_user, user_with_role
+from collectors.roles import OPERATOR, VIEWER, agent_user, user_with_role
 from tests.api.world import JOB, NODE, World, build_world
 
 # Views anyone may open; the API and the admin site check their callers themselves.

@@ -549,7 +549,7 @@ def test_approving_a_finished_remediation_is_refused(cluster: Any, settings: Any
 @pytest.mark.django_db(transaction=True)
 def test_two_people_approving_at_once_run_it_once(sim_fleet: SimFleet, settings: Any,
                                                    operator: Any, viewer: Any) -> None:
-    from fleetwatch.roles import OPERATOR, user_with_role
+    from collectors.roles import OPERATOR, user_with_role
 
     if connection.vendor != "postgresql":
         pytest.skip("row locks need PostgreSQL")  # make test runs this on PostgreSQL

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from fleetwatch.roles import OPERATOR, user_with_role
+from collectors.roles import OPERATOR, user_with_role
 from tests.api.world import World, build_world
 from tests.unit.test_page_access import _url, page_patterns
 

@@ -108,7 +108,7 @@ class Command(BaseCommand):
     def _seed(self, opts: dict[str, Any]) -> None:
         from django.conf import settings
 
-        from fleetwatch.roles import OPERATOR, roles_ensure, user_with_role
+        from collectors.roles import OPERATOR, roles_ensure, user_with_role
 
         if settings.FLEETWATCH_FLEET == "sim":
             created = simulation.fleet_seed(reset=opts["reset"])
