@@ -17,10 +17,10 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_POST
 
-from collectors import simulation
 from collectors.clients.base import ClientError
 from collectors.models import json_safe
 from collectors.roles import ADMIN
+from collectors.sim import faults
 from incidents import selectors, services, webhooks
 from incidents.api.permissions import role_of
 from incidents.audit import actor_name, audit_record
@@ -250,7 +250,7 @@ def inject_fault(request: HttpRequest) -> HttpResponse:
     _require_operator(request)
     kind = request.POST.get("kind", "xid")
     try:
-        what = simulation.fault_inject(
+        what = faults.fault_inject(
             kind, node=request.POST.get("node", ""), gpu=int(request.POST.get("gpu") or 0),
             code=int(request.POST.get("code") or 79), switch=request.POST.get("switch", ""),
         )

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from collectors.clients.sim import SimFleet
 from collectors.roles import OPERATOR, VIEWER, user_with_role
+from collectors.sim.fleet import SimFleet
 from tests.harness.processes import stop_process_group
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,7 +24,7 @@ from collectors.clients.notify import Notifier, notifier_from_settings
 
 if TYPE_CHECKING:
     from collectors.clients.kubernetes import KubernetesApi
-    from collectors.clients.sim import SimFleet
+    from collectors.sim.fleet import SimFleet
 
 
 @dataclass(frozen=True)
@@ -38,15 +38,15 @@ class Clients:
 
 def sim_fleet() -> SimFleet:
     # Imported here: only the simulated fleet needs the simulator loaded.
-    from collectors.clients import sim
+    from collectors.sim import fleet
 
-    return sim.SimFleet(settings.FLEETWATCH_SIM_STATE, settings.FLEETWATCH_SIM_SPEED)
+    return fleet.SimFleet(settings.FLEETWATCH_SIM_STATE, settings.FLEETWATCH_SIM_SPEED)
 
 
 def get_clients() -> Clients:
     notifier = notifier_from_settings()
     if settings.FLEETWATCH_FLEET == "sim":
-        from collectors.clients.sim import SimKubernetes, SimProvider, SimSlurm, SimTelemetry
+        from collectors.sim.fleet import SimKubernetes, SimProvider, SimSlurm, SimTelemetry
 
         fleet = sim_fleet()
         # A simulated fleet can still be repaired through another provider (a site's program
@@ -72,7 +72,7 @@ def provider_from_settings() -> NodeProvider:
     if choice == "none":
         return NoProvider()
     if choice == "sim":
-        from collectors.clients.sim import SimProvider
+        from collectors.sim.fleet import SimProvider
 
         return SimProvider(sim_fleet())
     # real_slurm()/real_kubernetes() are typed as the read interfaces; the providers need the
@@ -97,7 +97,7 @@ def provider_from_settings() -> NodeProvider:
 def get_telemetry() -> TelemetryClient:
     """The telemetry client alone (charts need no Slurm or Kubernetes connection)."""
     if settings.FLEETWATCH_FLEET == "sim":
-        from collectors.clients.sim import SimTelemetry
+        from collectors.sim.fleet import SimTelemetry
 
         return SimTelemetry(sim_fleet())
     return real_telemetry()

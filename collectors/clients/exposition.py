@@ -1,6 +1,6 @@
 """The Prometheus text exposition format, as NVIDIA dcgm-exporter and node_exporter print it.
 
-Pure functions, no I/O: the simulated exporter (``sim_exporter``) serves what they render, a
+Pure functions, no I/O: the simulated exporter (``collectors.sim.exporter``) serves what they render, a
 real Prometheus scrapes it, and ``PrometheusTelemetry`` reads it back through PromQL. Being
 faithful here is what makes that round trip a test of the real client, so the details follow
 the exporters' own output:

@@ -23,8 +23,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from collectors import services as collectors
-from collectors.clients.sim import SimFleet
 from collectors.roles import OPERATOR, user_with_role
+from collectors.sim.fleet import SimFleet
 from incidents import services, tasks
 from incidents.audit import audit_verify
 from incidents.diagnosis import Diagnosis

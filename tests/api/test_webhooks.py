@@ -27,8 +27,8 @@ from rest_framework.test import APIClient
 
 from collectors import services as collectors
 from collectors.clients.notify import verify_signature
-from collectors.clients.sim import SimFleet
 from collectors.roles import ADMIN, user_with_role
+from collectors.sim.fleet import SimFleet
 from incidents import services, tasks, webhooks
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, Incident, WebhookDelivery, WebhookSubscription

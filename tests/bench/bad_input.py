@@ -757,8 +757,8 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management import call_command
 call_command("migrate", verbosity=0, interactive=False)
-from collectors.clients.sim import SimFleet
 from collectors.roles import ADMIN, OPERATOR, VIEWER, user_with_role
+from collectors.sim.fleet import SimFleet
 from incidents.tokens import agent_token_create, token_create
 from tests.api.world import build_world
 SimFleet(settings.FLEETWATCH_SIM_STATE, settings.FLEETWATCH_SIM_SPEED).seed()

@@ -146,8 +146,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from django.core.management import call_command
     from django.db import connection
 
-    from collectors.clients.sim import SimFleet
     from collectors.roles import OPERATOR, user_with_role
+    from collectors.sim.fleet import SimFleet
     from incidents.models import DiagnosisState, Incident
     from incidents.tokens import agent_token_create, token_create
     from tests.harness.processes import stop_process_group

@@ -320,8 +320,8 @@ class Drill:
             raise
 
     def _start_sources(self) -> None:
-        from collectors.sim.fleet import SimFleet
         from collectors.sim.exporter import SimExporter
+        from collectors.sim.fleet import SimFleet
         from tests.harness.k8s_server import K8sTestServer
         from tests.harness.prometheus import PrometheusServer, ScrapeTarget
         from tests.harness.slurm_cluster import SlurmCluster, missing_binaries

@@ -33,8 +33,8 @@ import redis
 from django.core.management import call_command
 from django.db import connection
 
-from collectors.clients.sim import SimFleet
 from collectors.models import Job, Node
+from collectors.sim.fleet import SimFleet
 from incidents.audit import audit_verify
 from incidents.models import AuditEntry, Incident, Remediation, Step
 from tests.conftest import ROOT, Worker, stop_process_group, wait_for

@@ -39,8 +39,8 @@ from collectors.clients.providers import (
     KubernetesPoolProvider,
     SlurmRebootProvider,
 )
-from collectors.clients.sim import SimFleet, SimTelemetry
 from collectors.clients.slurm import SlurmCli
+from collectors.sim.fleet import SimFleet, SimTelemetry
 from incidents import services
 from incidents.audit import audit_verify
 from incidents.diagnosis import Diagnosis

@@ -28,9 +28,9 @@ from collectors.clients.base import ClientError, GpuMetric
 from collectors.clients.exposition import CLOCK_THROTTLE_REASONS
 from collectors.clients.notify import WebhookNotifier
 from collectors.clients.prometheus import SCRAPE_LAG, PrometheusTelemetry
-from collectors.clients.sim import SimFleet, SimKubernetes, SimProvider, SimSlurm, SimTelemetry
-from collectors.clients.sim_exporter import SimExporter
 from collectors.services import collect_source
+from collectors.sim.exporter import SimExporter
+from collectors.sim.fleet import SimFleet, SimKubernetes, SimProvider, SimSlurm, SimTelemetry
 from tests.conftest import ROOT, wait_for
 from tests.harness.prometheus import PrometheusError, PrometheusServer, ScrapeTarget, find_binary
 
@@ -404,7 +404,7 @@ def test_exporter_page_is_valid_exposition_format(stack: Stack) -> None:
 def test_exporter_runs_without_django(stack: Stack, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "collectors.clients.sim_exporter", "--state",
+        [sys.executable, "-m", "collectors.sim.exporter", "--state",
          str(stack.fleet.path), "--speed", str(SPEED), "--port", "0",
          "--hostname-label", "hostname"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

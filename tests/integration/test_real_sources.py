@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from collectors.clients import sim
-from collectors.clients.sim import SimFleet
-from collectors.clients.sim_exporter import SimExporter
 from collectors.models import CollectorRun, Gpu, Node, SourceHealth
+from collectors.sim import fleet as sim
+from collectors.sim.exporter import SimExporter
+from collectors.sim.fleet import SimFleet
 from incidents import selectors
 from incidents.models import Incident
 from tests.conftest import ROOT, Worker, stop_process_group, wait_for

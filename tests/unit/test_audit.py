@@ -23,8 +23,8 @@ from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
 from collectors import services as collectors
-from collectors.clients.sim import SimFleet
 from collectors.request_id import current_request_id, request_id_scope
+from collectors.sim.fleet import SimFleet
 from incidents import services
 from incidents.audit import actor_from_request, actor_name, audit_record, audit_verify
 from incidents.diagnosis import Diagnosis

@@ -17,9 +17,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from collectors import services as collectors
-from collectors.clients.sim import SimFleet
 from collectors.models import Signal
 from collectors.roles import OPERATOR, user_with_role
+from collectors.sim.fleet import SimFleet
 from incidents import services
 from incidents.models import DiagnosisState, Incident
 from tests.conftest import token_for

@@ -22,8 +22,8 @@ from collectors.clients.prometheus import (
     _Warnings,
     node_from_instance,
 )
-from collectors.clients.sim import SimFleet
-from collectors.clients.sim_exporter import SimExporter
+from collectors.sim.exporter import SimExporter
+from collectors.sim.fleet import SimFleet
 
 # One sample line of the text format: name{labels} value
 SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\{(?P<labels>.*)\} (?P<value>\S+)$')

@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 
 from collectors import services as collectors
-from collectors.clients.sim import SimFleet
+from collectors.sim.fleet import SimFleet
 from incidents import services
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, Remediation
@@ -142,7 +142,7 @@ def test_healthz_reports_database_and_broker(client: Client) -> None:
 def test_an_incident_exports_as_a_replay_file_that_reaches_the_same_verdict(
     client: Client, viewer: Any, sim_fleet: SimFleet, django_capture_on_commit_callbacks: Any
 ) -> None:
-    from collectors.simulation import fault_inject
+    from collectors.sim.faults import fault_inject
     from incidents.diagnosis.replay import check, diagnose_document
 
     for source in ("slurm", "kubernetes", "telemetry"):

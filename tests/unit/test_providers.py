@@ -24,7 +24,7 @@ from collectors.clients.providers import (
     ProviderReplacement,
     SlurmRebootProvider,
 )
-from collectors.clients.sim import (
+from collectors.sim.fleet import (
     REBOOT_SECONDS,
     SimFleet,
     SimKubernetes,

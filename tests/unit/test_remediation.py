@@ -26,8 +26,8 @@ from collectors.clients.base import (
     SlurmJob,
     SlurmNode,
 )
-from collectors.clients.sim import SimFleet
 from collectors.models import Node
+from collectors.sim.fleet import SimFleet
 from incidents import services
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, Incident, Remediation, Step
@@ -112,7 +112,7 @@ def test_every_root_cause_has_a_playbook_of_known_steps() -> None:
 
 def test_gpu_memory_resets_the_gpu_checks_it_and_resumes(
         cluster: Any, sim_fleet: SimFleet, django_capture_on_commit_callbacks: Any) -> None:
-    from collectors.simulation import fault_inject
+    from collectors.sim.faults import fault_inject
 
     fault_inject("xid", node="gpu-003", gpu=2, code=48)
     collectors.collect_source("telemetry")
@@ -153,7 +153,7 @@ def test_a_gpu_memory_fault_back_within_a_week_replaces_the_node_and_marks_it_fo
 
 def test_nvlink_reboots_then_resumes(cluster: Any, sim_fleet: SimFleet,
                                      django_capture_on_commit_callbacks: Any) -> None:
-    from collectors.simulation import fault_inject
+    from collectors.sim.faults import fault_inject
 
     fault_inject("xid", node="gpu-005", gpu=1, code=74)
     incident = open_incident(cluster, diag("nvlink", ("gpu-005",), jobs=("3001",)),
@@ -168,7 +168,7 @@ def test_nvlink_reboots_then_resumes(cluster: Any, sim_fleet: SimFleet,
 def test_a_flapping_link_keeps_the_node_drained_until_stable(
         cluster: Any, sim_fleet: SimFleet, django_capture_on_commit_callbacks: Any,
         settings: Any) -> None:
-    from collectors.simulation import fault_inject
+    from collectors.sim.faults import fault_inject
 
     settings.FLEETWATCH_RECOVERY_STABLE_MINUTES = 0.02  # 1.2 s
     fault_inject("link-flap", node="gpu-004")
@@ -194,7 +194,7 @@ def test_a_flapping_link_keeps_the_node_drained_until_stable(
 def test_a_dead_switch_holds_its_nodes_then_releases_them_and_touches_nothing_else(
         cluster: Any, sim_fleet: SimFleet, django_capture_on_commit_callbacks: Any,
         settings: Any) -> None:
-    from collectors.simulation import fault_inject
+    from collectors.sim.faults import fault_inject
 
     settings.FLEETWATCH_RECOVERY_STABLE_MINUTES = 0.01
     fault_inject("switch-down", switch="leaf-b")

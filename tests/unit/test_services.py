@@ -9,8 +9,8 @@ import pytest
 from django.db import transaction
 
 from collectors import services as collectors
-from collectors.clients.sim import SimFleet
 from collectors.models import Node, Signal, SourceHealth
+from collectors.sim.fleet import SimFleet
 from incidents import services
 from incidents.diagnosis import Diagnosis
 from incidents.models import (
@@ -49,7 +49,7 @@ def test_collectors_fill_state_and_announce_only_changes(cluster: Any, sim_fleet
 
     collectors.collect_source("telemetry")
     assert not Signal.objects.exists()
-    from collectors.simulation import fault_inject
+    from collectors.sim.faults import fault_inject
 
     fault_inject("xid", node="gpu-003", gpu=5, code=79)
     with django_capture_on_commit_callbacks() as callbacks:
@@ -74,7 +74,7 @@ def test_collectors_fill_state_and_announce_only_changes(cluster: Any, sim_fleet
 
 def test_a_source_that_is_down_is_recorded_and_fails_no_node(cluster: Any) -> None:
     collectors.collect_source("slurm")
-    from collectors.simulation import source_outage_set
+    from collectors.sim.faults import source_outage_set
 
     source_outage_set("slurm", down=True)
     result = collectors.collect_source("slurm")
@@ -211,7 +211,7 @@ def test_the_audit_trail_is_append_only(cluster: Any) -> None:
 def test_the_live_pipeline_blames_a_dead_leaf_not_its_nodes(cluster: Any, sim_fleet: SimFleet,
                                                             django_capture_on_commit_callbacks: Any
                                                             ) -> None:
-    from collectors.simulation import fault_inject
+    from collectors.sim.faults import fault_inject
 
     for source in ("slurm", "kubernetes", "telemetry"):
         collectors.collect_source(source)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from collectors.clients.base import ClientError
-from collectors.clients.sim import (
+from collectors.sim.fleet import (
     SimFleet,
     SimKubernetes,
     SimProvider,

@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from collectors import services as collectors
-from collectors.clients.sim import SimFleet
+from collectors.sim.fleet import SimFleet
 from incidents import services
 from incidents.models import AuditEntry, Step
 from tests.unit.test_services import DIAG

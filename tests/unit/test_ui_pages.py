@@ -16,7 +16,6 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from collectors import services as collectors
-from collectors.clients.sim import SimFleet
 from collectors.models import (
     Cluster,
     CollectorRun,
@@ -27,6 +26,7 @@ from collectors.models import (
     Signal,
     SourceHealth,
 )
+from collectors.sim.fleet import SimFleet
 from incidents import selectors, services
 from incidents.audit import audit_record
 from incidents.diagnosis import Diagnosis

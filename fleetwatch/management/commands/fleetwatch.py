@@ -11,8 +11,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from collectors import simulation
 from collectors.clients.base import ClientError
+from collectors.sim import faults
 
 
 class Command(BaseCommand):
@@ -111,7 +111,7 @@ class Command(BaseCommand):
         from collectors.roles import OPERATOR, roles_ensure, user_with_role
 
         if settings.FLEETWATCH_FLEET == "sim":
-            created = simulation.fleet_seed(reset=opts["reset"])
+            created = faults.fleet_seed(reset=opts["reset"])
             self.stdout.write("simulated fleet " + ("created" if created else "already there"))
         else:
             self.stdout.write("real sources: the fleet is whatever Slurm, Kubernetes and "
@@ -150,7 +150,7 @@ class Command(BaseCommand):
 
     def _inject(self, opts: dict[str, Any]) -> None:
         fault = opts["fault"]
-        what = simulation.fault_inject(
+        what = faults.fault_inject(
             fault, node=opts.get("node", ""), gpu=opts.get("gpu", 0),
             code=opts.get("code", 79), count=opts.get("count", 1),
             switch=opts.get("switch", ""),
@@ -218,14 +218,14 @@ class Command(BaseCommand):
         if opts["no_auto_replace"]:
             if not opts["node"]:
                 raise CommandError("--no-auto-replace needs --node")
-            self.stdout.write(simulation.pod_label_set(
+            self.stdout.write(faults.pod_label_set(
                 opts["node"], no_auto_replace=opts["no_auto_replace"] == "on"))
         if opts["source_down"]:
-            self.stdout.write(simulation.source_outage_set(opts["source_down"], down=True))
+            self.stdout.write(faults.source_outage_set(opts["source_down"], down=True))
         if opts["source_up"]:
-            self.stdout.write(simulation.source_outage_set(opts["source_up"], down=False))
+            self.stdout.write(faults.source_outage_set(opts["source_up"], down=False))
         if opts["show"]:
-            self.stdout.write(json.dumps(simulation.fleet_snapshot(), indent=1, sort_keys=True))
+            self.stdout.write(json.dumps(faults.fleet_snapshot(), indent=1, sort_keys=True))
 
     def _audit(self, opts: dict[str, Any]) -> None:
         from incidents.audit import (

@@ -15,7 +15,7 @@ Pages:
   ``instance``: give each such target its own ``instance`` label in the scrape config).
   ``SimExporter(..., node=name)`` serves that page as ``/metrics`` on its own port.
 
-Run it: ``python -m collectors.clients.sim_exporter --state PATH [--speed 20] --port 9400``.
+Run it: ``python -m collectors.sim.exporter --state PATH [--speed 20] --port 9400``.
 It needs no Django settings (the simulator imports none).
 """
 
@@ -37,7 +37,7 @@ from collectors.clients.exposition import (
     render_dcgm,
     render_node_infiniband,
 )
-from collectors.clients.sim import SimFleet, SimTelemetry
+from collectors.sim.fleet import SimFleet, SimTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ class SimExporter:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m collectors.clients.sim_exporter",
+        prog="python -m collectors.sim.exporter",
         description="Serve the simulated fleet's GPUs (dcgm-exporter format) and NIC ports "
                     "(node_exporter format) for Prometheus to scrape.")
     parser.add_argument("--state", type=Path, required=True, help="the simulated fleet's file")

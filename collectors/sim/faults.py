@@ -7,8 +7,8 @@ import time
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from collectors.clients import sim as simulator
 from collectors.clients import sim_fleet
+from collectors.sim import fleet as simulator
 
 
 def _fleet() -> simulator.SimFleet:

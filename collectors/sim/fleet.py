@@ -74,7 +74,7 @@ ACTION_DELAY_ENV = "FLEETWATCH_SIM_ACTION_DELAY"
 FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 94, 95, 119, 120, 140, 143})
 GPUS_PER_NODE = 8
 
-DEFAULT_JOBS = [
+DEFAULT_JOBS: list[dict[str, Any]] = [
     {"id": "3001", "name": "llama-70b-pretrain", "user": "alice", "num_nodes": 8},
     {"id": "3002", "name": "moe-finetune", "user": "bob", "num_nodes": 4},
     {"id": "3003", "name": "vit-sweep", "user": "carol", "num_nodes": 4},
