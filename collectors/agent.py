@@ -121,7 +121,7 @@ class NvmlSource:
     def xid_events(self, timeout_ms: int = 0) -> list[dict[str, Any]]:
         """Critical XIDs NVML reported since the last call, as they happened."""
         nvml = self.nvml
-        out = []
+        out: list[dict[str, Any]] = []
         while True:
             try:
                 event = nvml.nvmlEventSetWait_v2(self.events, timeout_ms)
@@ -252,7 +252,8 @@ class Spool:
         """The header (if a batch is sealed) and up to ``limit`` signals."""
         if not self.path.exists():
             return None, []
-        header, out = None, []
+        header: dict[str, Any] | None = None
+        out: list[dict[str, Any]] = []
         with self.path.open() as fh:
             for line in fh:
                 if not line.strip():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection, models
 
@@ -29,10 +29,11 @@ def update_columns(model: type[models.Model], columns: Sequence[str],
     if not rows:
         return 0
     meta = model._meta
-    fields = [meta.get_field(c) for c in columns]
+    # Concrete columns only (a reverse relation has no column): the cast says so to mypy.
+    fields = [cast("models.Field[Any, Any]", meta.get_field(c)) for c in columns]
     json_at = [i for i, f in enumerate(fields) if isinstance(f, models.JSONField)]
-    table, pk = meta.db_table, meta.pk.column
-    names = [f.column for f in fields]
+    table, pk = meta.db_table, cast(str, meta.pk.column)
+    names = [cast(str, f.column) for f in fields]
     if connection.vendor == "postgresql":
         return _postgres(table, pk, names, [f.db_type(connection) for f in fields], json_at, rows)
     sql = (f'UPDATE "{table}" SET ' + ", ".join(f'"{n}" = %s' for n in names)
@@ -58,6 +59,7 @@ def _postgres(table: str, pk: str, names: list[str], types: list[str | None],
         cursor.execute(f'TRUNCATE "{staging}"')
         raw = cursor.cursor  # the psycopg cursor: Django's wrapper has no COPY
         with raw.copy(f'COPY "{staging}" FROM STDIN') as copy:
+            row: tuple[Any, ...] | list[Any]  # a list once its JSON values are wrapped
             for row in rows:
                 if json_at:
                     row = list(row)

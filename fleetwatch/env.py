@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import overload
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -24,6 +25,11 @@ def _raw(name: str) -> str | None:
     return value or None
 
 
+# With a str default the answer is always a str: settings read this way need no None checks.
+@overload
+def env_str(name: str, default: str) -> str: ...
+@overload
+def env_str(name: str, default: None = None) -> str | None: ...
 def env_str(name: str, default: str | None = None) -> str | None:
     value = _raw(name)
     return default if value is None else value

@@ -302,7 +302,7 @@ class PrometheusTelemetry:
                       backoff_factor=backoff, status_forcelist=(502, 503, 504),
                       allowed_methods=frozenset({"GET", "POST"}), raise_on_status=False)
         self._prom = PrometheusConnect(url=self.url, headers=headers, retry=retry,
-                                       session=session, timeout=timeout)  # type: ignore[arg-type]
+                                       session=session, timeout=timeout)
         self._warnings: dict[str, list[str]] = {}
 
     @property

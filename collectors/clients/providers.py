@@ -29,7 +29,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from collectors.clients.base import (
     K8S_ANNOTATION_PREFIX,
@@ -249,7 +249,7 @@ class KubernetesPoolProvider:
         for item in items:
             raw = ((item.get("metadata") or {}).get("annotations") or {}).get(RECORD_ANNOTATION)
             with contextlib.suppress(ValueError, TypeError):
-                record = json.loads(raw)
+                record = json.loads(cast(str, raw))  # None: TypeError, suppressed
                 if isinstance(record, dict) and record.get("pool"):
                     found.append(record)
         if not found:

@@ -102,7 +102,7 @@ def payload_shape(payload: Any) -> str:
     if not isinstance(meta, Mapping):
         raise ClientError(f"Slurm JSON has no meta object (keys: {sorted(payload)[:12]})",
                           permanent=True)
-    plugin = meta.get("plugin") if isinstance(meta.get("plugin"), Mapping) else {}
+    plugin = found if isinstance(found := meta.get("plugin"), Mapping) else {}
     seen: list[str] = []
     for key in ("data_parser", "type"):
         value = plugin.get(key)
