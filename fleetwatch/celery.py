@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 from contextvars import Token
+from typing import Any
 
 from celery import Celery
 from celery.signals import task_postrun, task_prerun, worker_shutting_down
@@ -48,19 +49,21 @@ def _redis_restore_after_collect_tolerated() -> None:
     original_ack = kombu_redis.QoS.ack
     original_reject = kombu_redis.QoS.reject
 
-    def restore_unacked(self: kombu_redis.QoS, client: object = None) -> object:
+    # The stubs' signatures; ``self`` as Any because the stubs type the private _delivered as
+    # Optional, and a QoS with a channel always has it.
+    def restore_unacked(self: Any, client: Any | None = None) -> None:
         if client is None and dead(self):
             self._delivered.clear()  # forget them: see above
             return None
         return original_restore(self, client)
 
-    def ack(self: kombu_redis.QoS, delivery_tag: object) -> None:
+    def ack(self: Any, delivery_tag: str) -> None:
         if dead(self):
             self._delivered.pop(delivery_tag, None)
             return
         original_ack(self, delivery_tag)
 
-    def reject(self: kombu_redis.QoS, delivery_tag: object, requeue: bool = False) -> None:
+    def reject(self: Any, delivery_tag: str, requeue: bool = False) -> None:
         if dead(self):
             self._delivered.pop(delivery_tag, None)
             return
