@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from base64 import b64decode, b64encode
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 from urllib import parse
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -61,12 +61,18 @@ class _Cursor(CursorPagination):
     max_page_size = MAX_PAGE
     invalid_cursor_message = "invalid cursor: pass back the `next` or `previous` link as given"
     ordering: tuple[str, ...] = ("id",)
+    # Our positions are the whole ordering key (a list), not DRF's one-field string.
+    next_position: list[Any] | None  # type: ignore[assignment]
+    previous_position: list[Any] | None  # type: ignore[assignment]
 
     def _invalid(self) -> ValidationError:
         # DRF answers a bad cursor with 404, which reads as "no such list"; it is bad input.
         return ValidationError({self.cursor_query_param: [self.invalid_cursor_message]})
 
-    def decode_cursor(self, request: Request) -> tuple[bool, list[Any] | None] | None:
+    # The cursor is ``(reverse, position)``, not DRF's (offset, reverse, position) Cursor:
+    # every DRF method that reads or writes one is overridden here.
+    def decode_cursor(  # type: ignore[override]
+            self, request: Request) -> tuple[bool, list[Any] | None] | None:
         """``(reverse, position)`` from ``?cursor=``: base64 of ``r=0|1&p=<json list>``."""
         encoded = request.query_params.get(self.cursor_query_param)
         if encoded is None:
@@ -86,13 +92,14 @@ class _Cursor(CursorPagination):
             raise self._invalid()
         return reverse == "1", position
 
-    def encode_cursor(self, cursor: tuple[bool, list[Any] | None]) -> str:
+    def encode_cursor(self, cursor: tuple[bool, list[Any] | None]) -> str:  # type: ignore[override]
         reverse, position = cursor
         tokens = {"r": "1" if reverse else "0"}
         if position is not None:
             tokens["p"] = json.dumps(position, separators=(",", ":"))
         encoded = b64encode(parse.urlencode(tokens).encode("ascii")).decode("ascii")
-        return replace_query_param(self.base_url, self.cursor_query_param, encoded)
+        # base_url is set by paginate_queryset, before any link is made.
+        return replace_query_param(cast(str, self.base_url), self.cursor_query_param, encoded)
 
     def _position(self, row: Any) -> list[Any]:
         values = []
@@ -121,10 +128,12 @@ class _Cursor(CursorPagination):
                      view: Any = None) -> tuple[str, ...]:
         return tuple(self.ordering)  # the key is fixed: no ?ordering= for these lists
 
-    def paginate_queryset(self, queryset: QuerySet[Any], request: Request,
+    # Querysets only (the base allows any sequence): keyset pages need ORDER BY and WHERE.
+    def paginate_queryset(self, queryset: QuerySet[Any], request: Request,  # type: ignore[override]
                           view: Any = None) -> list[Any] | None:
         self.request = request
-        self.page_size = self.get_page_size(request)
+        # page_size is set above, so this is always a number.
+        self.page_size = cast(int, self.get_page_size(request))
         self.base_url = request.build_absolute_uri()
         cursor = self.decode_cursor(request)
         reverse, position = cursor if cursor is not None else (False, None)
@@ -165,7 +174,8 @@ class _Cursor(CursorPagination):
         # An empty page reached forwards: the rows before it are the list's end.
         return self.encode_cursor((True, self.previous_position))
 
-    def get_html_context(self) -> dict[str, Any]:
+    # The stubs say the links are str; DRF's own are None when there is no page either.
+    def get_html_context(self) -> dict[str, Any]:  # type: ignore[override]
         return {"previous_url": self.get_previous_link(), "next_url": self.get_next_link()}
 
 

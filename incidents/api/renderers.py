@@ -9,6 +9,7 @@ data again with them replaced (``collectors.models.json_safe``: U+FFFD, null).""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from rest_framework.renderers import JSONRenderer
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 
 class SafeJSONRenderer(JSONRenderer):
     def render(self, data: Any, accepted_media_type: str | None = None,
-               renderer_context: dict[str, Any] | None = None) -> bytes:
+               renderer_context: Mapping[str, Any] | None = None) -> bytes:
         try:
             return super().render(data, accepted_media_type, renderer_context)
         except (ValueError, UnicodeEncodeError, RecursionError) as exc:
