@@ -7,11 +7,10 @@ kubectl (get, cordon, uncordon, drain, get events) is the proof that it behaves 
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import shutil
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,14 +30,8 @@ pytestmark = pytest.mark.integration
 
 
 def _server_module() -> ModuleType:
-    name = "fleetwatch_k8s_test_server"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tests/harness/k8s_server.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while being built
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """The test server's module (tests.harness.k8s_server: one module, one ApiError class)."""
+    return importlib.import_module("tests.harness.k8s_server")
 
 
 SEED: dict[str, Any] = {

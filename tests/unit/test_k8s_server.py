@@ -3,25 +3,15 @@ PodDisruptionBudget arithmetic (kubectl checks the rest in tests/integration).""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import importlib
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-
 
 def _server() -> ModuleType:
-    name = "fleetwatch_k8s_test_server"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tests/harness/k8s_server.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """The test server's module (tests.harness.k8s_server: one module, one ApiError class)."""
+    return importlib.import_module("tests.harness.k8s_server")
 
 
 def test_strategic_merge_patch_merges_conditions_by_type_and_null_deletes() -> None:
@@ -92,3 +82,132 @@ def test_paging_and_an_expired_continue_token() -> None:
     with pytest.raises(ks.ApiError) as unsupported:
         server.list(nodes, None, {"fieldSelector": "status.phase=Running"})
     assert unsupported.value.code == 400
+
+
+# --- the API server's own checks (tests/harness/k8s_rules.py) ----------------------------------
+
+QNAME_RULE = ("name part must consist of alphanumeric characters, '-', '_' or '.', and must "
+              "start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or "
+              "'123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?"
+              "[A-Za-z0-9]')")
+
+
+@pytest.mark.parametrize(("selector", "message"), [
+    ("a in (b", "unable to parse requirement: found '', expected: ',' or ')'"),
+    ("a b", "unable to parse requirement: found 'b', expected: in, notin, =, ==, !=, gt, lt"),
+    ("x in (a b)", "unable to parse requirement: found 'b', expected: ',' or ')'"),
+    ("a in b", "unable to parse requirement: found 'b' expected: '('"),
+    ("a=b=c", "found '=', expected: ',' or 'end of string'"),
+    ("a,", "found '', expected: identifier after ','"),
+    ("=a", "found '=', expected: !, identifier, or 'end of string'"),
+    ("app:monolith", f'unable to parse requirement: <nil>: Invalid value: "app:monolith": '
+                     f"{QNAME_RULE}"),
+    ("a=-x", 'unable to parse requirement: values[0][a]: Invalid value: "-x": a valid label '
+             "must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
+             "and must start and end with an alphanumeric character (e.g. 'MyValue',  or "
+             "'my_value',  or '12345', regex used for validation is "
+             "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"),
+    ("a>x", "unable to parse requirement: values[0]: Invalid value: \"x\": for 'Gt', 'Lt' "
+            "operators, the value must be an integer"),
+])
+def test_malformed_label_selectors_fail_with_the_apiservers_words(selector: str,
+                                                                  message: str) -> None:
+    ks = _server()
+    with pytest.raises(ks.SelectorError) as bad:
+        ks.label_selector(selector)
+    assert str(bad.value) == message
+    # Through the server: a 400 BadRequest Status with the same message.
+    server = ks.K8sTestServer({"nodes": [{"name": "n1"}]})
+    nodes = next(r for r in ks.RESOURCES if r.plural == "nodes")
+    with pytest.raises(ks.ApiError) as refused:
+        server.list(nodes, None, {"labelSelector": selector})
+    status = refused.value.status()
+    assert (status["code"], status["reason"], status["message"]) == (400, "BadRequest", message)
+
+
+def test_label_selector_grammar_matches_as_upstream() -> None:
+    ks = _server()
+    match = ks.label_selector("x in (foo,,baz),y,z notin ()")
+    assert match({"x": "", "y": "1"}) and match({"x": "baz", "y": "", "z": "q"})
+    assert not match({"x": "bar", "y": "1"}) and not match({"x": "foo"})
+    assert not match({"x": "foo", "y": "1", "z": ""})
+    assert ks.label_selector("gen>5,!legacy")({"gen": "6"})
+    assert not ks.label_selector("gen>5")({"gen": "5"})
+    assert not ks.label_selector("gen<5")({"gen": "four"})
+    assert ks.label_selector("a==b, c!=d")({"a": "b"})
+    assert ks.label_selector("")({"anything": "x"})
+
+
+def test_field_selectors_parse_and_check_fields_as_upstream() -> None:
+    ks = _server()
+    rules = ks.k8s_rules
+    assert rules.parse_field_selector(r"metadata.name=a\,b,spec.nodeName!=x") == [
+        ("metadata.name", "=", "a,b"), ("spec.nodeName", "!=", "x")]
+    for text, message in [
+        ("spec.nodeName", "invalid selector: 'spec.nodeName'; can't understand 'spec.nodeName'"),
+        ("metadata.name=a=b", "invalid field selector: unescaped character in value: 61"),
+        (r"metadata.name=a\x", r"invalid field selector: invalid escape sequence: \x"),
+    ]:
+        with pytest.raises(rules.SelectorError) as bad:
+            rules.parse_field_selector(text)
+        assert str(bad.value) == message
+    server = ks.K8sTestServer({"nodes": [{"name": "n1"}]})
+    by_plural = {r.plural: r for r in ks.RESOURCES if not r.group or r.group == "policy"}
+    with pytest.raises(ks.ApiError) as nodes:
+        server.list(by_plural["nodes"], None, {"fieldSelector": "metadata.name=n1,status.x=y"})
+    assert nodes.value.code == 400 and nodes.value.message == "field label not supported: status.x"
+    with pytest.raises(ks.ApiError) as pdbs:
+        server.list(by_plural["poddisruptionbudgets"], None, {"fieldSelector": "spec.x=1"})
+    assert pdbs.value.message == ('"spec.x" is not a known field selector: only '
+                                  '"metadata.name", "metadata.namespace"')
+
+
+def test_invalid_objects_get_422_with_one_cause_per_field() -> None:
+    rules = _server().k8s_rules
+    node = {"metadata": {"name": "Gpu_1", "labels": {"ok/k": "v", "bad key": "-v"}},
+            "spec": {"taints": [{"key": "gpu", "effect": "Bogus"}, {"key": "gpu", "value": "x",
+                                                                  "effect": "NoSchedule"},
+                                {"key": "gpu", "effect": "NoSchedule"}]}}
+    errors = rules.validate("nodes", node)
+    assert [(e.type, e.field) for e in errors] == [
+        ("FieldValueInvalid", "metadata.name"), ("FieldValueInvalid", "metadata.labels"),
+        ("FieldValueInvalid", "metadata.labels"), ("FieldValueNotSupported",
+                                                   "spec.taints[0].effect"),
+        ("FieldValueInvalid", "spec.taints[2]")]
+    status = rules.invalid_object("Node", "", "Gpu_1", errors).status()
+    assert (status["code"], status["reason"]) == (422, "Invalid")
+    assert status["message"].startswith('Node "Gpu_1" is invalid: [metadata.name: Invalid value: '
+                                        '"Gpu_1": a lowercase RFC 1123 subdomain must consist')
+    assert status["details"]["name"] == "Gpu_1" and status["details"]["kind"] == "Node"
+    assert status["details"]["causes"][3] == {
+        "reason": "FieldValueNotSupported", "field": "spec.taints[0].effect",
+        "message": 'Unsupported value: "Bogus": supported values: "NoSchedule", '
+                   '"PreferNoSchedule", "NoExecute"'}
+    assert status["details"]["causes"][1]["message"] == f'Invalid value: "bad key": {QNAME_RULE}'
+    assert rules.validate("namespaces", {"metadata": {"name": "a.b"}})[0].detail == (
+        "must not contain dots")
+    assert [str(e) for e in rules.validate("pods", {"metadata": {"name": "p"}, "spec": {}})] == [
+        "spec.containers: Required value"]
+    assert rules.decode_error("nodes", {"spec": {"unschedulable": "yes"}}) == (
+        "json: cannot unmarshal string into Go struct field NodeSpec.spec.unschedulable of type "
+        "bool")
+    assert rules.decode_error("pods", {"metadata": {"labels": {"rack": 7}}}) == (
+        "json: cannot unmarshal number into Go struct field ObjectMeta.metadata.labels of type "
+        "string")
+    assert rules.decode_error("nodes", {"spec": {"unschedulable": True}}) is None
+
+
+def test_objects_carry_what_a_kubelet_and_go_always_write() -> None:
+    ks = _server()
+    server = ks.K8sTestServer({"nodes": [{"name": "n1"}, {"metadata": {"name": "bare"}}],
+                               "pods": [{"namespace": "t", "name": "p", "node": "n1"}]})
+    nodes = next(r for r in ks.RESOURCES if r.plural == "nodes")
+    info = server.out(nodes, server.get("nodes", "", "n1"))["status"]["nodeInfo"]
+    assert set(info) == set(ks.k8s_rules.NODE_INFO_FIELDS) and all(info.values())
+    bare = server.out(nodes, server.get("nodes", "", "bare"))["status"]
+    assert bare["nodeInfo"]["bootID"] == "" and bare["daemonEndpoints"]["kubeletEndpoint"] == {
+        "Port": 0}
+    pods = next(r for r in ks.RESOURCES if r.plural == "pods")
+    cs = server.out(pods, server.get("pods", "t", "p"))["status"]["containerStatuses"][0]
+    assert cs["imageID"].startswith("registry.local/train@sha256:")
+    assert cs["containerID"].startswith("containerd://") and cs["image"]
