@@ -28,7 +28,16 @@ from django.utils import timezone
 from collectors import normalize
 from collectors.bulk import update_columns
 from collectors.clients import Clients, get_clients
-from collectors.clients.base import ClientError, GpuMetric, K8sEvent, NicPort
+from collectors.clients.base import (
+    ClientError,
+    GpuMetric,
+    K8sEvent,
+    KubernetesClient,
+    NicPort,
+    SlurmClient,
+    TelemetryChanges,
+    TelemetryClient,
+)
 from collectors.models import (
     Cluster,
     CollectorRun,
@@ -118,9 +127,10 @@ def _run_record(cluster: Cluster, source: str, started_at: datetime, started: fl
         counts=run.counts, warnings=run.warnings[:50])
 
 
-def _client_warnings(client: object, run: RunLog) -> None:
+def _client_warnings(client: SlurmClient | KubernetesClient | TelemetryClient,
+                     run: RunLog) -> None:
     """Records a source sent that its client could not parse (kept out of the data)."""
-    for warning in getattr(client, "last_warnings", None) or []:
+    for warning in client.last_warnings:
         run.warnings.append(str(warning)[:500])
 
 
@@ -368,11 +378,11 @@ def collect_kubernetes(cluster: Cluster, clients: Clients, run: RunLog) -> list[
     health = SourceHealth.objects.get(cluster=cluster, name="kubernetes")
     cursor = dict(health.cursor)
     k8s = clients.kubernetes
-    node_feed = getattr(k8s, "node_changes", None)
-    if node_feed is not None:
-        reported, cursor["nodes"], relisted = node_feed(cursor.get("nodes"), WATCH_SECONDS)
+    node_changes = k8s.node_changes(cursor.get("nodes"), WATCH_SECONDS)
+    if node_changes is not None:
+        reported, cursor["nodes"], relisted = node_changes
         run.counts["relisted"] = int(relisted)
-    else:
+    else:  # no change feed (the simulation): list them all
         reported = k8s.nodes()
     run.counts["nodes"] = len(reported)
     ids = _nodes_ensure(cluster, (s.name for s in reported))
@@ -391,18 +401,16 @@ def collect_kubernetes(cluster: Cluster, clients: Clients, run: RunLog) -> list[
     update_columns(Node, ["k8s_ready", "k8s_ready_status", "k8s_unschedulable",
                           "k8s_annotations", "pool", "updated_at"], changed)
     run.counts["nodes_changed"] = len(changed)
-    event_feed = getattr(k8s, "event_changes", None)
-    if event_feed is not None:
-        first = cursor.get("events") is None
-        events, cursor["events"] = event_feed(cursor.get("events"), WATCH_SECONDS)
+    first = cursor.get("events") is None
+    event_changes = k8s.event_changes(cursor.get("events"), WATCH_SECONDS)
+    if event_changes is not None:  # None: the source keeps no node events (the simulation)
+        events, cursor["events"] = event_changes
         if first:
             # The first list holds up to an hour of old events: only the ones recent enough
             # to matter to diagnosis are news.
             since = time.time() - settings.FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES * 60
             events = [e for e in events if e.at is not None and e.at >= since]
         drafts += _k8s_event_drafts(events, run)
-    elif hasattr(k8s, "node_events"):
-        drafts += _k8s_events_unseen(k8s.node_events(), cursor, run)
     _client_warnings(k8s, run)
     health.cursor = cursor
     health.save(update_fields=["cursor"])
@@ -423,42 +431,11 @@ def _k8s_event_drafts(events: list[K8sEvent], run: RunLog) -> list[SignalDraft]:
     return drafts
 
 
-def _k8s_events_unseen(events: list[K8sEvent], cursor: dict[str, Any],
-                       run: RunLog) -> list[SignalDraft]:
-    """Node events from a client that lists them all each time (the simulation): the ones
-    already announced are kept in the source's cursor."""
-    seen = set(cursor.get("seen_events", []))
-    fresh = []
-    for e in events:
-        key = f"{e.namespace}/{e.name}/{e.at or ''}"
-        if key not in seen:
-            seen.add(key)
-            fresh.append(e)
-    cursor["seen_events"] = sorted(seen)[-5000:]
-    return _k8s_event_drafts(fresh, run)
-
-
 GPU_COLUMNS = ["uuid", "last_xid", "last_xid_at", "utilization", "temperature",
                "clock_event_reasons", "dbe_total", "row_remap_failure", "health", "updated_at"]
 # What change detection compares against, per GPU row.
 GPU_STORED = ("node_id", "index", "id", "last_xid", "last_xid_at", "clock_event_reasons",
               "dbe_total", "row_remap_failure", "uuid", "utilization", "temperature", "health")
-
-
-@dataclass
-class TelemetryRead:
-    """One poll of the telemetry source, in the shape of ``PrometheusTelemetry.changes``'s
-    answer (see ``TelemetryChanges`` there for what each field means). A client without
-    ``changes`` (the simulation) reads every GPU and port each time: complete, no cursor."""
-
-    gpus: list[GpuMetric]
-    ports: list[NicPort]
-    cursor: dict[str, Any] = field(default_factory=dict)
-    complete_gpus: bool = True
-    complete_ports: bool = True
-    unsampled_utilization: set[tuple[str, int]] = field(default_factory=set)
-    unsampled_temperature: set[tuple[str, int]] = field(default_factory=set)
-    present: dict[str, set[int]] = field(default_factory=dict)
 
 
 def collect_telemetry(cluster: Cluster, clients: Clients, run: RunLog) -> list[SignalDraft]:
@@ -489,12 +466,11 @@ def _gc_paused() -> Iterator[None]:
 def _collect_telemetry(cluster: Cluster, clients: Clients, run: RunLog) -> list[SignalDraft]:
     telemetry = clients.telemetry
     health = SourceHealth.objects.get(cluster=cluster, name="telemetry")
-    feed = getattr(telemetry, "changes", None)
-    if feed is None:
-        read = TelemetryRead(telemetry.gpu_metrics(), telemetry.nic_ports())
-    else:
-        cursor = dict(health.cursor or {})
-        read = feed(cursor, _gpu_nodes_unquiet(cluster) if cursor else ())
+    cursor = dict(health.cursor or {})
+    changes = telemetry.changes(cursor, _gpu_nodes_unquiet(cluster) if cursor else ())
+    # No change feed (the simulation): every poll reads every GPU and port, complete.
+    read = changes if changes is not None else \
+        TelemetryChanges(telemetry.gpu_metrics(), telemetry.nic_ports())
     _client_warnings(telemetry, run)  # this client keeps both reads' warnings
     run.counts.update(gpus=len(read.gpus), nic_ports=len(read.ports),
                       incremental=int(not read.complete_gpus))
@@ -538,7 +514,7 @@ def _gpu_nodes_unquiet(cluster: Cluster) -> set[str]:
         | Q(row_remap_failure=True)).order_by().values_list("node__name", flat=True).distinct())
 
 
-def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryRead,
+def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
           run: RunLog) -> list[SignalDraft]:
     complete = read.complete_gpus
     answer = {(ids[m.node], m.gpu): m for m in read.gpus}
@@ -631,7 +607,7 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryRead,
     return drafts
 
 
-def _gpu_unreported(node: str, index: int, row: tuple[Any, ...], read: TelemetryRead,
+def _gpu_unreported(node: str, index: int, row: tuple[Any, ...], read: TelemetryChanges,
                     answered_nodes: set[str]) -> GpuMetric | None:
     """What to make of a stored GPU the answer leaves out: None when that means nothing
     changed; a GPU without readings when it went silent while its node's others still

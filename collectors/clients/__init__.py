@@ -75,14 +75,13 @@ def provider_from_settings() -> NodeProvider:
         from collectors.sim.fleet import SimProvider
 
         return SimProvider(sim_fleet())
-    # real_slurm()/real_kubernetes() are typed as the read interfaces; the providers need the
-    # real clients' reboot and node calls, which those are.
     if choice == "slurm":
-        return providers.SlurmRebootProvider(cast("providers.RebootingSlurm", real_slurm()))
+        return providers.SlurmRebootProvider(real_slurm())
     if choice == "kubernetes":
+        # The pool provider needs the real API's node and pool calls, beyond the interface.
         return providers.CompositeProvider(
             replace=providers.KubernetesPoolProvider(cast("KubernetesApi", real_kubernetes())),
-            reboot=providers.SlurmRebootProvider(cast("providers.RebootingSlurm", real_slurm())))
+            reboot=providers.SlurmRebootProvider(real_slurm()))
     if choice == "command":
         command = settings.FLEETWATCH_PROVIDER_COMMAND
         if not command.strip():
@@ -131,7 +130,8 @@ def real_telemetry() -> TelemetryClient:
     from collectors.clients.prometheus import PrometheusTelemetry
 
     token = settings.FLEETWATCH_PROMETHEUS_TOKEN
-    return PrometheusTelemetry(settings.FLEETWATCH_PROMETHEUS_URL,
+    # The settings refuse a real fleet that collects telemetry without this URL.
+    return PrometheusTelemetry(cast(str, settings.FLEETWATCH_PROMETHEUS_URL),
                                timeout=settings.FLEETWATCH_HTTP_TIMEOUT,
                                headers={"Authorization": f"Bearer {token}"} if token else None,
                                verify_tls=settings.FLEETWATCH_PROMETHEUS_VERIFY_TLS,

@@ -3,13 +3,20 @@
 Read methods return plain dataclasses that look like what the real system reports; action
 methods check the current state first (so a retried step does nothing twice) and return an
 ``ActionResult`` that names the outside call made, for the audit trail.
+
+Every capability is declared here and every implementation has every member (a test holds
+each class to its protocol), so a caller never asks "does this client have X?". What a backend
+cannot offer answers plainly instead: a change feed or a history the source does not keep
+answers ``None`` / empty ("read the whole state"), an action it cannot take raises
+``ClientError(permanent=True)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from datetime import datetime
+from typing import Any, NamedTuple, Protocol
 
 
 class ClientError(Exception):
@@ -141,35 +148,121 @@ class Replacement:
     data: dict[str, object] = field(default_factory=dict)
 
 
+# (nodes changed, newest resourceVersion, relisted): a list the first time (or after a 410
+# Gone), then a watch from the cursor.
+NodeChanges = tuple[list[K8sNode], str, bool]
+# (node events, cursor): each event API listed once, then watched from its own cursor.
+EventChanges = tuple[list[K8sEvent], dict[str, Any]]
+
+
+class HistoryPoint(NamedTuple):
+    at: float  # epoch seconds
+    utilization: float | None
+    temperature: float | None
+
+
+# node -> GPU index -> points in time order
+GpuHistory = dict[str, dict[int, list[HistoryPoint]]]
+
+GpuKey = tuple[str, int]  # (node, GPU index)
+
+
+@dataclass
+class TelemetryChanges:
+    """One poll's answer from ``TelemetryClient.changes``.
+
+    ``complete_gpus``: every GPU with a series is in ``gpus`` (the first poll); otherwise only
+    the GPUs with a new utilisation/temperature sample or a non-quiet fault field, and a GPU
+    absent from ``gpus`` is unchanged, never missing. Fault fields of a GPU in ``gpus`` are
+    always current (absent from their sparse query: the quiet value). ``unsampled_*``: GPUs in
+    ``gpus`` whose utilisation or temperature had no new sample (the None there means "as
+    before"). ``present``: for the nodes that report fewer GPUs than at the last poll and the
+    nodes the caller watches, the GPU indexes with a utilisation or temperature series now (a
+    node with none is absent: nothing is known of it). ``complete_ports``:
+    every port is in ``ports``; otherwise only ports that are not ACTIVE or changed lately.
+    A whole read (no change feed) is complete and has no cursor."""
+
+    gpus: list[GpuMetric]
+    ports: list[NicPort]
+    cursor: dict[str, Any] = field(default_factory=dict)
+    complete_gpus: bool = True
+    complete_ports: bool = True
+    unsampled_utilization: set[GpuKey] = field(default_factory=set)
+    unsampled_temperature: set[GpuKey] = field(default_factory=set)
+    present: dict[str, set[int]] = field(default_factory=dict)
+
+
 class SlurmClient(Protocol):
+    @property
+    def last_warnings(self) -> list[str]:
+        """What the latest read skipped (records that did not parse), for the run log."""
+        ...
+
     def nodes(self) -> list[SlurmNode]: ...
     def jobs(self) -> list[SlurmJob]: ...
     def topology(self) -> dict[str, list[str]]: ...
     def drain(self, node: str, reason: str) -> ActionResult: ...
+    def down(self, node: str, reason: str) -> ActionResult:
+        """Mark the node DOWN (its jobs stop). A scheduler without a separate DOWN state
+        (the simulation) drains instead and says so in the result."""
+        ...
+
     def resume(self, node: str) -> ActionResult: ...
+    def reboot(self, node: str, reason: str) -> ActionResult:
+        """``scontrol reboot ASAP nextstate=RESUME``: drained at once, rebooted when idle."""
+        ...
+
     def cancel(self, job_id: str, signal: str, grace_seconds: int) -> ActionResult: ...
     def requeue(self, job_id: str) -> ActionResult: ...
-    # Real clusters only, for now (the remediation engine brings them to the simulation):
-    # def down(self, node: str, reason: str) -> ActionResult
-    # def requeue_hold(self, job_id: str) -> ActionResult
-    # def reboot(self, node: str, reason: str) -> ActionResult  (ASAP nextstate=RESUME)
+    def requeue_hold(self, job_id: str) -> ActionResult:
+        """Requeue and hold: the job waits, pending, until someone releases it."""
+        ...
 
 
 class KubernetesClient(Protocol):
+    @property
+    def last_warnings(self) -> list[str]:
+        """What the latest read skipped (malformed objects, an expired watch), for the run log."""
+        ...
+
     def nodes(self) -> list[K8sNode]: ...
     def pods_on_node(self, node: str) -> list[K8sPod]: ...
+    def node_changes(self, cursor: str | None, timeout_seconds: float) -> NodeChanges | None:
+        """The nodes changed since ``cursor`` (see ``NodeChanges``); None from a source with
+        no change feed (the simulation): the caller lists ``nodes()`` instead."""
+        ...
+
+    def event_changes(self, cursor: dict[str, Any] | None,
+                      timeout_seconds: float) -> EventChanges | None:
+        """Node events since ``cursor`` (see ``EventChanges``); None from a source that keeps
+        no node events (the simulation)."""
+        ...
+
     def cordon(self, node: str, reason: str) -> ActionResult: ...
     def uncordon(self, node: str) -> ActionResult: ...
     def evict(self, namespace: str, pod: str) -> ActionResult: ...
-    # Optional change feeds (the real API; the collector falls back to nodes()):
-    # node_changes(cursor: str | None, timeout_seconds: float)
-    #     -> (nodes changed, newest resourceVersion, relisted)  (list, then watch from it)
-    # event_changes(cursor: dict | None, timeout_seconds: float) -> (node events, cursor)
 
 
 class TelemetryClient(Protocol):
+    @property
+    def last_warnings(self) -> list[str]:
+        """What the latest reads skipped (series that did not parse), for the run log."""
+        ...
+
     def gpu_metrics(self) -> list[GpuMetric]: ...
     def nic_ports(self) -> list[NicPort]: ...
+    def changes(self, cursor: Mapping[str, Any] | None,
+                watch: Iterable[str] = ()) -> TelemetryChanges | None:
+        """What changed since the poll that returned ``cursor``; ``watch``: nodes whose GPUs
+        to list in ``present``. None from a source with no change feed (the simulation): the
+        caller reads ``gpu_metrics()`` and ``nic_ports()`` whole."""
+        ...
+
+    def gpu_history(self, nodes: Sequence[str], start: datetime, end: datetime,
+                    step_seconds: float = 15.0) -> GpuHistory:
+        """Utilisation and temperature of the nodes' GPUs over a time range, for charts; a
+        source that keeps no history answers ``{}`` (no samples)."""
+        ...
 
 
 @dataclass(frozen=True)

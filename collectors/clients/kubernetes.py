@@ -161,8 +161,10 @@ def _rv_int(value: Any) -> int | None:
 
 
 class KubernetesApi:
-    """``KubernetesClient`` over the Kubernetes API, plus the change feeds the collector
+    """``KubernetesClient`` over the Kubernetes API, with the change feeds the collector
     watches (``node_changes``, ``event_changes``)."""
+
+    last_warnings: list[str]
 
     def __init__(self, kubeconfig: str | None = None, context: str | None = None,
                  timeout: float = 10.0, evict_max_wait: float = 60.0, *,
@@ -321,10 +323,6 @@ class KubernetesApi:
                               field_selector=f"spec.nodeName={node}")
         pods = [p for p in (self._parse(f"list pods on {node}", pod_from, o) for o in items) if p]
         return sorted(pods, key=lambda p: (p.namespace, p.name))
-
-    def node_events(self) -> list[K8sEvent]:
-        """Every node event the API holds now (both event APIs, deduplicated)."""
-        return self.event_changes(None, 0)[0]
 
     # --- change feeds ---
 

@@ -410,6 +410,7 @@ class SlurmCli:
     """
 
     source = "slurm"
+    last_warnings: list[str]
 
     def __init__(self, bin_dir: str | None = None, timeout: float = 10.0,
                  env: dict[str, str] | None = None, retries: int = 2,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
@@ -26,7 +24,7 @@ def fault_inject(kind: str, *, node: str = "", gpu: int = 0, code: int = 79, cou
     """Inject a fault; returns a one-line description. Raises ClientError on a bad target."""
     fleet = _fleet()
     with fleet.transaction() as state:
-        now = time.time()
+        now = fleet.clock.now()
         if kind == "xid":
             return simulator.inject_xid(state, node, gpu, code, now)
         if kind == "link-flap":

@@ -34,8 +34,8 @@ import json
 import os
 import random
 import shlex
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,15 +46,21 @@ from collectors.clients.base import (
     SLURM_REASON_PREFIX,
     ActionResult,
     ClientError,
+    EventChanges,
+    GpuHistory,
     GpuMetric,
     K8sNode,
     K8sPod,
     NicPort,
+    NodeChanges,
     ProviderStatus,
     Replacement,
     SlurmJob,
     SlurmNode,
+    TelemetryChanges,
 )
+from collectors.clock import SYSTEM_CLOCK, Clock
+from collectors.knowledge.xid import takes_gpu_out
 
 State = dict[str, Any]
 
@@ -70,8 +76,6 @@ SWITCH_DOWN_SECONDS = 30.0
 # that many real seconds BEFORE they change anything (and before taking the fleet's lock), so
 # a test can kill the worker inside the outside call, when the change has not happened yet.
 ACTION_DELAY_ENV = "FLEETWATCH_SIM_ACTION_DELAY"
-# XIDs after which the GPU can no longer make progress: the job on it hangs.
-FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 94, 95, 119, 120, 140, 143})
 GPUS_PER_NODE = 8
 
 DEFAULT_JOBS: list[dict[str, Any]] = [
@@ -85,11 +89,15 @@ DEFAULT_JOBS: list[dict[str, Any]] = [
 
 
 class SimFleet:
-    """Access to the shared state file. Every method is one locked read-advance-write."""
+    """Access to the shared state file. Every method is one locked read-advance-write.
 
-    def __init__(self, path: Path, speed: float = 20.0) -> None:
+    ``clock``: where "now" comes from. A test hands in a ``ManualClock`` and advances it
+    instead of sleeping; everything else uses the machine's clock."""
+
+    def __init__(self, path: Path, speed: float = 20.0, clock: Clock = SYSTEM_CLOCK) -> None:
         self.path = Path(path)
         self.speed = speed
+        self.clock = clock
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -119,7 +127,7 @@ class SimFleet:
             state = json.loads(self.path.read_text())
             if state.get("format") != FORMAT:
                 raise ClientError(f"{self.path} is not a {FORMAT} file", permanent=True)
-            advance(state, time.time(), self.speed)
+            advance(state, self.clock.now(), self.speed)
             yield state
             self._write(state)
 
@@ -128,8 +136,9 @@ class SimFleet:
         with self._locked():
             if self.path.exists() and not reset:
                 return False
-            state = new_fleet(time.time(), nodes=nodes, spares=spares)
-            advance(state, time.time(), self.speed)
+            now = self.clock.now()
+            state = new_fleet(now, nodes=nodes, spares=spares)
+            advance(state, now, self.speed)
             self._write(state)
             return True
 
@@ -321,7 +330,7 @@ def _schedule(state: State, now: float) -> None:
     busy = _busy_nodes(state)
     for job_id in sorted(state["jobs"], key=int):
         job = state["jobs"][job_id]
-        if job["state"] != "PENDING":
+        if job["state"] != "PENDING" or job.get("held"):
             continue
         free = [n for n, node in sorted(state["nodes"].items())
                 if _schedulable(node) and n not in busy]
@@ -358,7 +367,7 @@ def inject_xid(state: State, node: str, gpu: int, code: int, now: float) -> str:
         raise ClientError(f"{node} has no GPU {gpu}", permanent=True)
     g = target["gpus"][gpu]
     g["last_xid"], g["xid_at"] = code, now
-    if code in FATAL_XIDS and g["fault_at"] is None:
+    if takes_gpu_out(code) and g["fault_at"] is None:  # the job on it hangs
         g["fault_at"] = now
     if code == 79:
         g["fallen_off"] = True
@@ -409,17 +418,49 @@ def _node(state: State, name: str) -> State:
         raise ClientError(f"unknown node {name!r}", permanent=True) from None
 
 
-def _action_delay(action: str) -> None:
+def _action_delay(action: str, clock: Clock) -> None:
     """Sleep as FLEETWATCH_SIM_ACTION_DELAY asks for ``action`` (see ACTION_DELAY_ENV)."""
     for item in os.environ.get(ACTION_DELAY_ENV, "").split(","):
         name, _, seconds = item.partition("=")
         if name.strip() == action and seconds.strip():
-            time.sleep(float(seconds))
+            clock.sleep(float(seconds))
 
 
 def _check_source(state: State, source: str) -> None:
     if source in state["down_sources"]:
         raise ClientError(f"{source} unreachable (simulated outage)")
+
+
+def _reboot(state: State, node: str, reason: str, now: float, speed: float) -> ActionResult:
+    """``scontrol reboot ASAP nextstate=RESUME``, as Slurm and the node provider both ask for
+    it: drained at once, rebooted once no job runs on it, resumed when it is back."""
+    reason = " ".join(reason.split())
+    if not reason.startswith(SLURM_REASON_PREFIX):
+        reason = f"{SLURM_REASON_PREFIX} {reason}".rstrip()
+    call = (f"scontrol reboot ASAP nextstate=RESUME {shlex.quote(f'reason={reason}')} "
+            f"{node}")
+    target = _node(state, node)
+    pending = target.get("reboot")
+    if pending:  # idempotent: one reboot at a time, a retry reports its progress
+        what = "in progress" if pending["started_at"] is not None else "requested"
+        return ActionResult(call, False, f"{node} reboot already {what}",
+                            {"reason": pending["reason"]})
+    if not target["in_service"]:
+        raise ClientError(f"{node} is not in service ({target['pool']}): nothing to "
+                          "reboot", permanent=True)
+    held = target["drained"] or target["down"]
+    if held and not target["reason"].startswith(SLURM_REASON_PREFIX):
+        # nextstate=RESUME would undo a person's drain: that is theirs to lift.
+        raise ClientError(f"{node} was drained by someone else ({target['reason']!r}); "
+                          "not rebooting it with nextstate=RESUME", permanent=True)
+    target["reboot"] = {"reason": reason, "requested_at": now, "started_at": None,
+                        "until": None}
+    target["drained"], target["reason"] = True, reason  # ASAP drains at once
+    _advance_reboots(state, now, speed)
+    started = target["reboot"]["started_at"] is not None
+    return ActionResult(call, True, f"{node} rebooting" if started else
+                        f"{node} reboot requested: waiting for its jobs to end",
+                        {"reboot_seconds": REBOOT_SECONDS})
 
 
 # --- the clients ----------------------------------------------------------------------------
@@ -430,6 +471,10 @@ class _SimClient:
 
     def __init__(self, fleet: SimFleet) -> None:
         self.fleet = fleet
+
+    @property
+    def last_warnings(self) -> list[str]:
+        return []  # the simulation's records always parse
 
     @contextlib.contextmanager
     def _state(self) -> Iterator[State]:
@@ -465,7 +510,7 @@ class SimSlurm(_SimClient):
             return leaves
 
     def jobs(self) -> list[SlurmJob]:
-        now, speed = time.time(), self.fleet.speed
+        now, speed = self.fleet.clock.now(), self.fleet.speed
         with self._state() as state:
             return [
                 SlurmJob(
@@ -474,6 +519,7 @@ class SimSlurm(_SimClient):
                     step=job_step(job, now, speed),
                     checkpoint_step=job_checkpoint(job, now, speed),
                     resumed_from_step=job["resumed_from_step"], started_at=job["started_at"],
+                    state_reason="JobHeldUser" if job.get("held") else "",
                 )
                 for job in sorted(state["jobs"].values(), key=lambda j: int(j["id"]))
             ]
@@ -486,6 +532,14 @@ class SimSlurm(_SimClient):
                 return ActionResult(call, False, f"{node} already drained: {target['reason']}")
             target["drained"], target["reason"] = True, reason
             return ActionResult(call, True, f"{node} drained")
+
+    def down(self, node: str, reason: str) -> ActionResult:
+        """The simulated scheduler has no DOWN state of its own: a drain holds new work off
+        just as well, and the step stops and requeues the node's jobs itself. The result names
+        the drain it made."""
+        result = self.drain(node, reason)
+        return ActionResult(result.call, result.changed,
+                            f"{result.detail} (the simulation drains for DOWN)", result.data)
 
     def resume(self, node: str) -> ActionResult:
         call = f"scontrol update nodename={node} state=RESUME"
@@ -500,12 +554,16 @@ class SimSlurm(_SimClient):
                     permanent=True,
                 )
             target["drained"], target["reason"] = False, ""
-            _schedule(state, time.time())
+            _schedule(state, self.fleet.clock.now())
             return ActionResult(call, True, f"{node} resumed")
+
+    def reboot(self, node: str, reason: str) -> ActionResult:
+        with self._state() as state:
+            return _reboot(state, node, reason, self.fleet.clock.now(), self.fleet.speed)
 
     def cancel(self, job_id: str, signal: str, grace_seconds: int) -> ActionResult:
         call = f"scancel --signal={signal} --full {job_id}  # SIGKILL after {grace_seconds}s"
-        now, speed = time.time(), self.fleet.speed
+        now, speed = self.fleet.clock.now(), self.fleet.speed
         with self._state() as state:
             job = state["jobs"].get(job_id)
             if job is None:
@@ -530,7 +588,7 @@ class SimSlurm(_SimClient):
 
     def requeue(self, job_id: str) -> ActionResult:
         call = f"scontrol requeue {job_id}"
-        now = time.time()
+        now = self.fleet.clock.now()
         with self._state() as state:
             job = state["jobs"].get(job_id)
             if job is None:
@@ -545,9 +603,41 @@ class SimSlurm(_SimClient):
                                 f"(restart {job['restart_count']}, checkpoint step "
                                 f"{job['checkpoint_step']})")
 
+    def requeue_hold(self, job_id: str) -> ActionResult:
+        """Requeue the job held: it waits, PENDING (reason JobHeldUser), and the simulated
+        scheduler starts it no more (a person would ``scontrol release`` it)."""
+        call = f"scontrol requeuehold {job_id}"
+        now = self.fleet.clock.now()
+        with self._state() as state:
+            job = state["jobs"].get(job_id)
+            if job is None:
+                raise ClientError(f"unknown job {job_id}", permanent=True)
+            if job.get("held"):
+                return ActionResult(call, False, f"job {job_id} already held")
+            if job["state"] == "RUNNING":
+                return ActionResult(call, False, f"job {job_id} is already RUNNING")
+            if job["state"] == "PENDING":
+                job["held"] = True
+                job["history"].append({"at": now, "event": "HELD"})
+                return ActionResult(f"scontrol hold {job_id}", True, f"job {job_id} held")
+            job["state"], job["nodes"], job["held"] = "PENDING", [], True
+            job["restart_count"] += 1
+            job["history"].append({"at": now, "event": "REQUEUED_HELD"})
+            return ActionResult(call, True, f"job {job_id} requeued and held")
+
 
 class SimKubernetes(_SimClient):
+    """Nodes and pods as the API would list them. No change feeds (no resourceVersions, no
+    events): the collector lists the nodes each run."""
+
     source = "kubernetes"
+
+    def node_changes(self, cursor: str | None, timeout_seconds: float) -> NodeChanges | None:
+        return None
+
+    def event_changes(self, cursor: dict[str, Any] | None,
+                      timeout_seconds: float) -> EventChanges | None:
+        return None
 
     def nodes(self) -> list[K8sNode]:
         with self._state() as state:
@@ -596,7 +686,7 @@ class SimKubernetes(_SimClient):
 
     def evict(self, namespace: str, pod: str) -> ActionResult:
         call = f"POST /api/v1/namespaces/{namespace}/pods/{pod}/eviction"
-        _action_delay("k8s.evict")
+        _action_delay("k8s.evict", self.fleet.clock)
         with self._state() as state:
             for i, p in enumerate(state["pods"]):
                 if p["namespace"] == namespace and p["name"] == pod:
@@ -613,7 +703,7 @@ class SimTelemetry(_SimClient):
     source = "telemetry"
 
     def gpu_metrics(self) -> list[GpuMetric]:
-        now = time.time()
+        now = self.fleet.clock.now()
         with self._state() as state:
             running = {n: job for job in state["jobs"].values() if job["state"] == "RUNNING"
                        for n in job["nodes"]}
@@ -643,6 +733,14 @@ class SimTelemetry(_SimClient):
                 if node["in_service"]
             ]
 
+    def changes(self, cursor: Mapping[str, Any] | None,
+                watch: Iterable[str] = ()) -> TelemetryChanges | None:
+        return None  # no change feed: every poll reads the whole fleet
+
+    def gpu_history(self, nodes: Sequence[str], start: datetime, end: datetime,
+                    step_seconds: float = 15.0) -> GpuHistory:
+        return {}  # the simulation keeps no history: a chart gets no points
+
 
 class SimProvider(_SimClient):
     """Spare capacity, reboots and GPU resets (see the module docstring for what each fixes).
@@ -653,8 +751,8 @@ class SimProvider(_SimClient):
     source = "provider"
 
     def replace(self, node: str) -> Replacement:
-        _action_delay("provider.replace")
-        now = time.time()
+        _action_delay("provider.replace", self.fleet.clock)
+        now = self.fleet.clock.now()
         with self._state() as state:
             _node(state, node)
             existing = state["replacements"].get(node)
@@ -686,35 +784,8 @@ class SimProvider(_SimClient):
             return Replacement(node, new, ready, "ready" if ready else "provisioning")
 
     def reboot(self, node: str, reason: str) -> ActionResult:
-        reason = " ".join(reason.split())
-        if not reason.startswith(SLURM_REASON_PREFIX):
-            reason = f"{SLURM_REASON_PREFIX} {reason}".rstrip()
-        call = (f"scontrol reboot ASAP nextstate=RESUME {shlex.quote(f'reason={reason}')} "
-                f"{node}")
-        now = time.time()
         with self._state() as state:
-            target = _node(state, node)
-            pending = target.get("reboot")
-            if pending:  # idempotent: one reboot at a time, a retry reports its progress
-                what = "in progress" if pending["started_at"] is not None else "requested"
-                return ActionResult(call, False, f"{node} reboot already {what}",
-                                    {"reason": pending["reason"]})
-            if not target["in_service"]:
-                raise ClientError(f"{node} is not in service ({target['pool']}): nothing to "
-                                  "reboot", permanent=True)
-            held = target["drained"] or target["down"]
-            if held and not target["reason"].startswith(SLURM_REASON_PREFIX):
-                # nextstate=RESUME would undo a person's drain: that is theirs to lift.
-                raise ClientError(f"{node} was drained by someone else ({target['reason']!r}); "
-                                  "not rebooting it with nextstate=RESUME", permanent=True)
-            target["reboot"] = {"reason": reason, "requested_at": now, "started_at": None,
-                                "until": None}
-            target["drained"], target["reason"] = True, reason  # ASAP drains at once
-            _advance_reboots(state, now, self.fleet.speed)
-            started = target["reboot"]["started_at"] is not None
-            return ActionResult(call, True, f"{node} rebooting" if started else
-                                f"{node} reboot requested: waiting for its jobs to end",
-                                {"reboot_seconds": REBOOT_SECONDS})
+            return _reboot(state, node, reason, self.fleet.clock.now(), self.fleet.speed)
 
     def reset_gpu(self, node: str, gpu: int | None) -> ActionResult:
         call = (f"nvidia-smi --gpu-reset{'' if gpu is None else f' -i {gpu}'}  # on {node}")

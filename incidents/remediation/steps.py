@@ -351,12 +351,8 @@ def drain(ctx: StepContext) -> Outcome:
 def down_node(ctx: StepContext) -> Outcome:
     state = dict(ctx.state)
     if not state.get("down"):
-        slurm = ctx.clients.slurm
-        down = getattr(slurm, "down", None)
-        if down is not None:
-            ctx.call("slurm.down", ctx.node, down, ctx.node, _reason(ctx))
-        else:  # a client without DOWN (the simulation): a drain holds work off just as well
-            ctx.call("slurm.drain", ctx.node, slurm.drain, ctx.node, _reason(ctx))
+        # The simulation has no DOWN state: its down() drains, which holds work off as well.
+        ctx.call("slurm.down", ctx.node, ctx.clients.slurm.down, ctx.node, _reason(ctx))
         state["down"] = True
     waiting = _stop_and_requeue(ctx, state, [ctx.node])
     if waiting is not None:

@@ -452,8 +452,16 @@ def _clients(fleet: Fleet) -> tuple[Any, Any, Any]:
             return json.loads(body)["data"]["result"]
 
     class Kubernetes:
+        last_warnings: list[str] = []
+
         def nodes(self) -> list[Any]:
             return fleet.k8s_nodes
+
+        def node_changes(self, cursor: str | None, timeout_seconds: float) -> None:
+            return None  # no change feed: the collector lists nodes()
+
+        def event_changes(self, cursor: Any, timeout_seconds: float) -> None:
+            return None
 
     slurm = Slurm()
     slurm._release = (22, 5)
@@ -467,7 +475,7 @@ def _check(fleet: Fleet, read_at: float) -> None:
     reads them a moment in the past), the rest as now; a GPU whose series has ended is
     silent."""
     from collectors.models import Gpu, Node
-    from collectors.services import FAILING_XIDS_FOR_HEALTH
+    from collectors.knowledge.xid import GPU_OUT_XIDS as FAILING_XIDS_FOR_HEALTH
 
     index = {name: i for i, name in enumerate(fleet.names)}
     readings = fleet.readings_at(read_at)
