@@ -1,10 +1,18 @@
-"""The three roles: viewer reads, operator remediates and approves, admin does everything."""
+"""Who is who and who may do what: the three roles (viewer reads, operator remediates and
+approves, admin does everything), node agents, what each role may do, and how a caller is named
+in the audit trail and the access log (``user:NAME``, ``token:NAME``, ``system``).
+
+Low in the import graph on purpose: the apps' APIs and pages and the project's middleware all
+ask it, and it asks nothing of them.
+"""
 
 from __future__ import annotations
 
 import secrets
+from typing import TYPE_CHECKING
 
-from django.contrib.auth.models import Group, Permission, User
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group, Permission, User
+from django.http import HttpRequest
 
 from collectors.push import AGENT_SOURCES, INGEST_SOURCES, PushRights
 
@@ -12,6 +20,14 @@ VIEWER, OPERATOR, ADMIN = "viewer", "operator", "admin"
 # A node agent: may push signals, for its own node only (its user is "agent:<node>").
 AGENT = "agent"
 AGENT_PREFIX = "agent:"
+# Who acts when no person or token does (the beat, automatic remediation, a command).
+SYSTEM = "system"
+
+# What a call needs. A token also needs the matching scope (collectors/api/permissions.py).
+READ, OPERATE, INGEST, ADMIN_ONLY = "read", "operate", "ingest", "admin"
+
+if TYPE_CHECKING:
+    from rest_framework.request import Request
 
 
 def roles_ensure() -> None:
@@ -58,3 +74,53 @@ def user_with_role(username: str, role: str, password: str | None = None) -> tup
     user.save()
     user.groups.set([Group.objects.get(name=role)])
     return user, password
+
+
+def role_of(user: User | AnonymousUser | None) -> str | None:
+    """admin, operator, viewer, agent, or None (anonymous or no role)."""
+    if user is None or not user.is_authenticated:
+        return None
+    if getattr(user, "is_superuser", False):
+        return ADMIN
+    groups = set(user.groups.values_list("name", flat=True))
+    if ADMIN in groups:
+        return ADMIN
+    if OPERATOR in groups or user.has_perm("incidents.operate"):
+        return OPERATOR
+    if agent_node(user) is not None:
+        return AGENT
+    if VIEWER in groups:
+        return VIEWER
+    return None
+
+
+def role_allows(role: str | None, need: str) -> bool:
+    if role is None:
+        return False
+    if need == READ:
+        return role in (VIEWER, OPERATOR, ADMIN)
+    if need == OPERATE:
+        return role in (OPERATOR, ADMIN)
+    if need == INGEST:
+        return role in (AGENT, OPERATOR, ADMIN)
+    return role == ADMIN
+
+
+def actor_name(user: AbstractBaseUser | AnonymousUser | None, *, token: bool = False) -> str:
+    """``system`` for no one, ``user:NAME`` for a person, ``token:NAME`` for an API token
+    (the token's owner, never the key)."""
+    if user is None or not user.is_authenticated:
+        return SYSTEM
+    return f"{'token' if token else 'user'}:{user.get_username()}"
+
+
+def actor_from_request(request: HttpRequest | Request) -> str:
+    """Who is acting in a request: ``token:NAME`` when an API token authenticated it (the
+    token's name, never its key), else ``user:NAME`` for a signed-in person. DRF leaves the
+    token in ``request.auth`` (on the DRF request and the Django request underneath); a
+    session login leaves None there. Works for plain Django views too."""
+    auth = getattr(request, "auth", None)
+    name = getattr(auth, "name", None)
+    if isinstance(name, str) and name:
+        return f"token:{name}"
+    return actor_name(getattr(request, "user", None), token=auth is not None)

@@ -22,6 +22,7 @@ from urllib.parse import urlencode, urlsplit
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
 
+from collectors.redaction import redact_url
 from collectors.request_id import current_request_id
 
 REDACTED = "[redacted]"
@@ -66,12 +67,6 @@ SECRET_URL_SETTINGS = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "FLEETW
 _MIN_SECRET = 6  # shorter "secrets" would blank out ordinary words
 
 
-def _redact_url(url: str, keep_path: bool = True) -> str:
-    from collectors.clients.notify import redact_url  # requests and urllib3: only when needed
-
-    return redact_url(url, keep_path=keep_path)
-
-
 def _configured(name: str) -> str:
     """A setting's value when Django is configured, else the environment variable's (gunicorn's
     master logs before any settings are loaded)."""
@@ -97,7 +92,7 @@ def known_secrets() -> dict[str, str]:
         if parts.query and len(parts.query) >= _MIN_SECRET:
             found[parts.query] = REDACTED
         if name == "FLEETWATCH_NOTIFY_SLACK_URL" and len(parts.path) > 1:
-            found[url] = _redact_url(url, keep_path=False)  # the hook's path is its key
+            found[url] = redact_url(url, keep_path=False)  # the hook's path is its key
     return found
 
 
@@ -110,7 +105,7 @@ def redact(text: str, secrets: dict[str, str] | None = None) -> str:
         if secret in text:
             text = text.replace(secret, shown)
     if "://" in text and "@" in text:
-        text = _URL_WITH_CREDENTIALS.sub(lambda m: _redact_url(m.group(0)), text)
+        text = _URL_WITH_CREDENTIALS.sub(lambda m: redact_url(m.group(0)), text)
     for pattern, replacement in _PATTERNS:
         text = pattern.sub(replacement, text)
     return text
@@ -262,7 +257,10 @@ def query_for_log(pairs: Iterable[tuple[str, str]]) -> str:
 
 
 def _actor(request: Any) -> str:
-    from incidents.audit import actor_from_request
+    """The caller as the audit trail names it (``user:NAME``, ``token:NAME``), so an access
+    line and the audit entries of the same request name the same caller."""
+    # Here, not at the top: settings.py imports this module, before the auth models can load.
+    from collectors.roles import actor_from_request
 
     if getattr(request, "user", None) is None:  # answered before authentication (static files)
         return "anonymous"

@@ -4,7 +4,7 @@ input no view can use refused before any view sees it, and the pages' role check
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.contrib.auth.views import redirect_to_login
@@ -14,6 +14,7 @@ from django.http.multipartparser import MultiPartParserError
 from django.utils.deprecation import MiddlewareMixin
 
 from collectors.request_id import HEADER, request_id_clean, request_id_new, request_id_scope
+from collectors.roles import AGENT, OPERATE, READ, role_allows, role_of
 
 GetResponse = Callable[[HttpRequest], HttpResponseBase]
 AsyncGetResponse = Callable[[HttpRequest], Awaitable[HttpResponseBase]]
@@ -42,9 +43,10 @@ class RequestIdMiddleware:
             return self._acall(request)
         value = self._request_id(request)
         with request_id_scope(value):
-            response = self.get_response(request)
+            # A sync chain here (an async one went to _acall): its answer is a response.
+            response = cast(HttpResponseBase, self.get_response(request))
         response[HEADER] = value
-        return response  # type: ignore[return-value]
+        return response
 
     async def _acall(self, request: HttpRequest) -> HttpResponseBase:
         value = self._request_id(request)
@@ -85,7 +87,7 @@ class BadInputMiddleware(MiddlewareMixin):
       body only up to its Content-Length, so under gunicorn such a body arrived empty and a
       push looked like an empty batch. 411, asking for the length, instead.
 
-    API bodies are checked by the API's JSON parser (incidents/api/parsers.py), which names
+    API bodies are checked by the API's JSON parser (collectors/api/parsers.py), which names
     the bad field.
     """
 
@@ -119,7 +121,7 @@ def public(view: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class PageAccessMiddleware(MiddlewareMixin):
-    """The pages follow the API's role rules (incidents/api/permissions.py): reading needs a
+    """The pages follow the API's role rules (collectors/roles.py): reading needs a
     role (viewer, operator or admin), anything else operator or admin. Anonymous visitors go to
     the login page; a signed-in user without the role gets the 403 page.
 
@@ -130,8 +132,6 @@ class PageAccessMiddleware(MiddlewareMixin):
 
     def process_view(self, request: HttpRequest, view: Callable[..., Any], args: Any,
                      kwargs: Any) -> HttpResponseBase | None:
-        from incidents.api.permissions import OPERATE, READ, role_allows, role_of
-
         match = request.resolver_match
         if getattr(view, "fleetwatch_public", False) or (
                 match is not None and (match.namespace == "api" or match.app_name == "admin")):
@@ -143,6 +143,6 @@ class PageAccessMiddleware(MiddlewareMixin):
         if not role_allows(role, need):
             raise PermissionDenied(
                 "Your account has no role in FleetWatch yet: ask an administrator to make you a "
-                "viewer, operator or admin." if role in (None, "agent") else
+                "viewer, operator or admin." if role in (None, AGENT) else
                 f"This needs an operator or admin; your role is {role}.")
         return None

@@ -42,21 +42,15 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import shared_task
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connections, router, transaction
-from django.http import HttpRequest
 from django.utils import timezone
 
 from collectors.request_id import current_request_id
+from collectors.roles import SYSTEM
 from incidents.models import AuditEntry, Incident, Remediation, Step
-
-if TYPE_CHECKING:
-    from rest_framework.request import Request
-
-SYSTEM = "system"
 
 # pg_advisory_xact_lock key for "appending to the audit trail" (any fixed bigint works; this
 # one is b"fwaudit1" read as an integer, unlikely to collide with another app's key).
@@ -68,26 +62,6 @@ HASH_VERSION = 1
 # The columns the hash covers, in the order audit_verify reads them.
 _HASHED = ("at", "actor", "request_id", "verb", "target", "call", "ok", "result",
            "duration_ms", "data", "incident_id", "remediation_id", "step_id")
-
-
-def actor_name(user: AbstractBaseUser | AnonymousUser | None, *, token: bool = False) -> str:
-    """``system`` for no one, ``user:NAME`` for a person, ``token:NAME`` for an API token
-    (the token's owner, never the key)."""
-    if user is None or not user.is_authenticated:
-        return SYSTEM
-    return f"{'token' if token else 'user'}:{user.get_username()}"
-
-
-def actor_from_request(request: HttpRequest | Request) -> str:
-    """Who is acting in a request: ``token:NAME`` when an API token authenticated it (the
-    token's name, never its key), else ``user:NAME`` for a signed-in person. DRF leaves the
-    token in ``request.auth`` (on the DRF request and the Django request underneath); a
-    session login leaves None there. Works for plain Django views too."""
-    auth = getattr(request, "auth", None)
-    name = getattr(auth, "name", None)
-    if isinstance(name, str) and name:
-        return f"token:{name}"
-    return actor_name(getattr(request, "user", None), token=auth is not None)
 
 
 def _json_canonical(value: Any) -> Any:

@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from collectors.clients import get_telemetry
 from collectors.clients.base import ClientError
-from collectors.clients.notify import redact_url
 from collectors.models import Cluster, CollectorRun, Gpu, GpuSample, Job, Node, Signal, SourceHealth
+from collectors.redaction import redact_url
 from incidents.audit import audit_verify
 from incidents.diagnosis import JobInfo, Observation, facts
 from incidents.models import AuditEntry, Incident, Remediation, RootCause, Step

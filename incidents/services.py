@@ -24,8 +24,9 @@ from django.utils import timezone
 from collectors.clients import get_clients
 from collectors.clients.base import ActionResult, ClientError
 from collectors.models import Cluster, Job, Node, Signal
+from collectors.roles import actor_name
 from incidents import selectors
-from incidents.audit import SYSTEM, actor_name, audit_lock, audit_record
+from incidents.audit import SYSTEM, audit_lock, audit_record
 from incidents.diagnosis import Diagnosis, diagnose
 from incidents.models import AuditEntry, DiagnosisState, Evidence, Incident, Remediation, Step
 from incidents.remediation import policy

@@ -19,11 +19,10 @@ from django.views.decorators.http import require_POST
 
 from collectors.clients.base import ClientError
 from collectors.models import json_safe
-from collectors.roles import ADMIN
+from collectors.roles import ADMIN, actor_name, role_of
 from collectors.sim import faults
 from incidents import selectors, services, webhooks
-from incidents.api.permissions import role_of
-from incidents.audit import actor_name, audit_record
+from incidents.audit import audit_record
 from incidents.filters import AuditFilter, IncidentFilter, JobFilter, NodeFilter
 from incidents.models import Incident, Remediation, Step
 from incidents.remediation.playbooks import playbook_get

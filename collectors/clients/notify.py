@@ -37,6 +37,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from collectors.clients.base import ActionResult, ClientError
+from collectors.redaction import redact_url
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
@@ -91,20 +92,6 @@ def verify_signature(secret: str, timestamp: str | int, body: bytes | str, signa
 
 
 # --- what is recorded -------------------------------------------------------------------------
-
-
-def redact_url(url: str, *, keep_path: bool = True) -> str:
-    """A URL fit for the audit trail: no user:password, no query string, and, where the path
-    itself is the secret (Slack, Mattermost, Rocket.Chat hooks), only its first segment."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    base = f"{parts.scheme}://{host}" if parts.scheme else host
-    if keep_path:
-        return base + parts.path + ("?…" if parts.query else "")
-    first = next((seg for seg in parts.path.split("/") if seg), "")
-    return f"{base}/{first}/…" if first else f"{base}/…"
 
 
 def _secret_parts(url: str, redacted: str) -> dict[str, str]:

@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponseBase
 
-from incidents.audit import actor_from_request, audit_record
+from collectors.roles import actor_from_request
+from incidents.audit import audit_record
 
 _SAFE = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 

@@ -17,46 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
-from collectors.roles import ADMIN, OPERATOR, VIEWER, agent_node
+from collectors.roles import ADMIN_ONLY, INGEST, OPERATE, READ, role_allows, role_of
 from incidents.models import ApiToken
 
-READ, OPERATE, INGEST, ADMIN_ONLY = "read", "operate", "ingest", "admin"
 _SCOPE_FOR = {READ: "read", OPERATE: "operate", INGEST: "ingest", ADMIN_ONLY: "operate"}
-
-
-def role_of(user: AbstractBaseUser | AnonymousUser | None) -> str | None:
-    """admin, operator, viewer, agent, or None (anonymous or no role)."""
-    if user is None or not user.is_authenticated:
-        return None
-    if getattr(user, "is_superuser", False):
-        return ADMIN
-    groups = set(user.groups.values_list("name", flat=True))  # type: ignore[attr-defined]
-    if ADMIN in groups:
-        return ADMIN
-    if OPERATOR in groups or user.has_perm("incidents.operate"):
-        return OPERATOR
-    if agent_node(user) is not None:  # type: ignore[arg-type]
-        return "agent"
-    if VIEWER in groups:
-        return VIEWER
-    return None
-
-
-def role_allows(role: str | None, need: str) -> bool:
-    if role is None:
-        return False
-    if need == READ:
-        return role in (VIEWER, OPERATOR, ADMIN)
-    if need == OPERATE:
-        return role in (OPERATOR, ADMIN)
-    if need == INGEST:
-        return role in ("agent", OPERATOR, ADMIN)
-    return role == ADMIN
 
 
 def access_needed(request: Request, view: Any) -> str:

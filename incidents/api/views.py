@@ -32,7 +32,7 @@ from rest_framework.response import Response
 
 from collectors import services as collectors
 from collectors.models import Cluster, Gpu, Node, Signal
-from collectors.roles import push_rights
+from collectors.roles import actor_from_request, push_rights
 from incidents import selectors, services
 from incidents.api import filters
 from incidents.api.pagination import AuditCursor, SignalCursor
@@ -60,7 +60,7 @@ from incidents.api.serializers import (
     TokenCreateSerializer,
     TokenSerializer,
 )
-from incidents.audit import actor_from_request, audit_record
+from incidents.audit import audit_record
 from incidents.models import ApiToken, AuditEntry, Incident, Remediation, Step
 from incidents.tokens import TokenError, token_create, token_revoke
 

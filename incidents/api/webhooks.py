@@ -22,11 +22,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import DefaultRouter
 
-from collectors.clients.notify import redact_url
-from collectors.roles import ADMIN
+from collectors.redaction import redact_url
+from collectors.roles import ADMIN, actor_from_request, role_of
 from incidents import webhooks
-from incidents.api.permissions import ADMIN_ONLY, READ, role_of
-from incidents.audit import actor_from_request
+from incidents.api.permissions import ADMIN_ONLY, READ
 from incidents.models import WebhookDelivery, WebhookSubscription
 
 SECRET_MIN_CHARS = 16

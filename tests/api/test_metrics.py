@@ -25,7 +25,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.models import Cluster, CollectorRun, SourceHealth
-from fleetwatch import metrics
+from incidents import metrics
 from incidents.models import Incident, Remediation, Step
 from tests.conftest import ROOT, stop_process_group, wait_for
 
@@ -211,7 +211,7 @@ def test_http_requests_counted_by_view_not_path(db: None, client: Any, scrape: A
 
 
 def test_database_down_still_answers(db: None, scrape: Any) -> None:
-    with mock.patch.object(metrics.DomainCollector, "_incidents",
+    with mock.patch.object(metrics.IncidentsCollector, "_incidents",
                            side_effect=DatabaseError("gone")):
         _, samples = scrape()
     assert value(samples, "fleetwatch_metrics_database_up") == 0

@@ -24,9 +24,10 @@ from rest_framework.views import APIView
 
 from collectors import services as collectors
 from collectors.request_id import current_request_id, request_id_scope
+from collectors.roles import actor_from_request, actor_name
 from collectors.sim.fleet import SimFleet
 from incidents import services
-from incidents.audit import actor_from_request, actor_name, audit_record, audit_verify
+from incidents.audit import audit_record, audit_verify
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, Remediation, Step
 from tests.conftest import token_for

@@ -29,10 +29,10 @@ from collectors.clients.notify import (
     WebhookNotifier,
     deliveries_for_incident,
     notifier_from_settings,
-    redact_url,
     verify_signature,
 )
 from collectors.models import Delivery
+from collectors.redaction import redact_url
 
 SECRET = "s3cret-shared-with-the-receiver"
 SLACK_PATH = "/services/T000/B000/XXXXSLACKTOKENXXXX"

@@ -1,0 +1,159 @@
+"""What collectors add to ``manage.py fleetwatch``: the simulated fleet (``seed``, ``inject``,
+``sim``) and the node agent (``agent``).
+
+The project's command (fleetwatch/management/commands/fleetwatch.py) finds ``subcommands`` here
+through the app registry, as it does in every installed app, and runs the handler it returns
+for the subcommand given; it imports no app by name. A handler writes to the command's
+stdout/stderr and raises ``CommandError`` to fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from argparse import ArgumentParser, _SubParsersAction
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from collectors.clients.base import ClientError
+from collectors.sim import faults
+
+Handler = Callable[[BaseCommand, dict[str, Any]], None]
+
+
+def subcommands(sub: _SubParsersAction[ArgumentParser]) -> dict[str, Handler]:
+    """Add this app's subcommands to ``sub``; their handlers by name."""
+    seed = sub.add_parser("seed", help="create the simulated fleet, the roles and a login")
+    seed.add_argument("--reset", action="store_true", help="start the fleet over")
+    seed.add_argument("--demo-user", default="",
+                      help="create this operator login if it is not there")
+    seed.add_argument("--password", default="",
+                      help="set this password for --demo-user (new or not); without it a new "
+                           "login gets a generated one and an existing login keeps its own")
+
+    inject = sub.add_parser("inject", help="inject a fault into the simulated fleet")
+    kinds = inject.add_subparsers(dest="fault", required=True)
+    xid = kinds.add_parser("xid", help="an XID error on one GPU")
+    xid.add_argument("--node", required=True)
+    xid.add_argument("--gpu", type=int, default=0)
+    xid.add_argument("--code", type=int, default=79)
+    flap = kinds.add_parser("link-flap", help="a NIC link going down and up")
+    flap.add_argument("--node", required=True)
+    flap.add_argument("--count", type=int, default=1)
+    switch = kinds.add_parser("switch-down", help="a leaf switch losing all its links")
+    switch.add_argument("--switch", required=True)
+
+    sim = sub.add_parser("sim", help="change the simulated fleet's surroundings")
+    sim.add_argument("--node", default="")
+    sim.add_argument("--no-auto-replace", choices=["on", "off"],
+                     help="label the node's pods fleetwatch.io/no-auto-replace=true")
+    sim.add_argument("--source-down", default="", help="make a source unreachable")
+    sim.add_argument("--source-up", default="", help="bring a source back")
+    sim.add_argument("--show", action="store_true", help="print the fleet state as JSON")
+
+    agent = sub.add_parser("agent", help="run the node agent on this GPU node")
+    agent.add_argument("--node", default=os.uname().nodename)
+    agent.add_argument("--url", required=True, help="FleetWatch's base URL")
+    agent.add_argument("--token-file", default="",
+                       help="file holding the node's token (else $FLEETWATCH_AGENT_TOKEN)")
+    agent.add_argument("--interval", type=float, default=5.0)
+    agent.add_argument("--passes", type=int, default=None, help="stop after N passes")
+    agent.add_argument("--spool", default="/var/lib/fleetwatch-agent/spool.jsonl")
+    agent.add_argument("--kmsg", default="/dev/kmsg", help="kernel log: /dev/kmsg or a file")
+    agent.add_argument("--sysfs-root", default="/sys/class/infiniband")
+    agent.add_argument("--no-nvml", action="store_true", help="no GPUs to read here")
+    return {"seed": clients_fail_as_command(_seed),
+            "inject": clients_fail_as_command(_inject),
+            "sim": clients_fail_as_command(_sim),
+            "agent": clients_fail_as_command(_agent)}
+
+
+def clients_fail_as_command(handler: Handler) -> Handler:
+    """A client's refusal (no such node, a source down) ends the command with its message,
+    not a traceback."""
+
+    @wraps(handler)
+    def run(command: BaseCommand, opts: dict[str, Any]) -> None:
+        try:
+            handler(command, opts)
+        except ClientError as exc:
+            raise CommandError(str(exc)) from exc
+
+    return run
+
+
+def _seed(command: BaseCommand, opts: dict[str, Any]) -> None:
+    from django.conf import settings
+
+    from collectors.roles import OPERATOR, roles_ensure, user_with_role
+
+    if settings.FLEETWATCH_FLEET == "sim":
+        created = faults.fleet_seed(reset=opts["reset"])
+        command.stdout.write("simulated fleet " + ("created" if created else "already there"))
+    else:
+        command.stdout.write("real sources: the fleet is whatever Slurm, Kubernetes and "
+                             "Prometheus report")
+    roles_ensure()
+    if opts["demo_user"]:
+        from django.contrib.auth import get_user_model
+
+        # An existing login keeps its password (and role) unless one is asked for: every
+        # `make run` seeds, and a second one, even one that cannot start, must not lock
+        # out whoever uses the first.
+        if not opts["password"] and get_user_model().objects.filter(
+                username=opts["demo_user"]).exists():
+            command.stdout.write(f"login: {opts['demo_user']} (password unchanged; "
+                                 "FLEETWATCH_DEMO_PASSWORD or --password sets one)")
+            return
+        _, password = user_with_role(opts["demo_user"], OPERATOR, opts["password"] or None)
+        command.stdout.write(f"login: {opts['demo_user']} / {password}")
+
+
+def _inject(command: BaseCommand, opts: dict[str, Any]) -> None:
+    fault = opts["fault"]
+    what = faults.fault_inject(
+        fault, node=opts.get("node", ""), gpu=opts.get("gpu", 0),
+        code=opts.get("code", 79), count=opts.get("count", 1),
+        switch=opts.get("switch", ""),
+    )
+    command.stdout.write(f"injected: {what}")
+
+
+def _agent(command: BaseCommand, opts: dict[str, Any]) -> None:
+    from collectors import agent
+
+    token = (Path(opts["token_file"]).read_text().strip() if opts["token_file"]
+             else os.environ.get("FLEETWATCH_AGENT_TOKEN", ""))
+    if not token:
+        raise CommandError("no token: --token-file or FLEETWATCH_AGENT_TOKEN "
+                           "(create one with: manage.py fleetwatch agent-token --node NAME)")
+    node = opts["node"]
+    sources: list[Any] = [agent.KernelLogSource(node, opts["kmsg"]),
+                          agent.InfinibandSource(node, opts["sysfs_root"])]
+    if not opts["no_nvml"]:
+        import pynvml  # nvidia-ml-py: only the GPU nodes need the driver's library
+
+        sources.insert(0, agent.NvmlSource(node, pynvml))
+    runner = agent.Agent(node, agent.Spool(opts["spool"]), agent.Pusher(opts["url"], token),
+                         sources)
+    command.stdout.write(f"agent for {node}: pushing to {opts['url']} every "
+                         f"{opts['interval']} s")
+    runner.run(opts["interval"], opts["passes"])
+
+
+def _sim(command: BaseCommand, opts: dict[str, Any]) -> None:
+    if opts["no_auto_replace"]:
+        if not opts["node"]:
+            raise CommandError("--no-auto-replace needs --node")
+        command.stdout.write(faults.pod_label_set(
+            opts["node"], no_auto_replace=opts["no_auto_replace"] == "on"))
+    if opts["source_down"]:
+        command.stdout.write(faults.source_outage_set(opts["source_down"], down=True))
+    if opts["source_up"]:
+        command.stdout.write(faults.source_outage_set(opts["source_up"], down=False))
+    if opts["show"]:
+        command.stdout.write(json.dumps(faults.fleet_snapshot(), indent=1, sort_keys=True))

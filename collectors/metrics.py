@@ -1,0 +1,59 @@
+"""What collectors add to ``/metrics``: each source's health, read from the database at scrape
+time (the ``SourceHealth`` rows every worker shares, so any worker answers a scrape right).
+
+The project's ``/metrics`` view (fleetwatch/metrics.py) finds ``COLLECTORS`` here through the
+app registry, as it does in every installed app; it imports no app by name. Labels carry only
+cluster and source names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from django.utils import timezone
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from collectors.models import SourceHealth
+
+
+class SourceHealthCollector:
+    """Per cluster and source: up, lag, last success, failures in a row, last duration, runs
+    and errors."""
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["cluster", "source"]
+        up = GaugeMetricFamily("fleetwatch_collector_up",
+                               "1 when the source's last collection succeeded, else 0.", labels=labels)
+        lag = GaugeMetricFamily(
+            "fleetwatch_collector_lag_seconds",
+            "Seconds since the source was last read successfully (+Inf: never).", labels=labels)
+        last_success = GaugeMetricFamily("fleetwatch_collector_last_success_timestamp_seconds",
+                                         "When the source was last read successfully.",
+                                         labels=labels)
+        failures = GaugeMetricFamily("fleetwatch_collector_consecutive_failures",
+                                     "Failed collections in a row.", labels=labels)
+        duration = GaugeMetricFamily("fleetwatch_collector_last_duration_seconds",
+                                     "How long the last collection took.", labels=labels)
+        runs = CounterMetricFamily("fleetwatch_collector_runs", "Collections run.", labels=labels)
+        errors = CounterMetricFamily("fleetwatch_collector_errors",
+                                     "Collections that failed.", labels=labels)
+        now = timezone.now()
+        for row in SourceHealth.objects.values(
+                "cluster__name", "name", "healthy", "last_run_at", "last_success_at",
+                "last_duration_ms", "consecutive_failures", "runs", "failures"):
+            key = [row["cluster__name"], row["name"]]
+            up.add_metric(key, 1 if row["healthy"] else 0)
+            if row["last_success_at"] is not None:
+                lag.add_metric(key, max(0.0, (now - row["last_success_at"]).total_seconds()))
+                last_success.add_metric(key, row["last_success_at"].timestamp())
+            elif row["last_run_at"] is not None:  # it runs, but has never once succeeded
+                lag.add_metric(key, float("inf"))
+            failures.add_metric(key, row["consecutive_failures"])
+            if row["last_duration_ms"] is not None:
+                duration.add_metric(key, row["last_duration_ms"] / 1000)
+            runs.add_metric(key, row["runs"])
+            errors.add_metric(key, row["failures"])
+        yield from (up, lag, last_success, failures, duration, runs, errors)
+
+
+COLLECTORS = (SourceHealthCollector(),)

@@ -1,0 +1,175 @@
+"""What incidents adds to ``manage.py fleetwatch``: resuming remediation steps at start-up
+(``steps-resume``), API and agent tokens (``api-token``, ``agent-token``), replay diagnosis
+(``diagnose``) and the audit trail (``audit verify``, ``audit checkpoint``).
+
+The project's command (fleetwatch/management/commands/fleetwatch.py) finds ``subcommands`` here
+through the app registry, as it does in every installed app; it imports no app by name.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from argparse import ArgumentParser, _SubParsersAction
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from collectors.commands import Handler, clients_fail_as_command
+
+
+def subcommands(sub: _SubParsersAction[ArgumentParser]) -> dict[str, Handler]:
+    """Add this app's subcommands to ``sub``; their handlers by name."""
+    sub.add_parser("steps-resume", help="at start-up, before the only worker starts: release "
+                   "every step lease and queue the running remediations' steps again "
+                   "(embedded default only: SQLite and the filesystem broker)")
+
+    token = sub.add_parser("agent-token", help="make a node agent's token (ingest scope, "
+                           "this node only); prints the key, shown only this once")
+    token.add_argument("--node", required=True)
+
+    api = sub.add_parser("api-token", help="API tokens for programs (hashed, scoped)")
+    api_actions = api.add_subparsers(dest="token_action", required=True)
+    make = api_actions.add_parser("create", help="make a token; prints the key once")
+    make.add_argument("--user", required=True, help="the token acts as this user's role")
+    make.add_argument("--name", required=True, help="unique; audit entries say token:NAME")
+    make.add_argument("--scopes", default="read", help="comma list of read,operate,ingest")
+    make.add_argument("--days", type=float, default=None,
+                      help="expires after this many days (0: never; default "
+                           "FLEETWATCH_API_TOKEN_TTL_DAYS)")
+    api_actions.add_parser("list", help="every token: name, user, scopes, state")
+    revoke = api_actions.add_parser("revoke", help="revoke a token by name")
+    revoke.add_argument("name")
+
+    diag = sub.add_parser("diagnose", help="diagnose replay files, print JSON lines")
+    diag.add_argument("files", nargs="+")
+    diag.add_argument("--pretty", action="store_true")
+    diag.add_argument("--check", action="store_true",
+                      help="compare with each file's 'expect'; exit 1 if any differs")
+
+    audit = sub.add_parser("audit", help="the audit trail")
+    audit_actions = audit.add_subparsers(dest="audit_action", required=True)
+    verify = audit_actions.add_parser(
+        "verify", help="check the hash chain; exit 1 at the first entry changed, removed "
+                       "or reordered (and, with --checkpoint, a cut-off tail)")
+    verify.add_argument(
+        "--checkpoint", metavar="JSON",
+        help="a saved checkpoint (the `checkpoint` field of an \"audit checkpoint\" log "
+             "line, or the whole line): the trail must still hold its head")
+    audit_actions.add_parser("checkpoint", help="print a signed checkpoint of the trail's "
+                             "head now (and write it to the log)")
+    handlers: dict[str, Handler] = {
+        "steps-resume": _steps_resume, "agent-token": _agent_token, "api-token": _api_token,
+        "diagnose": _diagnose, "audit": _audit}
+    return {name: clients_fail_as_command(handler) for name, handler in handlers.items()}
+
+
+def _steps_resume(command: BaseCommand, opts: dict[str, Any]) -> None:
+    from django.conf import settings
+    from django.db import connection
+
+    from incidents.remediation.engine import steps_resume_all
+
+    # One machine, one worker: the database and the broker are files in the data folder
+    # that run-local.sh holds locked. With a shared database another worker may be running
+    # a step right now; there leases expire and the watchdog re-queues (steps_rescue).
+    if connection.vendor != "sqlite" or not settings.CELERY_BROKER_URL.startswith("filesystem://"):
+        raise CommandError("steps-resume is for the embedded default (SQLite and the filesystem "
+                           "broker) only: with a shared database other workers may hold live "
+                           "leases")
+    resumed = steps_resume_all()
+    if resumed:
+        command.stdout.write(f"remediation steps queued again after the last stop: {resumed}")
+
+
+def _agent_token(command: BaseCommand, opts: dict[str, Any]) -> None:
+    from incidents.tokens import agent_token_create
+
+    _, key = agent_token_create(opts["node"], actor="system:cli")
+    command.stdout.write(key)
+
+
+def _api_token(command: BaseCommand, opts: dict[str, Any]) -> None:
+    from django.contrib.auth import get_user_model
+
+    from incidents.models import ApiToken
+    from incidents.tokens import TokenError, token_create, token_revoke
+
+    action = opts["token_action"]
+    try:
+        if action == "create":
+            user = get_user_model().objects.filter(username=opts["user"]).first()
+            if user is None:
+                raise CommandError(f"no user {opts['user']!r}")
+            _, key = token_create(user, opts["name"], opts["scopes"].split(","),
+                                  ttl_days=opts["days"], actor="system:cli")
+            command.stdout.write(key)
+        elif action == "list":
+            for t in ApiToken.objects.select_related("user").order_by("name"):
+                expiry = t.expiry.isoformat() if t.expiry else "never"
+                command.stdout.write(f"{t.name}\t{t.user.get_username()}\t"
+                                     f"{','.join(t.scopes)}\t{t.state}\texpires {expiry}")
+        else:
+            token = ApiToken.objects.filter(name=opts["name"]).first()
+            if token is None:
+                raise CommandError(f"no token named {opts['name']!r}")
+            changed = token_revoke(token, actor="system:cli")
+            command.stdout.write(f"revoked {token.name}" if changed
+                                 else f"{token.name} was already revoked")
+    except TokenError as exc:
+        raise CommandError(str(exc)) from exc
+
+
+def _audit(command: BaseCommand, opts: dict[str, Any]) -> None:
+    from incidents.audit import (
+        CheckpointError,
+        audit_verify,
+        audit_verify_checkpoint,
+        checkpoint_log,
+        checkpoint_parse,
+    )
+
+    if opts["audit_action"] == "checkpoint":
+        command.stdout.write(json.dumps(checkpoint_log(), sort_keys=True, separators=(",", ":")))
+        return
+    if opts["audit_action"] == "verify":
+        if opts.get("checkpoint"):
+            try:
+                checkpoint = checkpoint_parse(opts["checkpoint"])
+            except CheckpointError as exc:
+                raise CommandError(f"--checkpoint: {exc}") from None
+            result = audit_verify_checkpoint(checkpoint)
+        else:
+            result = audit_verify()
+        if not result.ok:
+            command.stderr.write(str(result))
+            sys.exit(1)
+        command.stdout.write(str(result))
+
+
+def _diagnose(command: BaseCommand, opts: dict[str, Any]) -> None:
+    from incidents.diagnosis.replay import ReplayError, diagnose_file
+
+    results, failed, differs = [], False, False
+    for path in opts["files"]:
+        try:
+            result = diagnose_file(path, with_check=opts["check"])
+        except ReplayError as exc:
+            failed = True
+            command.stderr.write(f"{path}: {exc}")
+            continue
+        results.append(result)
+        if opts["check"] and not result["check"]["ok"]:
+            differs = True
+            command.stderr.write(f"{path}: diagnosis differs from 'expect': missing "
+                                 f"{result['check']['missing']}, unexpected "
+                                 f"{result['check']['unexpected']}")
+    if opts["pretty"]:
+        command.stdout.write(json.dumps(results, indent=2))
+    else:
+        for result in results:
+            command.stdout.write(json.dumps(result))
+    if failed:
+        sys.exit(2)
+    if differs:
+        sys.exit(1)

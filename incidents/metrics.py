@@ -1,0 +1,152 @@
+"""What incidents add to ``/metrics``: incidents by root cause and status, time to detect and to
+repair, remediation steps, and the audit trail's head, all read from the database at scrape
+time (the one truth every worker shares: nothing to add up across processes). The queries are
+GROUP BY aggregates: a few rows back whatever the number of incidents.
+
+The project's ``/metrics`` view (fleetwatch/metrics.py) finds ``COLLECTORS`` here through the
+app registry, as it does in every installed app; it imports no app by name. Labels carry only
+names from fixed sets (root causes, statuses, step kinds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, QuerySet, Sum
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from incidents.audit import audit_head
+from incidents.models import Incident, RootCause, Step
+
+# Seconds. Detection is signal-to-incident: seconds normally, minutes when a source lags.
+DETECT_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600)
+# Repair is detection-to-resolved: minutes for a drain and requeue, hours for a replacement.
+REPAIR_BUCKETS: tuple[float, ...] = (60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 28800,
+                                     86400, 259200)
+
+# Step outcomes. A retry sends a failed step back to pending, so these counts can fall: they
+# are gauges of the steps in each outcome now, not counters (a counter that drops reads as a
+# reset to Prometheus, and rate() would spike).
+STEP_OUTCOMES = ("succeeded", "failed", "skipped", "cancelled")
+
+
+def _seconds(value: Any) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return float(value) / 1e6  # SQLite hands a DurationField aggregate back as microseconds
+
+
+def _histogram_rows(queryset: QuerySet[Any], group_by: Sequence[str], start: str, end: str,
+                    buckets: Sequence[float]) -> list[dict[str, Any]]:
+    """Per group: a count of rows at or under each bucket's bound, the total and the sum of
+    ``end - start``. One query, every bucket a filtered COUNT."""
+    duration = ExpressionWrapper(F(end) - F(start), output_field=DurationField())
+    counts = {f"le_{i}": Count("pk", filter=Q(duration__lte=timedelta(seconds=bound)))
+              for i, bound in enumerate(buckets)}
+    return list(queryset.alias(duration=duration).values(*group_by).order_by()
+                .annotate(count=Count("pk"), total=Sum("duration"), **counts))
+
+
+def _histogram(name: str, documentation: str, labels: Sequence[str], rows: list[dict[str, Any]],
+               buckets: Sequence[float]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, documentation, labels=list(labels))
+    for row in rows:
+        cumulative = [(_bound(b), float(row[f"le_{i}"])) for i, b in enumerate(buckets)]
+        cumulative.append(("+Inf", float(row["count"])))
+        family.add_metric([str(row[label]) for label in labels], cumulative,
+                          _seconds(row["total"]))
+    return family
+
+
+def _bound(value: float) -> str:
+    return repr(float(value))
+
+
+class IncidentsCollector:
+    """Incidents, remediation steps and the audit trail's head."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._incidents()
+        yield from self._steps()
+        yield from self._audit()
+
+    def _incidents(self) -> Iterator[Metric]:
+        current = GaugeMetricFamily("fleetwatch_incidents", "Incidents now, by root cause and status.",
+                                    labels=["root_cause", "status"])
+        opened = CounterMetricFamily("fleetwatch_incidents_opened",
+                                     "Incidents opened since the database began, by root cause.",
+                                     labels=["root_cause"])
+        counts = {(r["root_cause"], r["status"]): r["n"] for r in
+                  Incident.objects.values("root_cause", "status").order_by().annotate(n=Count("pk"))}
+        causes = list(RootCause.values) + sorted({c for c, _ in counts} - set(RootCause.values))
+        # Every cause and status, zeros included: a series that is absent until the first
+        # incident breaks rate() and alerts written against it.
+        for cause in causes:
+            for status in Incident.Status.values:
+                current.add_metric([cause, status], counts.get((cause, status), 0))
+            opened.add_metric([cause], sum(n for (c, _), n in counts.items() if c == cause))
+        yield current
+        yield opened
+
+        yield _histogram(
+            "fleetwatch_incident_detect_seconds",
+            "Time to detect: from the first signal of a fault to its incident opening.",
+            ["root_cause"],
+            _histogram_rows(Incident.objects.all(), ["root_cause"], "detected_at", "opened_at",
+                            DETECT_BUCKETS), DETECT_BUCKETS)
+        # Time to repair as the dashboard's mean time to repair counts it (detection to
+        # resolution), automation and people apart.
+        yield _histogram(
+            "fleetwatch_incident_repair_seconds",
+            "Time to repair: from the first signal of a fault to its incident resolving.",
+            ["root_cause", "repaired_by"],
+            _histogram_rows(Incident.objects.filter(status=Incident.Status.RESOLVED,
+                                                    resolved_at__isnull=False)
+                            .exclude(repaired_by=""), ["root_cause", "repaired_by"],
+                            "detected_at", "resolved_at", REPAIR_BUCKETS), REPAIR_BUCKETS)
+
+    def _steps(self) -> Iterator[Metric]:
+        done = GaugeMetricFamily("fleetwatch_remediation_steps_finished",
+                                 "Remediation steps that ended, by kind and outcome.",
+                                 labels=["kind", "outcome"])
+        active = GaugeMetricFamily("fleetwatch_remediation_steps_active",
+                                   "Remediation steps not finished yet, by kind and status.",
+                                   labels=["kind", "status"])
+        for row in Step.objects.values("kind", "status").order_by().annotate(n=Count("pk")):
+            family = done if row["status"] in STEP_OUTCOMES else active
+            family.add_metric([row["kind"], row["status"]], row["n"])
+        yield done
+        yield active
+
+    def _audit(self) -> Iterator[Metric]:
+        """The audit trail's head, so Prometheus keeps a copy the database cannot rewrite: a
+        count that falls, or a head that changes while the count does not, is a trail cut or
+        rewritten (see incidents/audit.py)."""
+        head = audit_head()
+        entries = GaugeMetricFamily("fleetwatch_audit_entries", "Entries in the audit trail.")
+        entries.add_metric([], head.count)
+        last_id = GaugeMetricFamily("fleetwatch_audit_head_id",
+                                    "Id of the audit trail's newest entry (0: none).")
+        last_id.add_metric([], head.last_id or 0)
+        # The first 52 bits of the newest entry's hash: exact in a float, so Prometheus keeps it
+        # as it was, and changes() shows every new head.
+        value = GaugeMetricFamily("fleetwatch_audit_head",
+                                  "First 52 bits of the newest audit entry's hash, as a number.")
+        value.add_metric([], float(int(head.hash[:13], 16)) if head.hash else 0.0)
+        info = GaugeMetricFamily("fleetwatch_audit_head_info",
+                                 "The newest audit entry's hash (label), always 1.",
+                                 labels=["head"])
+        info.add_metric([head.hash], 1)
+        yield from (entries, last_id, value, info)
+
+
+COLLECTORS = (IncidentsCollector(),)
