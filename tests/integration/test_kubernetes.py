@@ -10,8 +10,11 @@ from __future__ import annotations
 import importlib
 import json
 import shutil
+import ssl
 import subprocess
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -397,3 +400,127 @@ def test_forbidden_and_invalid_requests_are_permanent(k8s: Any, tmp_path: Path) 
     with pytest.raises(ClientError) as missing:
         KubernetesApi(str(tmp_path / "no-such-kubeconfig"))
     assert missing.value.permanent
+
+
+# --- what the API server refuses, and what typed clients need ---------------------------------
+
+
+def _typed(k8s: Any) -> Any:
+    """The official client's typed CoreV1Api on the test server's kubeconfig."""
+    from kubernetes import client, config
+    return client.CoreV1Api(config.new_client_from_config(str(k8s.kubeconfig_path)))
+
+
+def _raw(k8s: Any, method: str, path: str, body: Any, content_type: str) -> tuple[int, Any]:
+    """One request as it is sent, without a client's own checks in between."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(k8s.url + path, data=data, method=method, headers={
+        "Authorization": f"Bearer {k8s.token}", "Content-Type": content_type})
+    context = ssl.create_default_context(cafile=str(k8s.ca_path))
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+def test_official_client_typed_calls_deserialize(k8s: Any) -> None:
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    k8s.add_node_event("gpu-001", "NodeHasSufficientMemory", "kubelet has sufficient memory")
+    v1 = _typed(k8s)
+    try:
+        nodes = v1.list_node()
+        assert [n.metadata.name for n in nodes.items] == ["gpu-001", "gpu-002", "gpu-003",
+                                                          "gpu-004"]
+        info = nodes.items[0].status.node_info
+        assert info.boot_id and info.machine_id and info.system_uuid and info.kernel_version
+        assert (info.kubelet_version, info.kube_proxy_version) == ("v1.32.0", "v1.32.0")
+        node = v1.read_node("gpu-003")
+        assert [(c.type, c.status) for c in node.status.conditions] == [("Ready", "False")]
+
+        pods = v1.list_namespaced_pod("train", label_selector="app in (trainer)")
+        assert sorted(p.metadata.name for p in pods.items) == ["trainer-0", "trainer-1"]
+        status = pods.items[0].status.container_statuses[0]
+        assert status.image_id.startswith("registry.local/train@sha256:")
+        assert status.container_id.startswith("containerd://") and status.image
+        everywhere = v1.list_pod_for_all_namespaces(field_selector="spec.nodeName=gpu-001")
+        assert {p.metadata.name for p in everywhere.items} == {
+            "trainer-0", "dcgm-exporter-a1", "kube-proxy-gpu-001"}
+
+        patched = v1.patch_node("gpu-001", {"spec": {"unschedulable": True}})
+        assert patched.spec.unschedulable is True and patched.status.node_info.boot_id
+        v1.create_namespaced_pod_eviction("trainer-0", "train", client.V1Eviction(
+            metadata=client.V1ObjectMeta(name="trainer-0", namespace="train")))
+        assert k8s.get("pods", "train", "trainer-0") is None
+
+        events = v1.list_event_for_all_namespaces(
+            field_selector="involvedObject.kind=Node,involvedObject.name=gpu-001")
+        assert [e.reason for e in events.items] == ["NodeHasSufficientMemory"]
+
+        with pytest.raises(ApiException) as bad:
+            v1.list_node(label_selector="a in (b")
+        assert bad.value.status == 400
+        refused = json.loads(bad.value.body)
+        assert (refused["reason"], refused["message"]) == (
+            "BadRequest", "unable to parse requirement: found '', expected: ',' or ')'")
+        with pytest.raises(ApiException) as invalid:
+            v1.create_node(client.V1Node(metadata=client.V1ObjectMeta(name="GPU_9")))
+        assert invalid.value.status == 422
+        causes = json.loads(invalid.value.body)["details"]["causes"]
+        assert [c["field"] for c in causes] == ["metadata.name"]
+        assert k8s.get("nodes", "", "GPU_9") is None
+    finally:
+        v1.api_client.close()
+
+
+def test_kubectl_gets_the_apiservers_400_for_bad_selectors(k8s: Any) -> None:
+    bad = kubectl(k8s, "get", "nodes", "-l", "a in (b", check=False)
+    assert bad.returncode != 0 and "Error from server (BadRequest)" in bad.stderr
+    assert "unable to parse requirement: found '', expected: ',' or ')'" in bad.stderr
+    key = kubectl(k8s, "get", "nodes", "-l", "app:monolith", check=False)
+    assert 'unable to parse requirement: <nil>: Invalid value: "app:monolith"' in key.stderr
+    field = kubectl(k8s, "get", "pods", "-A", "--field-selector", "spec.foo=x", check=False)
+    assert field.returncode != 0 and "field label not supported: spec.foo" in field.stderr
+    names = kubectl(k8s, "get", "nodes", "-l", "fleetwatch.io/pool in (gpu),!missing",
+                    "-o", "name").stdout.split()
+    assert len(names) == 4
+
+
+def test_invalid_writes_are_refused_as_by_the_apiserver(k8s: Any) -> None:
+    taint = kubectl(k8s, "patch", "node", "gpu-001", "-p",
+                    '{"spec":{"taints":[{"key":"gpu","effect":"Bogus"}]}}', check=False)
+    assert taint.returncode != 0
+    assert ('The Node "gpu-001" is invalid: spec.taints[0].effect: Unsupported value: "Bogus": '
+            'supported values: "NoSchedule", "PreferNoSchedule", "NoExecute"') in taint.stderr
+    label = kubectl(k8s, "patch", "node", "gpu-001", "--type", "merge", "-p",
+                    '{"metadata":{"labels":{"bad key":"x"}}}', check=False)
+    assert 'metadata.labels: Invalid value: "bad key"' in label.stderr
+    typed = kubectl(k8s, "patch", "node", "gpu-001", "-p", '{"spec":{"unschedulable":"yes"}}',
+                    check=False)
+    assert ("The request is invalid: patch: Invalid value: \"map[spec:map[unschedulable:yes]]\": "
+            "json: cannot unmarshal string into Go struct field NodeSpec.spec.unschedulable of "
+            "type bool") in typed.stderr
+    node = k8s.get("nodes", "", "gpu-001")
+    assert "taints" not in node["spec"] and "bad key" not in node["metadata"]["labels"]
+    assert not node["spec"].get("unschedulable")
+
+    code, status = _raw(k8s, "PATCH", "/api/v1/nodes/gpu-001", {"spec": {}}, "text/plain")
+    assert (code, status["reason"]) == (415, "UnsupportedMediaType")
+    assert status["message"].startswith("the body of the request was in an unknown format")
+    replaced = {**k8s.get("nodes", "", "gpu-001"), "spec": {"unschedulable": "yes"}}
+    code, status = _raw(k8s, "PUT", "/api/v1/nodes/gpu-001", replaced, "application/json")
+    assert (code, status["reason"], status["message"]) == (
+        400, "BadRequest", 'Node in version "v1" cannot be handled as a Node: json: cannot '
+        "unmarshal string into Go struct field NodeSpec.spec.unschedulable of type bool")
+    code, status = _raw(k8s, "PATCH", "/api/v1/nodes/gpu-001",
+                        [{"op": "add", "path": "/spec/unschedulable", "value": "yes"}],
+                        "application/json-patch+json")
+    assert (code, status["reason"]) == (422, "Invalid")
+    assert [c["field"] for c in status["details"]["causes"]] == ["patch"]
+    code, status = _raw(k8s, "POST", "/api/v1/namespaces/train/pods",
+                        {"metadata": {"name": "p", "labels": {"a": "-"}}, "spec": {}},
+                        "application/json")
+    assert (code, [c["field"] for c in status["details"]["causes"]]) == (
+        422, ["metadata.labels", "spec.containers"])
