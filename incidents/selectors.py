@@ -290,12 +290,10 @@ def _mean_series(points: list[tuple[str, int, datetime, float | None, float | No
 
 def _history_points(names: list[str], start: datetime, end: datetime
                     ) -> list[tuple[str, int, datetime, float | None, float | None]]:
-    telemetry = get_telemetry()
-    history = getattr(telemetry, "gpu_history", None)
-    if history is None or end <= start or not names:
+    if end <= start or not names:
         return []
     out = []
-    for node, gpus in history(names, start, end, 15.0).items():
+    for node, gpus in get_telemetry().gpu_history(names, start, end, 15.0).items():
         for index, points in gpus.items():
             out += [(node, int(index), datetime.fromtimestamp(p.at, tz=UTC), p.utilization,
                      p.temperature) for p in points]
