@@ -38,10 +38,10 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from collectors.knowledge import dcgm
+
 log = logging.getLogger(__name__)
 
-XID_GAUGE = "DCGM_FI_DEV_XID_ERRORS"
-THERMAL_BITS = 0x20 | 0x40
 # Kernel lines worth sending: the driver's XIDs and NIC link changes. Everything else stays
 # on the node.
 KERNEL_INTERESTING = re.compile(r"NVRM: Xid|: (?:NIC )?Link (?:is )?(?:up|down)\b", re.I)
@@ -106,16 +106,16 @@ class NvmlSource:
             now, before = self._read(handle), self.last.get(index)
             self.last[index] = now
             base = {"source": "dcgm", "node": self.node, "gpu": index, "via": "nvml"}
-            if (now.clocks | (before.clocks if before else 0)) & THERMAL_BITS:
-                out.append({**base, "metric": "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+            if (now.clocks | (before.clocks if before else 0)) & dcgm.THERMAL_BITS:
+                out.append({**base, "metric": dcgm.CLOCKS_EVENT_REASONS,
                             "value": now.clocks})
                 if now.temp is not None:
-                    out.append({**base, "metric": "DCGM_FI_DEV_GPU_TEMP", "value": now.temp})
+                    out.append({**base, "metric": dcgm.GPU_TEMP, "value": now.temp})
             if before and now.dbe is not None and before.dbe is not None and now.dbe > before.dbe:
-                out.append({**base, "metric": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "value": now.dbe,
+                out.append({**base, "metric": dcgm.ECC_DBE_VOL_TOTAL, "value": now.dbe,
                             "previous": before.dbe})
             if now.remap_failure and not (before and before.remap_failure):
-                out.append({**base, "metric": "DCGM_FI_DEV_ROW_REMAP_FAILURE", "value": 1})
+                out.append({**base, "metric": dcgm.ROW_REMAP_FAILURE, "value": 1})
         return out
 
     def xid_events(self, timeout_ms: int = 0) -> list[dict[str, Any]]:
@@ -129,7 +129,7 @@ class NvmlSource:
                 return out
             index = next((i for i, h in enumerate(self.handles) if h == event.device), None)
             out.append({"source": "dcgm", "node": self.node, "gpu": index, "via": "nvml",
-                        "metric": XID_GAUGE, "value": int(event.eventData)})
+                        "metric": dcgm.XID_ERRORS, "value": int(event.eventData)})
             timeout_ms = 0
 
     def utilisation(self) -> dict[int, GpuReading]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from collectors.clients.base import GpuMetric, K8sNode, NicPort, SlurmJob, SlurmNode
+from collectors.knowledge import dcgm
 
 
 @dataclass(frozen=True)
@@ -90,12 +91,9 @@ def xid_changes(previous_xid: int | None, now: GpuMetric) -> list[SignalDraft]:
         return []
     return [SignalDraft("dcgm", "xid", node=now.node, gpu=now.gpu, code=now.last_xid,
                         value=str(now.last_xid),
-                        message=f"DCGM_FI_DEV_XID_ERRORS={now.last_xid} on {now.node} GPU {now.gpu}",
-                        data={"metric": "DCGM_FI_DEV_XID_ERRORS", "value": now.last_xid,
+                        message=f"{dcgm.XID_ERRORS}={now.last_xid} on {now.node} GPU {now.gpu}",
+                        data={"metric": dcgm.XID_ERRORS, "value": now.last_xid,
                               "uuid": now.uuid})]
-
-
-THERMAL_BITS = 0x20 | 0x40  # DCGM clock-event reasons: sw and hw thermal slowdown
 
 
 @dataclass(frozen=True)
@@ -120,19 +118,19 @@ def gpu_changes(previous: GpuSeen, now: GpuMetric) -> list[SignalDraft]:
     what diagnosis must see. Everything else is reported when it changes."""
     drafts = xid_changes(previous.last_xid, now)
     where = f"{now.node} GPU {now.gpu}"
-    if now.clock_event_reasons & THERMAL_BITS or previous.clock_event_reasons & THERMAL_BITS:
-        drafts.append(_dcgm(now, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", now.clock_event_reasons,
+    if (now.clock_event_reasons | previous.clock_event_reasons) & dcgm.THERMAL_BITS:
+        drafts.append(_dcgm(now, dcgm.CLOCKS_EVENT_REASONS, now.clock_event_reasons,
                             f"clock event reasons 0x{now.clock_event_reasons:x} on {where}"))
         if now.temperature is not None:
-            drafts.append(_dcgm(now, "DCGM_FI_DEV_GPU_TEMP", now.temperature,
+            drafts.append(_dcgm(now, dcgm.GPU_TEMP, now.temperature,
                                 f"{now.temperature:.0f} C on {where}"))
     if (now.dbe_total is not None and previous.dbe_total is not None
             and now.dbe_total > previous.dbe_total):
-        drafts.append(_dcgm(now, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", now.dbe_total,
+        drafts.append(_dcgm(now, dcgm.ECC_DBE_VOL_TOTAL, now.dbe_total,
                             f"double-bit ECC errors {previous.dbe_total:g} -> "
                             f"{now.dbe_total:g} on {where}", previous=previous.dbe_total))
     if now.row_remap_failure and not previous.row_remap_failure:
-        drafts.append(_dcgm(now, "DCGM_FI_DEV_ROW_REMAP_FAILURE", 1,
+        drafts.append(_dcgm(now, dcgm.ROW_REMAP_FAILURE, 1,
                             f"row remap failure on {where}"))
     return drafts
 

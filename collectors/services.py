@@ -38,6 +38,8 @@ from collectors.clients.base import (
     TelemetryChanges,
     TelemetryClient,
 )
+from collectors.knowledge import dcgm
+from collectors.knowledge.xid import takes_gpu_out
 from collectors.models import (
     Cluster,
     CollectorRun,
@@ -54,9 +56,6 @@ from collectors.normalize import SignalDraft
 from collectors.push import INGEST_SOURCES, PushRights
 
 log = logging.getLogger(__name__)
-
-FAILING_XIDS_FOR_HEALTH = frozenset({48, 62, 63, 64, 74, 79, 94, 95, 119, 120, 140, 143})
-
 
 @dataclass(frozen=True)
 class CollectResult:
@@ -569,12 +568,12 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
             if not sampled and key in created:
                 silent = False  # never read yet: unknown, not silent (read at its next scrape)
         if faults and (m.last_xid != last_xid
-                       or (m.clock_event_reasons | clocks) & normalize.THERMAL_BITS
+                       or (m.clock_event_reasons | clocks) & dcgm.THERMAL_BITS
                        or m.dbe_total != dbe or bool(m.row_remap_failure) != remap):
             drafts += normalize.gpu_changes(normalize.GpuSeen(last_xid, clocks, dbe, remap), m)
         # A GPU with no readings at all has gone (off the bus); one missing field is a site
         # that does not collect it, never a failure.
-        failed = m.last_xid in FAILING_XIDS_FOR_HEALTH or bool(m.row_remap_failure) or silent
+        failed = takes_gpu_out(m.last_xid) or bool(m.row_remap_failure) or silent
         touched.add(node_id)
         if failed:
             failing.add(node_id)

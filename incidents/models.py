@@ -10,18 +10,14 @@ from django.db.models import Q
 from django.utils import timezone
 from knox.models import AbstractAuthToken
 
+from collectors.knowledge import causes
 from collectors.models import Cluster, Signal
 
 
-class RootCause(models.TextChoices):
-    GPU_HARDWARE = "gpu_hardware", "GPU hardware"
-    GPU_MEMORY = "gpu_memory", "GPU memory"
-    NVLINK = "nvlink", "NVLink"
-    NETWORK_FLAP = "network_flap", "network flap"
-    SWITCH_FAILURE = "switch_failure", "switch failure"
-    THERMAL = "thermal", "thermal"
-    NODE_UNREACHABLE = "node_unreachable", "node unreachable"
-    APPLICATION_ERROR = "application_error", "application error"
+# The root causes an incident can have, derived from collectors.knowledge (values and labels
+# are the migration's: adding a cause there is a migration here).
+RootCause = models.TextChoices(  # type: ignore[misc]
+    "RootCause", [(name, (value, label)) for name, value, label in causes.choices()])
 
 
 class Incident(models.Model):

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from collectors.clients import get_telemetry
 from collectors.clients.base import ClientError
+from collectors.knowledge import dcgm
 from collectors.models import Cluster, CollectorRun, Gpu, GpuSample, Job, Node, Signal, SourceHealth
 from collectors.redaction import redact_url
 from incidents.audit import audit_verify
@@ -45,7 +46,7 @@ def signal_as_replay(s: Signal) -> dict[str, Any]:
     data = s.data if isinstance(s.data, dict) else {}
     out.update({k: v for k, v in data.items() if k not in _EXPORT_SKIP})
     if s.kind == "xid":
-        out.setdefault("metric", "DCGM_FI_DEV_XID_ERRORS")
+        out.setdefault("metric", dcgm.XID_ERRORS)
         out.setdefault("value", s.code)
     if s.source in ("kernel", "job_log", "kubernetes") and s.message:
         out["message"] = s.message
@@ -63,7 +64,7 @@ def incident_replay(incident: Incident) -> dict[str, Any]:
     expect: dict[str, Any] = {"root_cause": incident.root_cause, "nodes": list(incident.nodes)}
     if incident.switch:
         expect["switch"] = incident.switch
-    if incident.root_cause == "application_error":
+    if incident.root_cause == RootCause.APPLICATION_ERROR:
         expect.update(nodes=[], job=(incident.jobs or [""])[0])
     return {
         "format": "fleetwatch-replay/1",
@@ -99,16 +100,7 @@ def observations_between(cluster: Cluster, start: datetime, end: datetime) -> li
 # out and sums them up per node instead (their first and last time), and each node stands in
 # as two empty observations at those times, so the engine sees the same nodes and the same
 # window ends, and reaches the same verdicts.
-IDLE_METRICS = (
-    "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL",
-    "DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK",
-    "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_FB_FREE",
-    "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-    "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-    "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
-)
-assert not set(IDLE_METRICS) & {facts.XID_GAUGE, facts.ROW_REMAP_FAILURE, *facts.CLOCK_REASONS,
-                                 *facts.TEMPERATURES, *facts.MEMORY_COUNTERS}
+IDLE_METRICS = dcgm.IDLE_FIELDS
 # Only exact JSON strings match ``__in`` (PostgreSQL compares jsonb, SQLite json_extract's
 # text), and the two bounds match only JSON numbers on PostgreSQL (jsonb orders strings below
 # numbers and booleans above them); SQLite reads true/false as 1/0, which the engine reads as
@@ -118,7 +110,7 @@ assert not set(IDLE_METRICS) & {facts.XID_GAUGE, facts.ROW_REMAP_FAILURE, *facts
 # there a line with "xid" is read in full: fewer left out, never one too many.
 _IDLE = (Q(source=Signal.Source.DCGM) & (
     Q(data__metric__in=IDLE_METRICS)
-    | Q(data__metric__in=facts.TEMPERATURES, data__value__gt=-1e300, data__value__lt=facts.HOT_C))
+    | Q(data__metric__in=dcgm.TEMPERATURES, data__value__gt=-1e300, data__value__lt=facts.HOT_C))
 ) | (Q(source=Signal.Source.KERNEL) & ~Q(message__contains="Xid") & ~Q(message__contains="ink"))
 
 
@@ -141,7 +133,7 @@ def _observation(pk: int, source: str, kind: str, node: str, gpu: int | None, jo
     record: dict[str, Any] = {**(data if isinstance(data, dict) else {}), "source": source,
                               "node": node, "gpu": gpu, "job": job, "message": message}
     if kind == "xid":
-        record.setdefault("metric", "DCGM_FI_DEV_XID_ERRORS")
+        record.setdefault("metric", dcgm.XID_ERRORS)
         record.setdefault("value", code)
     return Observation.from_record(record, at, id=pk)
 

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from collectors.clients.base import GpuMetric, NicPort
+from collectors.knowledge import dcgm
+from collectors.knowledge.dcgm import CLOCK_THROTTLE_REASONS, CLOCKS_EVENT_REASONS, NVLINK_ERROR_COUNTERS
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
 DEFAULT_DRIVER = "550.90.07"
@@ -30,15 +32,7 @@ HGX_BUS_IDS = ("1B", "43", "52", "61", "9D", "C3", "D1", "DF")
 
 # The clock-event field was renamed in DCGM 3.2 (throttle -> event); older exporters print the
 # old name. Both carry the same bitmask.
-CLOCKS_EVENT_REASONS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
-CLOCK_THROTTLE_REASONS = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
-
-NVLINK_ERROR_COUNTERS = (
-    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
-)
+# (collectors.knowledge.dcgm: CLOCKS_EVENT_REASONS, CLOCK_THROTTLE_REASONS.)
 
 
 @dataclass(frozen=True)
@@ -52,20 +46,20 @@ class Field:
 def _fields(clock_field: str) -> list[Field]:
     """The fields FleetWatch reads, in dcgm-exporter's default-counters.csv order."""
     return [
-        Field("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).",
+        Field(dcgm.MEMORY_TEMP, "gauge", "Memory temperature (in C).",
               lambda m: m.memory_temperature),
-        Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", lambda m: m.temperature),
-        Field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", lambda m: m.power_w),
-        Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.",
+        Field(dcgm.GPU_TEMP, "gauge", "GPU temperature (in C).", lambda m: m.temperature),
+        Field(dcgm.POWER_USAGE, "gauge", "Power draw (in W).", lambda m: m.power_w),
+        Field(dcgm.PCIE_REPLAY_COUNTER, "counter", "Total number of PCIe retries.",
               lambda m: m.pcie_replays),
-        Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", lambda m: m.utilization),
-        Field("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.",
+        Field(dcgm.GPU_UTIL, "gauge", "GPU utilization (in %).", lambda m: m.utilization),
+        Field(dcgm.XID_ERRORS, "gauge", "Value of the last XID error encountered.",
               lambda m: m.last_xid),
         Field(clock_field, "gauge",
               "Current clock throttle reasons." if clock_field == CLOCK_THROTTLE_REASONS
               else "Current clock event reasons.",
               lambda m: m.clock_event_reasons),
-        Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter",
+        Field(dcgm.ECC_DBE_VOL_TOTAL, "counter",
               "Total number of double-bit volatile ECC errors.", lambda m: m.dbe_total),
         # GpuMetric keeps the NVLink error counters summed; the exporter prints them apart,
         # so the total is shown as the flow-control CRC counter (the one that moves first on
@@ -78,7 +72,7 @@ def _fields(clock_field: str) -> list[Field]:
               lambda m: None if m.nvlink_errors is None else 0),
         Field(NVLINK_ERROR_COUNTERS[3], "counter", "Total number of NVLink recovery errors.",
               lambda m: None if m.nvlink_errors is None else 0),
-        Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
+        Field(dcgm.ROW_REMAP_FAILURE, "gauge", "Whether remapping of rows has failed",
               lambda m: m.row_remap_failure),
     ]
 
@@ -136,7 +130,7 @@ def gpu_labels(
     ]
     if hostname_label:
         labels.append((hostname_label, metric.node))
-    labels.append(("DCGM_FI_DRIVER_VERSION", driver_version))
+    labels.append((dcgm.DRIVER_VERSION, driver_version))
     if pod is not None:
         labels += [("container", pod.get("container", "")),
                    ("namespace", pod.get("namespace", "")),

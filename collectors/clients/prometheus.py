@@ -91,12 +91,11 @@ from collectors.clients.base import (
     TelemetryChanges,
 )
 from collectors.clients.exposition import (
-    CLOCK_THROTTLE_REASONS,
-    CLOCKS_EVENT_REASONS,
     IB_STATE_IDS,
     IB_STATES,
-    NVLINK_ERROR_COUNTERS,
 )
+from collectors.knowledge import dcgm
+from collectors.knowledge.dcgm import CLOCK_THROTTLE_REASONS, CLOCKS_EVENT_REASONS, NVLINK_ERROR_COUNTERS
 
 # Labels that name a GPU's node, most specific first. dcgm-exporter prints Hostname (the node's
 # name, or NODE_NAME in Kubernetes); instance is the scrape target and the last resort.
@@ -122,22 +121,22 @@ class _Query:
 
 
 GPU_QUERIES = (
-    _Query("last_xid", ("DCGM_FI_DEV_XID_ERRORS",), keep="!= 0"),
+    _Query("last_xid", (dcgm.XID_ERRORS,), keep="!= 0"),
     # Every GPU, every poll: the dashboard's grid, and a GPU with neither has gone silent.
-    _Query("utilization", ("DCGM_FI_DEV_GPU_UTIL",), lean=True),
-    _Query("temperature", ("DCGM_FI_DEV_GPU_TEMP",)),
+    _Query("utilization", (dcgm.GPU_UTIL,), lean=True),
+    _Query("temperature", (dcgm.GPU_TEMP,)),
     # Renamed in DCGM 3.2; an older exporter prints the throttle name. Below 0x8 the bits are
     # idle, application clocks and the software power cap, none of which diagnosis reads.
     _Query("clock_event_reasons", (CLOCKS_EVENT_REASONS, CLOCK_THROTTLE_REASONS), keep=">= 8"),
-    _Query("dbe_total", ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",), keep="> 0"),
-    _Query("row_remap_failure", ("DCGM_FI_DEV_ROW_REMAP_FAILURE",), keep="> 0"),
+    _Query("dbe_total", (dcgm.ECC_DBE_VOL_TOTAL,), keep="> 0"),
+    _Query("row_remap_failure", (dcgm.ROW_REMAP_FAILURE,), keep="> 0"),
     _Query("nvlink_errors", NVLINK_ERROR_COUNTERS, "sum", keep="> 0"),
-    _Query("pcie_replays", ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER",), keep="> 0"),
+    _Query("pcie_replays", (dcgm.PCIE_REPLAY_COUNTER,), keep="> 0"),
 )
 # Read for a node's page, not on every poll (nothing in change detection uses them).
 GPU_DETAIL_QUERIES = (
-    _Query("memory_temperature", ("DCGM_FI_DEV_MEMORY_TEMP",)),
-    _Query("power_w", ("DCGM_FI_DEV_POWER_USAGE",)),
+    _Query("memory_temperature", (dcgm.MEMORY_TEMP,)),
+    _Query("power_w", (dcgm.POWER_USAGE,)),
 )
 NIC_QUERIES = (
     _Query("state", ("node_infiniband_state_id",)),
@@ -159,7 +158,7 @@ MAX_POINTS = 11_000  # Prometheus refuses a range query with more points per ser
 MAX_WARNINGS_PER_QUERY = 20
 
 # Incremental polls (see the module docstring).
-READING_NAMES = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP")
+READING_NAMES = (dcgm.GPU_UTIL, dcgm.GPU_TEMP)
 READING_FIELDS = ("utilization", "temperature")
 NODE_GROUP = ("Hostname", "hostname", "instance")
 # Seconds a scrape may take between its timestamp (its start) and its samples becoming
@@ -694,7 +693,7 @@ class PrometheusTelemetry:
         node_re = "|".join(re.escape(n) for n in sorted(wanted))
         warnings = _Warnings()
         points: dict[tuple[str, int], dict[float, list[float | None]]] = {}
-        for slot, name in enumerate(("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP")):
+        for slot, name in enumerate((dcgm.GPU_UTIL, dcgm.GPU_TEMP)):
             # The node under whichever label the exporter uses; `or` drops a series the
             # earlier selectors already matched (same labels), so no GPU is counted twice.
             alternatives = [self._selector([name], f"{label}=~{promql_string(node_re)}")

@@ -32,11 +32,10 @@ from pathlib import Path
 
 from collectors.clients.base import ClientError, GpuMetric
 from collectors.clients.exposition import (
-    CLOCK_THROTTLE_REASONS,
-    CLOCKS_EVENT_REASONS,
     render_dcgm,
     render_node_infiniband,
 )
+from collectors.knowledge.dcgm import CLOCK_THROTTLE_REASONS, CLOCKS_EVENT_REASONS, GPU_IDLE
 from collectors.sim.fleet import SimFleet, SimTelemetry
 
 log = logging.getLogger(__name__)
@@ -44,8 +43,6 @@ log = logging.getLogger(__name__)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DCGM_PORT = 9400  # dcgm-exporter's default port, used in the instance labels
 NODE_EXPORTER_PORT = 9100
-# DCGM_CLOCKS_EVENT_REASON_GPU_IDLE: an idle GPU runs its clocks down, and says why.
-CLOCKS_EVENT_GPU_IDLE = 0x1
 NODE_PATH = re.compile(r"^/nodes/(?P<node>[A-Za-z0-9._-]+)/metrics/?$")
 
 
@@ -69,7 +66,7 @@ def _realistic(metric: GpuMetric) -> GpuMetric:
         nvlink_errors=metric.nvlink_errors if metric.nvlink_errors is not None else 0,
         pcie_replays=metric.pcie_replays if metric.pcie_replays is not None else 0,
         clock_event_reasons=metric.clock_event_reasons
-        | (CLOCKS_EVENT_GPU_IDLE if metric.utilization == 0 else 0),
+        | (GPU_IDLE if metric.utilization == 0 else 0),  # idle clocks run down, and say why
     )
 
 

@@ -60,6 +60,7 @@ from collectors.clients.base import (
     TelemetryChanges,
 )
 from collectors.clock import SYSTEM_CLOCK, Clock
+from collectors.knowledge.xid import takes_gpu_out
 
 State = dict[str, Any]
 
@@ -75,8 +76,6 @@ SWITCH_DOWN_SECONDS = 30.0
 # that many real seconds BEFORE they change anything (and before taking the fleet's lock), so
 # a test can kill the worker inside the outside call, when the change has not happened yet.
 ACTION_DELAY_ENV = "FLEETWATCH_SIM_ACTION_DELAY"
-# XIDs after which the GPU can no longer make progress: the job on it hangs.
-FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 94, 95, 119, 120, 140, 143})
 GPUS_PER_NODE = 8
 
 DEFAULT_JOBS: list[dict[str, Any]] = [
@@ -368,7 +367,7 @@ def inject_xid(state: State, node: str, gpu: int, code: int, now: float) -> str:
         raise ClientError(f"{node} has no GPU {gpu}", permanent=True)
     g = target["gpus"][gpu]
     g["last_xid"], g["xid_at"] = code, now
-    if code in FATAL_XIDS and g["fault_at"] is None:
+    if takes_gpu_out(code) and g["fault_at"] is None:  # the job on it hangs
         g["fault_at"] = now
     if code == 79:
         g["fallen_off"] = True

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from operator import attrgetter
 
-from incidents.diagnosis import facts, rules
+import incidents.diagnosis.facts as facts
+import incidents.diagnosis.rules as rules
 from incidents.diagnosis.types import Diagnosis, JobInfo, Note, Observation, Result
 
 _AT = attrgetter("at")

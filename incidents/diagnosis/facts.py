@@ -17,25 +17,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from incidents.diagnosis import parsers as p
+import incidents.diagnosis.parsers as p
+from collectors.knowledge import dcgm
 from incidents.diagnosis.types import Observation
 
 # A GPU this hot while its clocks are held back for thermal reasons is overheating; a GPU this
 # hot at full clocks is only warm. Data-centre GPUs slow down at about 85-90 C (H100: 87 C).
 HOT_C = 80.0
 
-XID_GAUGE = "DCGM_FI_DEV_XID_ERRORS"
-CLOCK_REASONS = ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
-TEMPERATURES = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP")
-ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
-# Running totals whose rise means an uncorrectable memory error happened.
-MEMORY_COUNTERS = ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-                   "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS")
 LINK_DOWNED = "link_downed"
 LINK_RECOVERY = "link_error_recovery"
 # Thermal samples this close together belong to one slowdown even with normal scrapes between.
 THERMAL_GAP_S = 60.0
-SLOW_BITS = p.THERMAL_BITS | p.HW_SLOWDOWN
 PORT_DOWN = frozenset({"DOWN", "POLLING", "DISABLED"})
 PORT_UP = frozenset({"ACTIVE", "LINKUP", "ACTIVE_DEFER"})
 TERMINAL_JOB_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL",
@@ -219,7 +212,7 @@ def extract(observations: Sequence[Observation]) -> Facts:
             if value is None:
                 continue
             gpu = obs.gpu if obs.gpu is not None else -1
-            if metric == XID_GAUGE:
+            if metric == dcgm.XID_ERRORS:
                 code = int(value)
                 key = (node, gpu)
                 if code != xid_last.get(key, 0):
@@ -227,13 +220,13 @@ def extract(observations: Sequence[Observation]) -> Facts:
                     if code:
                         facts.xids.append(XidFact(
                             obs.at, obs.at.timestamp(), node, f"GPU {gpu}", code,
-                            f"{XID_GAUGE}={code} on {node} GPU {gpu}", "dcgm", obs.id))
-            elif metric in CLOCK_REASONS:
+                            f"{dcgm.XID_ERRORS}={code} on {node} GPU {gpu}", "dcgm", obs.id))
+            elif metric in dcgm.CLOCK_REASONS:
                 mask = int(value)
                 key = (node, gpu)
                 run = runs.get(key)
                 # Most samples read 0: test the bits inline before the full check.
-                if mask & SLOW_BITS and p.thermal_mask(mask, run is not None and not run.closed):
+                if mask & dcgm.SLOW_BITS and dcgm.thermal_mask(mask, run is not None and not run.closed):
                     t = obs.at.timestamp()
                     # A GPU bouncing off its limit (slowed, released for a scrape, slowed
                     # again) is one slowdown, not many blips.
@@ -248,17 +241,17 @@ def extract(observations: Sequence[Observation]) -> Facts:
                         run.ids.append(obs.id)
                 elif run is not None and not run.closed:
                     run.t_end, run.closed = obs.at.timestamp(), True
-            elif metric in TEMPERATURES:
+            elif metric in dcgm.TEMPERATURES:
                 if value >= HOT_C:
                     hot.setdefault((node, f"GPU {gpu}"), []).append((obs.at.timestamp(), value))
-            elif metric == ROW_REMAP_FAILURE or metric in MEMORY_COUNTERS:
+            elif metric == dcgm.ROW_REMAP_FAILURE or metric in dcgm.MEMORY_COUNTERS:
                 key3 = (node, gpu, metric)
                 # The live collector sends changes with the reading before them.
                 previous = gauges.get(key3, obs.fields.get("previous"))
                 if not isinstance(previous, int | float) or isinstance(previous, bool):
                     previous = None
                 gauges[key3] = value
-                if metric == ROW_REMAP_FAILURE:  # a flag: 0 -> 1 (or first seen at 1)
+                if metric == dcgm.ROW_REMAP_FAILURE:  # a flag: 0 -> 1 (or first seen at 1)
                     rose = value > 0 and not previous
                 else:  # a running total: the first reading is the baseline
                     rose = previous is not None and value > previous

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from incidents.diagnosis.xid import RECOVERY_ACTIONS
+from collectors.knowledge.xid import RECOVERY_ACTIONS
 
 # --- kernel ------------------------------------------------------------------------------
 
@@ -272,38 +272,3 @@ def k8s_ready(condition: Any, status: Any) -> bool | None:
         return None
     return str(status) == "True"
 
-
-# --- DCGM --------------------------------------------------------------------------------
-
-# DCGM_FI_DEV_CLOCKS_EVENT_REASONS (formerly ..._CLOCK_THROTTLE_REASONS) bits.
-CLOCK_EVENT_BITS = {
-    0x1: "gpu idle",
-    0x2: "applications clocks setting",
-    0x4: "sw power cap",
-    0x8: "hw slowdown",
-    0x10: "sync boost",
-    0x20: "sw thermal slowdown",
-    0x40: "hw thermal slowdown",
-    0x80: "hw power brake slowdown",
-    0x100: "display clock setting",
-}
-THERMAL_BITS = 0x20 | 0x40
-HW_SLOWDOWN = 0x8
-POWER_BRAKE = 0x80
-
-
-def thermal_mask(mask: int, in_run: bool = False) -> bool:
-    """Whether a clock-event mask holds the GPU back for heat.
-
-    The thermal bits always do. HW slowdown (0x8) is raised by the GPU's own thermal sensor or
-    by the power brake; with the power brake bit beside it, it is power, unless the GPU was
-    already slowing down for heat (``in_run``). Whether the GPU is actually hot is checked
-    against its temperature later.
-    """
-    if mask & THERMAL_BITS:
-        return True
-    return bool(mask & HW_SLOWDOWN) and (in_run or not mask & POWER_BRAKE)
-
-
-def clock_event_reasons(mask: int) -> list[str]:
-    return [name for bit, name in CLOCK_EVENT_BITS.items() if mask & bit]

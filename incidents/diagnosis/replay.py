@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from collectors.knowledge.causes import RootCause
 from incidents.diagnosis import diagnose_window
 from incidents.diagnosis.types import JobInfo, Observation
 
@@ -102,9 +103,9 @@ def blame(incidents: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
     out: set[tuple[str, str]] = set()
     for item in incidents:
         cause = str(item.get("root_cause", ""))
-        if cause == "switch_failure":
+        if cause == RootCause.SWITCH_FAILURE:
             out.add((cause, str(item.get("switch"))))
-        elif cause == "application_error":
+        elif cause == RootCause.APPLICATION_ERROR:
             out.add((cause, str(item.get("job"))))
         else:
             out.update((cause, str(node)) for node in item.get("nodes") or [])

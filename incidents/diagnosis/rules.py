@@ -26,8 +26,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from incidents.diagnosis import parsers as p
-from incidents.diagnosis import xid as x
+import incidents.diagnosis.parsers as p
+from collectors.knowledge import dcgm
+from collectors.knowledge import xid as x
+from collectors.knowledge.causes import PLAYBOOK_FOR, RootCause
 from incidents.diagnosis.facts import (
     Facts,
     JobFact,
@@ -39,20 +41,11 @@ from incidents.diagnosis.facts import (
 )
 from incidents.diagnosis.types import Diagnosis, JobInfo, Note
 
-# Root-cause labels (DESIGN.md) and the playbook each recommends.
-GPU_HARDWARE, GPU_MEMORY, NVLINK = "gpu_hardware", "gpu_memory", "nvlink"
-NETWORK_FLAP, SWITCH_FAILURE, THERMAL = "network_flap", "switch_failure", "thermal"
-NODE_UNREACHABLE, APPLICATION_ERROR = "node_unreachable", "application_error"
-PLAYBOOK_FOR = {
-    GPU_HARDWARE: "replace_node",
-    GPU_MEMORY: "reset_gpu",
-    NVLINK: "reboot_node",
-    NETWORK_FLAP: "hold_flapping_link",
-    SWITCH_FAILURE: "hold_switch",
-    THERMAL: "cool_down",
-    NODE_UNREACHABLE: "recover_node",
-    APPLICATION_ERROR: "notify_owner",
-}
+# Short names for the root-cause labels (collectors.knowledge.causes, with their playbooks).
+GPU_HARDWARE, GPU_MEMORY, NVLINK = RootCause.GPU_HARDWARE, RootCause.GPU_MEMORY, RootCause.NVLINK
+NETWORK_FLAP, SWITCH_FAILURE = RootCause.NETWORK_FLAP, RootCause.SWITCH_FAILURE
+THERMAL, NODE_UNREACHABLE = RootCause.THERMAL, RootCause.NODE_UNREACHABLE
+APPLICATION_ERROR = RootCause.APPLICATION_ERROR
 
 # Thresholds, in seconds unless named otherwise. Each is the smallest value that still tells
 # the fault from the noise around it in the scenario suite; see the comments where used.
@@ -174,10 +167,12 @@ class Engine:
         if len(candidates) <= 1:
             return next(iter(candidates), None)
         spans = self.facts.job_spans
+        # The `is None` tests guard the comparisons; mypy does not narrow through spans[j].
         timed = [
             j for j in candidates
-            if j in spans and (spans[j].first_running is None or spans[j].first_running <= t)
-            and (spans[j].ended is None or spans[j].ended >= t)
+            if j in spans and (spans[j].first_running is None
+                               or spans[j].first_running <= t)  # type: ignore[operator]
+            and (spans[j].ended is None or spans[j].ended >= t)  # type: ignore[operator]
         ]
         if len(timed) == 1:
             return timed[0]
@@ -327,7 +322,7 @@ class Engine:
             else:
                 supporting.append(f)  # XID 45: follows whatever came before it
 
-        label: str | None = None
+        label: RootCause | None = None
         confidence = 0.0
         lead_text = ""
         evidence = _ids(xids) + _ids(memory)
@@ -335,7 +330,7 @@ class Engine:
         if cause is not None:
             info = x.xid_info(cause.code)
             assert info is not None
-            label = GPU_HARDWARE if info.klass == x.DRIVER else info.klass
+            label = GPU_HARDWARE if info.klass == x.DRIVER else RootCause(info.klass)
             confidence = {x.HARDWARE: 0.97, x.MEMORY: 0.95, x.NVLINK: 0.93, x.DRIVER: 0.6}[
                 info.klass]
             if info.repeat > 1:
@@ -347,7 +342,7 @@ class Engine:
                             f"{_when(cause.at)}"
             if info.klass == x.DRIVER:
                 lead_text += " (a driver or firmware fault: check before acting)"
-            lead_text += f"; NVIDIA: {info.action}"
+            lead_text += f"; NVIDIA: {info.advice}"
             first_at = cause.at
         faults = [r for r in recovery if r.recovery_action in x.RECOVERY_FAULTS]
         if label is None and faults:
@@ -560,8 +555,9 @@ class Engine:
                 continue
             runs = sorted(by_node[node], key=lambda r: r[0].t_start)
             first = runs[0][0]
-            reasons = sorted({n for r, _, _ in runs for n in p.clock_event_reasons(r.mask)
-                              if "thermal" in n or "slowdown" in n})
+            # The reasons that slow a GPU down (thermal, HW slowdown, power brake).
+            reasons = sorted({n for r, _, _ in runs for n in dcgm.clock_event_reasons(
+                r.mask & (dcgm.SLOW_BITS | dcgm.POWER_BRAKE))})
             explanation = (
                 f"{node} {_names({r.gpu for r, _, _ in runs})}: clocks held back "
                 f"({', '.join(reasons)}) for {max(d for _, d, _ in runs):.0f} s from "

@@ -1,30 +1,35 @@
 """Playbooks as data: an ordered list of steps per root cause, shown before and while they run.
 
-A step names its executor (``incidents.remediation.steps.EXECUTORS``), a title a person reads
-on the incident page, and, for the risky ones, its risk class (``replace``, ``reboot``,
-``reset_gpu``): each risk class has a mode of its own (FLEETWATCH_STEP_MODES), so an automatic
-playbook can still ask a person before it replaces a node.
+A step names its kind (``incidents.remediation.steps.STEP_KINDS``), a title a person reads
+on the incident page, and, for the risky ones, its risk class (``collectors.knowledge.Risk``):
+each risk class has a mode of its own (FLEETWATCH_STEP_MODES), so an automatic playbook can
+still ask a person before it replaces a node. Names, causes and which playbook a cause runs
+first come from ``collectors.knowledge.causes``; this module holds the step lists.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-REPLACE, REBOOT, RESET_GPU = "replace", "reboot", "reset_gpu"
-RISKS = (REPLACE, REBOOT, RESET_GPU)
+from collectors.knowledge.causes import PLAYBOOK_FOR, RISKS, PlaybookName, Risk, RootCause
+
+__all__ = ["FOR_ROOT_CAUSE", "PLAYBOOKS", "RISKS", "Playbook", "StepSpec", "playbook_get"]
+
+REPLACE, REBOOT, RESET_GPU = Risk.REPLACE, Risk.REBOOT, Risk.RESET_GPU
 
 
 @dataclass(frozen=True)
 class StepSpec:
-    kind: str  # a key of ``incidents.remediation.steps.EXECUTORS``
+    kind: str  # a key of ``incidents.remediation.steps.STEP_KINDS``
     title: str
-    risk: str = ""  # replace, reboot, reset_gpu: steps with a mode of their own
+    risk: Risk | Literal[""] = ""  # a risk class: steps with a mode of their own
 
 
 @dataclass(frozen=True)
 class Playbook:
-    name: str
-    root_cause: str
+    name: PlaybookName
+    root_cause: RootCause
     description: str
     steps: tuple[StepSpec, ...]
     touches_nodes: bool = True  # False: notify only, never acts on a node
@@ -41,8 +46,8 @@ RESUME_NODE = StepSpec("resume_node", "Resume the node in Slurm once it is healt
                                       "wait for the jobs to run again")
 
 REPLACE_NODE = Playbook(
-    name="replace_node",
-    root_cause="gpu_hardware",
+    name=PlaybookName.REPLACE_NODE,
+    root_cause=RootCause.GPU_HARDWARE,
     description="Take the node out of service, restart its jobs elsewhere, bring in a spare.",
     steps=(
         NOTIFY,
@@ -57,16 +62,16 @@ REPLACE_NODE = Playbook(
 
 # The replacement for a node that keeps failing: the same, and the old node marked for RMA.
 REPLACE_AND_RMA = Playbook(
-    name="replace_and_rma",
-    root_cause="gpu_memory",
+    name=PlaybookName.REPLACE_AND_RMA,
+    root_cause=RootCause.GPU_MEMORY,
     description="The node's GPUs keep failing: replace it and send it back (RMA).",
     steps=(*REPLACE_NODE.steps[:-1],
            StepSpec("mark_rma", "Mark the old node for RMA"), REPLACE_NODE.steps[-1]),
 )
 
 RESET_GPU_PLAYBOOK = Playbook(
-    name="reset_gpu",
-    root_cause="gpu_memory",
+    name=PlaybookName.RESET_GPU,
+    root_cause=RootCause.GPU_MEMORY,
     description="Drain and requeue, reset the GPU (or reboot the node when a reset cannot "
                 "help), check the fault is gone, resume.",
     steps=(
@@ -78,8 +83,8 @@ RESET_GPU_PLAYBOOK = Playbook(
 )
 
 REBOOT_NODE = Playbook(
-    name="reboot_node",
-    root_cause="nvlink",
+    name=PlaybookName.REBOOT_NODE,
+    root_cause=RootCause.NVLINK,
     description="Drain and requeue, reboot the node, check the NVLink fault is gone, resume; "
                 "a fault that comes back is replaced.",
     steps=(
@@ -91,8 +96,8 @@ REBOOT_NODE = Playbook(
 )
 
 HOLD_FLAPPING_LINK = Playbook(
-    name="hold_flapping_link",
-    root_cause="network_flap",
+    name=PlaybookName.HOLD_FLAPPING_LINK,
+    root_cause=RootCause.NETWORK_FLAP,
     description="Requeue the job away from the node and keep the node drained until its link "
                 "has been stable for a while; repeated flaps replace it.",
     steps=(
@@ -103,8 +108,8 @@ HOLD_FLAPPING_LINK = Playbook(
 )
 
 HOLD_SWITCH = Playbook(
-    name="hold_switch",
-    root_cause="switch_failure",
+    name=PlaybookName.HOLD_SWITCH,
+    root_cause=RootCause.SWITCH_FAILURE,
     description="Blame no node: notify, requeue the jobs that died, hold new work off the "
                 "switch's nodes until the switch is healthy again, then release them.",
     steps=(
@@ -118,8 +123,8 @@ HOLD_SWITCH = Playbook(
 )
 
 COOL_DOWN = Playbook(
-    name="cool_down",
-    root_cause="thermal",
+    name=PlaybookName.COOL_DOWN,
+    root_cause=RootCause.THERMAL,
     description="Drain (running work finishes), notify, resume once temperatures are normal.",
     steps=(
         StepSpec("drain", "Drain the Slurm node (running jobs finish)"),
@@ -130,8 +135,8 @@ COOL_DOWN = Playbook(
 )
 
 RECOVER_NODE = Playbook(
-    name="recover_node",
-    root_cause="node_unreachable",
+    name=PlaybookName.RECOVER_NODE,
+    root_cause=RootCause.NODE_UNREACHABLE,
     description="Mark the node down, requeue its jobs, reboot it, replace it if it does not "
                 "come back.",
     steps=(
@@ -145,8 +150,8 @@ RECOVER_NODE = Playbook(
 )
 
 NOTIFY_OWNER = Playbook(
-    name="notify_owner",
-    root_cause="application_error",
+    name=PlaybookName.NOTIFY_OWNER,
+    root_cause=RootCause.APPLICATION_ERROR,
     description="Tell the job's owner what failed; never touch a node.",
     steps=(StepSpec("notify_owner", "Notify the job's owner"),),
     touches_nodes=False,
@@ -156,17 +161,11 @@ PLAYBOOKS: dict[str, Playbook] = {p.name: p for p in (
     REPLACE_NODE, REPLACE_AND_RMA, RESET_GPU_PLAYBOOK, REBOOT_NODE, HOLD_FLAPPING_LINK,
     HOLD_SWITCH, COOL_DOWN, RECOVER_NODE, NOTIFY_OWNER)}
 
-# What each root cause runs first (diagnosis recommends these names too).
-FOR_ROOT_CAUSE = {
-    "gpu_hardware": REPLACE_NODE.name,
-    "gpu_memory": RESET_GPU_PLAYBOOK.name,
-    "nvlink": REBOOT_NODE.name,
-    "network_flap": HOLD_FLAPPING_LINK.name,
-    "switch_failure": HOLD_SWITCH.name,
-    "thermal": COOL_DOWN.name,
-    "node_unreachable": RECOVER_NODE.name,
-    "application_error": NOTIFY_OWNER.name,
-}
+# What each root cause runs first (the map is collectors.knowledge.causes.PLAYBOOK_FOR), as
+# plain strings for the pages and the API; every playbook it names is defined above for that cause.
+FOR_ROOT_CAUSE: dict[str, str] = {str(cause): str(name) for cause, name in PLAYBOOK_FOR.items()}
+assert set(PLAYBOOKS) == set(PlaybookName)
+assert all(PLAYBOOKS[name].root_cause == cause for cause, name in PLAYBOOK_FOR.items())
 
 
 def playbook_get(name: str) -> Playbook | None:

@@ -23,6 +23,7 @@ from django.db import connection
 from django.db.models import Avg, DurationField, F, Q
 from django.utils import timezone
 
+from collectors.knowledge.causes import RISKS, RootCause
 from collectors.models import Node
 from incidents.audit import audit_lock
 from incidents.models import Incident, Remediation
@@ -105,13 +106,13 @@ def playbook_choose(incident: Incident) -> tuple[Playbook | None, str]:
         return playbook, ""
     before = _node_history(incident.nodes, WEEK, exclude=incident.pk,
                            root_cause=incident.root_cause)
-    if incident.root_cause == "gpu_memory" and before:
+    if incident.root_cause == RootCause.GPU_MEMORY and before:
         return REPLACE_AND_RMA, (f"GPU memory fault again on {', '.join(incident.nodes)} "
                                  f"({len(before)} earlier this week): replace and RMA")
-    if incident.root_cause == "nvlink" and before:
+    if incident.root_cause == RootCause.NVLINK and before:
         return REPLACE_NODE, (f"NVLink fault back after a reboot on {', '.join(incident.nodes)}: "
                               "replace")
-    if (incident.root_cause == "network_flap"
+    if (incident.root_cause == RootCause.NETWORK_FLAP
             and len(before) + 1 >= settings.FLEETWATCH_FLAPS_BEFORE_REPLACE):
         return REPLACE_NODE, (f"link flapped {len(before) + 1} times this week on "
                               f"{', '.join(incident.nodes)}: replace")
@@ -125,7 +126,7 @@ def decide(incident: Incident, *, automatic: bool) -> Decision:
     if playbook is None:
         raise LookupError(f"no playbook for {incident.root_cause}")
     mode = playbook_mode(incident.root_cause) if automatic else Remediation.Mode.AUTO
-    step_modes = {risk: step_mode(risk, mode) for risk in ("replace", "reboot", "reset_gpu")}
+    step_modes = {risk: step_mode(risk, mode) for risk in RISKS}
     decision = Decision(playbook, mode, step_modes=step_modes, escalation=escalation)
     if not playbook.touches_nodes or mode == Remediation.Mode.OBSERVE:
         return decision
@@ -191,7 +192,7 @@ def hold_reason(incident: Incident, nodes: list[str], *, automatic: bool,
 def storm_count(exclude: int | None = None) -> int:
     since = timezone.now() - timedelta(minutes=settings.FLEETWATCH_STORM_MINUTES)
     return Incident.objects.filter(opened_at__gte=since).exclude(pk=exclude).exclude(
-        root_cause="application_error").count()
+        root_cause=RootCause.APPLICATION_ERROR).count()
 
 
 def nodes_in_remediation() -> set[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 
@@ -23,6 +23,9 @@ from collectors.clients.base import (
     ActionResult,
     ClientError,
 )
+from collectors.clock import SYSTEM_CLOCK, Clock
+from collectors.knowledge import dcgm
+from collectors.knowledge.xid import takes_gpu_out
 
 
 @dataclass
@@ -77,6 +80,8 @@ class StepContext:
     # The calls this step already completed in an earlier run, and how to record one more.
     done_calls: set[str] = field(default_factory=set)
     on_call_done: Callable[[str], None] | None = None
+    # Where the waits' "now" comes from (a test hands in a ManualClock instead of sleeping).
+    clock: Clock = SYSTEM_CLOCK
 
     @property
     def node(self) -> str:
@@ -100,7 +105,7 @@ class StepContext:
             # outcome: it is audited like a ClientError, then raised for the engine to handle.
             error = str(exc) if isinstance(exc, ClientError) else f"{type(exc).__name__}: {exc}"
             # A provider that ran a program says what it ran and what came back.
-            failed = (ActionResult(exc.call, False, error, dict(getattr(exc, "data", {})))
+            failed = (ActionResult(cast(Any, exc).call, False, error, dict(getattr(exc, "data", {})))
                       if getattr(exc, "call", "") else None)
             self.audit(verb, target, failed, error, (time.monotonic() - started) * 1000)
             raise
@@ -297,10 +302,6 @@ def _health_problems(ctx: StepContext, node: str, *, slurm_down_ok: bool = False
 
 # GPUs at or above this are not "back to normal" after a thermal slowdown.
 THERMAL_NORMAL_C = 80.0
-THERMAL_BITS = 0x20 | 0x40  # DCGM clock-event reasons: software and hardware thermal slowdown
-# XIDs that still mean "broken" when telemetry shows them after a reset or reboot.
-FAULT_XIDS = frozenset({48, 62, 63, 64, 74, 79, 94, 95, 119, 120, 136, 140, 143,
-                        144, 145, 146, 147, 148, 149, 150})
 
 
 def _stable_seconds() -> float:
@@ -423,7 +424,7 @@ def verify_fault_cleared(ctx: StepContext) -> Outcome:
     gpus = [m for m in ctx.clients.telemetry.gpu_metrics() if m.node == ctx.node]
     if not gpus:
         return Wait(f"waiting for {ctx.node}'s GPU telemetry", dict(ctx.state))
-    bad = [f"GPU {m.gpu}: XID {m.last_xid}" for m in gpus if m.last_xid in FAULT_XIDS]
+    bad = [f"GPU {m.gpu}: XID {m.last_xid}" for m in gpus if takes_gpu_out(m.last_xid)]
     bad += [f"GPU {m.gpu}: row remap failure" for m in gpus if m.row_remap_failure]
     bad += [f"GPU {m.gpu}: no readings" for m in gpus
             if m.utilization is None and m.temperature is None]
@@ -551,15 +552,15 @@ def wait_cool(ctx: StepContext) -> Outcome:
     gpus = [m for m in ctx.clients.telemetry.gpu_metrics() if m.node == ctx.node]
     hot = [f"GPU {m.gpu} {m.temperature:.0f}C" for m in gpus
            if m.temperature is not None and m.temperature >= THERMAL_NORMAL_C]
-    slowed = [f"GPU {m.gpu}" for m in gpus if m.clock_event_reasons & THERMAL_BITS]
+    slowed = [f"GPU {m.gpu}" for m in gpus if m.clock_event_reasons & dcgm.THERMAL_BITS]
     if not gpus or hot or slowed:
         state.pop("cool_since", None)
         why = "no telemetry yet" if not gpus else "; ".join(
             ([f"hot: {', '.join(hot)}"] if hot else [])
             + ([f"thermal slowdown: {', '.join(slowed)}"] if slowed else []))
         return Wait(f"{ctx.node} not cool yet ({why})", state)
-    state.setdefault("cool_since", time.time())
-    cool_for, need = time.time() - state["cool_since"], _stable_seconds()
+    state.setdefault("cool_since", ctx.clock.now())
+    cool_for, need = ctx.clock.now() - state["cool_since"], _stable_seconds()
     if cool_for < need:
         return Wait(f"{ctx.node} cool for {cool_for:.0f}s of {need:.0f}s", state)
     return Done(f"{ctx.node}'s GPUs are back to normal temperatures", state)
@@ -567,11 +568,11 @@ def wait_cool(ctx: StepContext) -> Outcome:
 
 def wait_node_back(ctx: StepContext) -> Outcome:
     state = dict(ctx.state)
-    state.setdefault("since", time.time())
+    state.setdefault("since", ctx.clock.now())
     problems = _health_problems(ctx, ctx.node, slurm_down_ok=True)
     if not problems:
         return Done(f"{ctx.node} is back", {**state, "came_back": True})
-    waited = time.time() - state["since"]
+    waited = ctx.clock.now() - state["since"]
     if waited >= float(settings.FLEETWATCH_NODE_BACK_MINUTES) * 60.0:
         return Done(f"{ctx.node} did not come back in {waited:.0f}s ({'; '.join(problems)})",
                     {**state, "came_back": False})
@@ -609,29 +610,71 @@ def mark_rma(ctx: StepContext) -> Outcome:
     return Done(f"{ctx.node} marked for RMA ({why})", {"marked": True})
 
 
-EXECUTORS: dict[str, Callable[[StepContext], Outcome]] = {
-    "notify": notify,
-    "drain_and_cancel": drain_and_cancel,
-    "requeue": requeue,
-    "check_no_auto_replace": check_no_auto_replace,
-    "cordon_and_drain": cordon_and_drain,
-    "replace_node": replace_node,
-    "resume": resume,
-    "drain": drain,
-    "down_node": down_node,
-    "reboot": reboot,
-    "reboot_request": reboot_request,
-    "reset_or_reboot": reset_or_reboot,
-    "verify_fault_cleared": verify_fault_cleared,
-    "wait_link_stable": wait_link_stable,
-    "resume_node": resume_node,
-    "hold_switch_nodes": hold_switch_nodes,
-    "requeue_dead_jobs": requeue_dead_jobs,
-    "wait_switch_healthy": wait_switch_healthy,
-    "release_switch_nodes": release_switch_nodes,
-    "wait_cool": wait_cool,
-    "wait_node_back": wait_node_back,
-    "replace_if_not_back": replace_if_not_back,
-    "notify_owner": notify_owner,
-    "mark_rma": mark_rma,
+@dataclass(frozen=True)
+class StepKindSpec:
+    """Everything about a step kind, in one place: adding a kind is one entry here.
+
+    ``phase`` is the part of a repair its time counts towards (``incidents.phases``): drain,
+    requeue, replace or resume; None for steps outside the repair's phases (notifications,
+    checks). ``longest_wait`` is how long the step may keep waiting before it fails, in
+    seconds, when that is longer than the ordinary step timeout (a job ending and GPUs cooling,
+    a link staying up, a switch being fixed); None: the ordinary timeout.
+    ``waits_for_node`` steps wait for a rebooted node to come back: their limit is the
+    configured node-back time (FLEETWATCH_NODE_BACK_MINUTES) plus the ordinary timeout.
+    """
+
+    run: Callable[[StepContext], Outcome]
+    phase: str | None = None
+    longest_wait: float | None = None
+    waits_for_node: bool = False
+
+
+DRAIN, REQUEUE, REPLACE, RESUME = "drain", "requeue", "replace", "resume"
+PHASES = (DRAIN, REQUEUE, REPLACE, RESUME)
+DAY_S = 24 * 3600.0
+
+STEP_KINDS: dict[str, StepKindSpec] = {
+    "notify": StepKindSpec(notify),
+    "drain_and_cancel": StepKindSpec(drain_and_cancel, DRAIN),
+    "requeue": StepKindSpec(requeue, REQUEUE),
+    "check_no_auto_replace": StepKindSpec(check_no_auto_replace),
+    "cordon_and_drain": StepKindSpec(cordon_and_drain, DRAIN),
+    "replace_node": StepKindSpec(replace_node, REPLACE),
+    "resume": StepKindSpec(resume, RESUME),
+    "drain": StepKindSpec(drain, DRAIN),
+    "down_node": StepKindSpec(down_node, DRAIN),
+    "reboot": StepKindSpec(reboot, REPLACE),
+    "reboot_request": StepKindSpec(reboot_request, REPLACE),
+    "reset_or_reboot": StepKindSpec(reset_or_reboot, REPLACE),
+    "verify_fault_cleared": StepKindSpec(verify_fault_cleared, RESUME),
+    "wait_link_stable": StepKindSpec(wait_link_stable, RESUME, longest_wait=DAY_S),
+    "resume_node": StepKindSpec(resume_node, RESUME),
+    "hold_switch_nodes": StepKindSpec(hold_switch_nodes, DRAIN),
+    "requeue_dead_jobs": StepKindSpec(requeue_dead_jobs, REQUEUE),
+    "wait_switch_healthy": StepKindSpec(wait_switch_healthy, RESUME, longest_wait=DAY_S),
+    "release_switch_nodes": StepKindSpec(release_switch_nodes, RESUME),
+    "wait_cool": StepKindSpec(wait_cool, RESUME, longest_wait=DAY_S),
+    "wait_node_back": StepKindSpec(wait_node_back, RESUME, waits_for_node=True),
+    "replace_if_not_back": StepKindSpec(replace_if_not_back, REPLACE),
+    "notify_owner": StepKindSpec(notify_owner),
+    "mark_rma": StepKindSpec(mark_rma, REPLACE),
 }
+assert all(spec.phase in (None, *PHASES) for spec in STEP_KINDS.values())
+
+# The executor of each kind: a plain dict the engine looks up (tests patch entries in it).
+EXECUTORS: dict[str, Callable[[StepContext], Outcome]] = {k: s.run for k, s in STEP_KINDS.items()}
+
+
+def phase_of(kind: str) -> str | None:
+    """The repair phase a step kind's time counts towards, or None."""
+    spec = STEP_KINDS.get(kind)
+    return spec.phase if spec else None
+
+
+def step_timeout(kind: str) -> float:
+    """Seconds a step of this kind may run (waiting included) before it fails."""
+    spec = STEP_KINDS.get(kind)
+    if spec is not None and spec.waits_for_node:
+        return settings.FLEETWATCH_NODE_BACK_MINUTES * 60.0 + settings.FLEETWATCH_STEP_TIMEOUT_SECONDS
+    longest = spec.longest_wait if spec is not None and spec.longest_wait is not None else 0.0
+    return max(longest, float(settings.FLEETWATCH_STEP_TIMEOUT_SECONDS))

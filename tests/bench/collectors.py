@@ -475,7 +475,7 @@ def _check(fleet: Fleet, read_at: float) -> None:
     reads them a moment in the past), the rest as now; a GPU whose series has ended is
     silent."""
     from collectors.models import Gpu, Node
-    from collectors.services import FAILING_XIDS_FOR_HEALTH
+    from collectors.knowledge.xid import GPU_OUT_XIDS as FAILING_XIDS_FOR_HEALTH
 
     index = {name: i for i, name in enumerate(fleet.names)}
     readings = fleet.readings_at(read_at)

@@ -10,7 +10,6 @@ import pytest
 
 from collectors.clients.base import GpuMetric, NicPort
 from collectors.clients.exposition import (
-    CLOCK_THROTTLE_REASONS,
     format_value,
     render_dcgm,
     render_node_infiniband,
@@ -22,6 +21,7 @@ from collectors.clients.prometheus import (
     _Warnings,
     node_from_instance,
 )
+from collectors.knowledge.dcgm import CLOCK_THROTTLE_REASONS
 from collectors.sim.exporter import SimExporter
 from collectors.sim.fleet import SimFleet
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from collectors.knowledge import dcgm
+from collectors.knowledge.xid import XID_TABLE, xid_info
 from incidents.diagnosis import parsers as p
-from incidents.diagnosis.xid import XID_TABLE, xid_info
 
 REQUIRED_XIDS = [13, 31, 32, 38, 43, 45, 46, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 109,
                  119, 120, 121, 136, 140, 143, *range(144, 151), 154, 155, 156, 158]
@@ -158,9 +159,9 @@ def test_slurm_job_states_and_exit_codes() -> None:
 
 
 def test_clock_event_reason_bits() -> None:
-    assert p.clock_event_reasons(0x40 | 0x8) == ["hw slowdown", "hw thermal slowdown"]
-    assert p.clock_event_reasons(0x80) == ["hw power brake slowdown"]
-    assert not 0x80 & p.THERMAL_BITS and 0x20 & p.THERMAL_BITS
+    assert dcgm.clock_event_reasons(0x40 | 0x8) == ["hw slowdown", "hw thermal slowdown"]
+    assert dcgm.clock_event_reasons(0x80) == ["hw power brake slowdown"]
+    assert not 0x80 & dcgm.THERMAL_BITS and 0x20 & dcgm.THERMAL_BITS
 
 
 def test_kubernetes_ready_condition() -> None:
@@ -181,7 +182,7 @@ def test_kubernetes_ready_condition() -> None:
     (0x4 | 0x1, False, False),  # power cap, idle
 ])
 def test_clock_event_masks_that_mean_heat(mask: int, in_run: bool, thermal: bool) -> None:
-    assert p.thermal_mask(mask, in_run) is thermal
+    assert dcgm.thermal_mask(mask, in_run) is thermal
 
 
 def test_exporter_labels_and_samples_given_as_strings_are_read_as_numbers() -> None:

@@ -1,0 +1,91 @@
+"""Root causes, risk classes and the playbook each root cause runs first.
+
+The labels are a contract (``../shared/DESIGN.md``): the API, the replay format, the incident
+model's choices and the UI all use these strings, so they are written here once and nowhere
+else. ``fail_slow`` is named by the contract but no rule emits it yet; it has no playbook, so
+it is not an incident choice either (adding it there is a migration, made by the issue that
+diagnoses it).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Final
+
+
+class RootCause(StrEnum):
+    GPU_HARDWARE = "gpu_hardware"
+    GPU_MEMORY = "gpu_memory"
+    NVLINK = "nvlink"
+    NETWORK_FLAP = "network_flap"
+    SWITCH_FAILURE = "switch_failure"
+    THERMAL = "thermal"
+    NODE_UNREACHABLE = "node_unreachable"
+    APPLICATION_ERROR = "application_error"
+    FAIL_SLOW = "fail_slow"  # alive, but slower than its job's peers
+
+    @property
+    def label(self) -> str:
+        return CAUSE_LABELS[self]
+
+
+# What a person reads (the incident model's choice labels: changing one is a migration).
+CAUSE_LABELS: Final = MappingProxyType({
+    RootCause.GPU_HARDWARE: "GPU hardware",
+    RootCause.GPU_MEMORY: "GPU memory",
+    RootCause.NVLINK: "NVLink",
+    RootCause.NETWORK_FLAP: "network flap",
+    RootCause.SWITCH_FAILURE: "switch failure",
+    RootCause.THERMAL: "thermal",
+    RootCause.NODE_UNREACHABLE: "node unreachable",
+    RootCause.APPLICATION_ERROR: "application error",
+    RootCause.FAIL_SLOW: "fail-slow",
+})
+
+
+class Risk(StrEnum):
+    """Risk classes of remediation steps: each has a mode of its own (FLEETWATCH_STEP_MODES),
+    so an automatic playbook can still ask a person before it replaces a node."""
+
+    REPLACE = "replace"
+    REBOOT = "reboot"
+    RESET_GPU = "reset_gpu"
+
+
+RISKS: Final[tuple[Risk, ...]] = tuple(Risk)
+
+
+class PlaybookName(StrEnum):
+    """Playbook names (their steps live in ``incidents.remediation.playbooks``)."""
+
+    REPLACE_NODE = "replace_node"
+    REPLACE_AND_RMA = "replace_and_rma"  # the escalation of a node that keeps failing
+    RESET_GPU = "reset_gpu"
+    REBOOT_NODE = "reboot_node"
+    HOLD_FLAPPING_LINK = "hold_flapping_link"
+    HOLD_SWITCH = "hold_switch"
+    COOL_DOWN = "cool_down"
+    RECOVER_NODE = "recover_node"
+    NOTIFY_OWNER = "notify_owner"
+
+
+# What each root cause runs first; diagnosis recommends these names too.
+PLAYBOOK_FOR: Final = MappingProxyType({
+    RootCause.GPU_HARDWARE: PlaybookName.REPLACE_NODE,
+    RootCause.GPU_MEMORY: PlaybookName.RESET_GPU,
+    RootCause.NVLINK: PlaybookName.REBOOT_NODE,
+    RootCause.NETWORK_FLAP: PlaybookName.HOLD_FLAPPING_LINK,
+    RootCause.SWITCH_FAILURE: PlaybookName.HOLD_SWITCH,
+    RootCause.THERMAL: PlaybookName.COOL_DOWN,
+    RootCause.NODE_UNREACHABLE: PlaybookName.RECOVER_NODE,
+    RootCause.APPLICATION_ERROR: PlaybookName.NOTIFY_OWNER,
+})
+
+# The causes an incident can have: those with a playbook, in the contract's order.
+INCIDENT_CAUSES: Final[tuple[RootCause, ...]] = tuple(c for c in RootCause if c in PLAYBOOK_FOR)
+
+
+def choices(causes: tuple[RootCause, ...] = INCIDENT_CAUSES) -> list[tuple[str, str, str]]:
+    """(member name, value, label) per cause: what a Django ``TextChoices`` is built from."""
+    return [(c.name, c.value, CAUSE_LABELS[c]) for c in causes]
