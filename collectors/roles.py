@@ -50,14 +50,14 @@ def agent_user(node: str) -> User:
     return user
 
 
-def agent_node(user: User) -> str | None:
+def agent_node(user: User | AnonymousUser) -> str | None:
     """The node an agent user may push for; ``None`` for people."""
     if user.username.startswith(AGENT_PREFIX) and user.groups.filter(name=AGENT).exists():
         return user.username[len(AGENT_PREFIX):]
     return None
 
 
-def push_rights(user: User) -> PushRights:
+def push_rights(user: User | AnonymousUser) -> PushRights:
     node = agent_node(user)
     if node is not None:
         return PushRights(f"the agent token of {node}", AGENT_SOURCES, node)
