@@ -17,14 +17,23 @@ that matter to them:
   delete, JSON/merge/strategic-merge patch (``metadata.resourceVersion`` in a patch is a
   precondition, as on the real server), the ``status`` subresource, and
   ``pods/eviction`` honouring PodDisruptionBudgets (429 TooManyRequests);
-- ``meta.k8s.io/v1`` Tables when the client asks for them, so ``kubectl get`` prints columns.
+- ``meta.k8s.io/v1`` Tables when the client asks for them, so ``kubectl get`` prints columns;
+- the API server's refusals, in its words (``k8s_rules.py``): a malformed label or field
+  selector or an unsupported field label is a 400 BadRequest; a body that does not decode into
+  the Go type a 400 (create/update) or a 422 on ``patch``; invalid names, label keys and values,
+  annotation keys, taints, pod containers a 422 Invalid with ``details.causes``; a body in a
+  media type it cannot read a 415. Seeds and the control API below are taken as given (they
+  play the kubelet and the controllers), and objects are served with the fields Go always
+  writes (full ``status.nodeInfo``, container ``image``/``imageID``, ...), so the official
+  client's typed models read them.
 
 What it does not do: authorization beyond one bearer token (plus an optional read-only token
-that gets 403 on writes), admission, finalizers, graceful deletion (a deleted or evicted pod is
-gone at once, as if its kubelet had finished instantly), consistent snapshots for ``continue``
-(a continued list reads the current state; a continue token older than the compaction point
-gets 410 as on the real server), protobuf, OpenAPI (404: kubectl's get/cordon/drain do not
-need it).
+that gets 403 on writes), admission (a namespace need not exist), the update rules of
+validation (a pod's spec may change), YAML bodies, server-side apply, finalizers, graceful
+deletion (a deleted or evicted pod is gone at once, as if its kubelet had finished instantly),
+consistent snapshots for ``continue`` (a continued list reads the current state; a continue
+token older than the compaction point gets 410 as on the real server), protobuf, OpenAPI (404:
+kubectl's get/cordon/drain do not need it).
 
 A small test-only control API under ``/_test/`` (and the same on the Python object) changes
 the cluster as a kubelet or a controller would: a node's Ready condition, a pod's readiness,
