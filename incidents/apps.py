@@ -10,6 +10,6 @@ class IncidentsConfig(AppConfig):
     def ready(self) -> None:
         # Collectors announce stored signals; diagnosis listens (DESIGN: data goes one way).
         from collectors.services import signals_stored
-        from incidents.services import signals_stored_received
+        from incidents.diagnosing import signals_stored_received
 
         signals_stored.connect(signals_stored_received, dispatch_uid="incidents.diagnosis")

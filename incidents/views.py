@@ -21,11 +21,13 @@ from collectors.clients.base import ClientError
 from collectors.models import json_safe
 from collectors.roles import ADMIN, actor_name, role_of
 from collectors.sim import faults
-from incidents import selectors, services, webhooks
+from incidents import selectors, webhooks
 from incidents.audit import audit_record
 from incidents.filters import AuditFilter, IncidentFilter, JobFilter, NodeFilter
 from incidents.models import Incident, Remediation, Step
+from incidents.remediation import transitions
 from incidents.remediation.playbooks import playbook_get
+from incidents.status import InvalidTransition
 
 PAGE_SIZE = 50
 
@@ -189,10 +191,10 @@ def incident_postmortem(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 ACTIONS = {
-    "approve": services.remediation_approve,
-    "continue": services.remediation_continue,
-    "cancel": services.remediation_cancel,
-    "retry": services.remediation_retry,
+    "approve": transitions.remediation_approve,
+    "continue": transitions.remediation_continue,
+    "cancel": transitions.remediation_cancel,
+    "retry": transitions.remediation_retry,
 }
 # What the person sees after a confirmed click.
 DONE_MESSAGES = {
@@ -220,7 +222,7 @@ def incident_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     incident = get_object_or_404(Incident, pk=pk)
     try:
         if action == "start":
-            opened = services.remediation_open(incident, actor=actor_name(request.user),
+            opened = transitions.remediation_open(incident, actor=actor_name(request.user),
                                                user=request.user)
             if opened.created:
                 messages.success(request, "Remediation started.")
@@ -234,7 +236,7 @@ def incident_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
             messages.success(request, DONE_MESSAGES[action])
         else:
             raise Http404("no such action")
-    except services.InvalidTransition as exc:
+    except InvalidTransition as exc:
         messages.warning(request, str(exc))
         if request.headers.get("Accept") == "application/json":
             return JsonResponse({"error": str(exc)}, status=409)

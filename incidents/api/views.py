@@ -33,7 +33,7 @@ from rest_framework.response import Response
 from collectors import services as collectors
 from collectors.models import Cluster, Gpu, Node, Signal
 from collectors.roles import actor_from_request, push_rights
-from incidents import selectors, services
+from incidents import lifecycle, selectors
 from incidents.api import filters
 from incidents.api.pagination import AuditCursor, SignalCursor
 from incidents.api.permissions import ADMIN_ONLY, INGEST, OPERATE, READ
@@ -62,6 +62,8 @@ from incidents.api.serializers import (
 )
 from incidents.audit import audit_record
 from incidents.models import ApiToken, AuditEntry, Incident, Remediation, Step
+from incidents.remediation import transitions
+from incidents.status import InvalidTransition
 from incidents.tokens import TokenError, token_create, token_revoke
 
 READ_ONLY = {"list": READ, "retrieve": READ}
@@ -243,7 +245,7 @@ def _remediation_act(request: Request, fn: Callable[..., Remediation],
     try:
         # Named as the token when a program called (token:NAME), else the person.
         fn(rem.pk, request.user, actor=actor_from_request(request))
-    except services.InvalidTransition as exc:
+    except InvalidTransition as exc:
         rem.refresh_from_db()
         return conflict(str(exc), rem.status)
     rem = Remediation.objects.prefetch_related("steps").get(pk=rem.pk)
@@ -286,8 +288,8 @@ class IncidentViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
         """Say someone has it. Once: a second acknowledgement answers 409 naming the first."""
         incident = self.get_object()
         try:
-            services.incident_acknowledge(incident.pk, actor=actor_from_request(request))
-        except services.InvalidTransition as exc:
+            lifecycle.incident_acknowledge(incident.pk, actor=actor_from_request(request))
+        except InvalidTransition as exc:
             return conflict(str(exc), incident.status)
         return self._fresh(incident.pk)
 
@@ -299,9 +301,9 @@ class IncidentViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
         waiting or succeeded, when the incident is resolved, or when no playbook fits."""
         incident = self.get_object()
         try:
-            opened = services.remediation_open(incident, actor=actor_from_request(request),
+            opened = transitions.remediation_open(incident, actor=actor_from_request(request),
                                                user=request.user)
-        except services.InvalidTransition as exc:
+        except InvalidTransition as exc:
             return conflict(str(exc), incident.status)
         rem = Remediation.objects.prefetch_related("steps").get(pk=opened.remediation.pk)
         if not opened.created:
@@ -323,7 +325,7 @@ class IncidentViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
         rem = self._live(self.get_object())
         if isinstance(rem, Response):
             return rem
-        return _remediation_act(request, services.remediation_approve, rem)
+        return _remediation_act(request, transitions.remediation_approve, rem)
 
     @extend_schema(request=None, responses=ACTION_RESPONSES)
     @action(detail=True, methods=["post"])
@@ -332,7 +334,7 @@ class IncidentViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
         rem = self._live(self.get_object())
         if isinstance(rem, Response):
             return rem
-        return _remediation_act(request, services.remediation_cancel, rem)
+        return _remediation_act(request, transitions.remediation_cancel, rem)
 
     @extend_schema(request=ResolveSerializer, responses={200: IncidentSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
@@ -343,9 +345,9 @@ class IncidentViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
         body = ResolveSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         try:
-            services.incident_resolve_by_hand(incident.pk, actor=actor_from_request(request),
+            lifecycle.incident_resolve_by_hand(incident.pk, actor=actor_from_request(request),
                                               note=body.validated_data["note"])
-        except services.InvalidTransition as exc:
+        except InvalidTransition as exc:
             incident.refresh_from_db()
             return conflict(str(exc), incident.status)
         return self._fresh(incident.pk)
@@ -368,25 +370,25 @@ class RemediationViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def approve(self, request: Request, pk: str | None = None) -> Response:
         """Approve a remediation waiting for a person, or the risky step it stopped at."""
-        return _remediation_act(request, services.remediation_approve, self.get_object())
+        return _remediation_act(request, transitions.remediation_approve, self.get_object())
 
     @extend_schema(request=None, responses=ACTION_RESPONSES)
     @action(detail=True, methods=["post"], url_path="continue")
     def continue_(self, request: Request, pk: str | None = None) -> Response:
         """Override a blocking check (or an observe-mode step) and let the playbook go on."""
-        return _remediation_act(request, services.remediation_continue, self.get_object())
+        return _remediation_act(request, transitions.remediation_continue, self.get_object())
 
     @extend_schema(request=None, responses=ACTION_RESPONSES)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         """Stop it: nothing more runs; what was done stays done."""
-        return _remediation_act(request, services.remediation_cancel, self.get_object())
+        return _remediation_act(request, transitions.remediation_cancel, self.get_object())
 
     @extend_schema(request=None, responses=ACTION_RESPONSES)
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: str | None = None) -> Response:
         """Run the failed step of a failed remediation again."""
-        return _remediation_act(request, services.remediation_retry, self.get_object())
+        return _remediation_act(request, transitions.remediation_retry, self.get_object())
 
 
 class StepViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
@@ -410,8 +412,8 @@ class StepViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
                             f"that is {rem.get_status_display()}; only the failed step of a "
                             "failed remediation can be retried", step.status)
         try:
-            services.remediation_retry(rem.pk, request.user, actor=actor_from_request(request))
-        except services.InvalidTransition as exc:
+            transitions.remediation_retry(rem.pk, request.user, actor=actor_from_request(request))
+        except InvalidTransition as exc:
             step.refresh_from_db()
             return conflict(str(exc), step.status)
         step.refresh_from_db()

@@ -582,7 +582,7 @@ class Drill:
         shown = next((r for r in listed.json().get("results", listed.json())
                       if r["id"] == rem.pk), {}) if listed.ok else {}
         # Approve: at a stop for a person (the no-auto-replace check) approving is the go-ahead
-        # to continue (services.remediation_approve).
+        # to continue (transitions.remediation_approve).
         answer = requests.post(f"{self.web_url}/api/v1/remediations/{rem.pk}/approve/",
                                headers=headers, timeout=10)
         result.approval = {"blocked_at": blocked_at, "status_seen": shown.get("status"),
