@@ -61,7 +61,7 @@ drill: install
 lint: install
 	$(BIN)/ruff check .
 	$(MYPY)
-	FLEETWATCH_FLEET=sim $(BIN)/python manage.py makemigrations --check --dry-run
+	$(BIN)/python manage.py makemigrations --check --dry-run
 
 clean:
 	rm -rf data reports .pytest_cache

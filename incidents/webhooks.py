@@ -62,7 +62,6 @@ from django.urls import reverse
 from django.utils import timezone
 from requests.adapters import HTTPAdapter
 
-from collectors import queueing
 from collectors.clients import notify
 from incidents.models import Incident, Remediation, WebhookDelivery, WebhookSubscription
 
@@ -165,9 +164,10 @@ def _wants(subscription: WebhookSubscription, event: str) -> bool:
 def delivery_queue(delivery_id: int, countdown: float | None = None) -> bool:
     """Hand one delivery to a worker. False (logged) when the broker would not take it: the
     row stays pending and ``deliveries_rescue`` queues it later."""
+    from incidents import tasks  # tasks import this module
+
     try:
-        queueing.enqueue(queueing.WEBHOOK_DELIVER, delivery_id, countdown=countdown,
-                         on_commit=False)
+        tasks.webhook_deliver.apply_async(args=[delivery_id], countdown=countdown or None)
     except Exception as exc:  # the broker is down: the rescue picks the row up later
         log.warning("webhook delivery %s not queued (%s: %s); the rescue will retry it",
                     delivery_id, type(exc).__name__, exc)
