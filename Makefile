@@ -61,7 +61,7 @@ drill: install
 lint: install
 	$(BIN)/ruff check .
 	$(MYPY)
-	$(BIN)/python manage.py makemigrations --check --dry-run
+	FLEETWATCH_FLEET=sim $(BIN)/python manage.py makemigrations --check --dry-run
 
 clean:
 	rm -rf data reports .pytest_cache

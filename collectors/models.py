@@ -288,33 +288,3 @@ class CollectorRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source} run at {self.started_at:%H:%M:%S}: {'ok' if self.ok else 'failed'}"
-
-
-class Delivery(models.Model):
-    """One notification sent (or tried): to which channel, what, and what came back.
-
-    Collectors never import incidents: the incident is kept by id."""
-
-    class Status(models.TextChoices):
-        PENDING = "pending", "pending"
-        DELIVERED = "delivered", "delivered"
-        FAILED = "failed", "failed"
-
-    channel = models.CharField(max_length=16, help_text="webhook, slack, email")
-    target = models.CharField(max_length=300, help_text="URL or addresses (no secrets)")
-    event = models.CharField(max_length=64, blank=True)
-    subject = models.CharField(max_length=300)
-    payload = models.JSONField(default=dict, blank=True)
-    incident_id = models.IntegerField(null=True, blank=True, db_index=True)
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
-    attempts = models.PositiveIntegerField(default=0)
-    response = models.TextField(blank=True, help_text="status code and an excerpt, or error")
-    created_at = models.DateTimeField(default=timezone.now, db_index=True)
-    delivered_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-created_at"]
-        verbose_name_plural = "deliveries"
-
-    def __str__(self) -> str:
-        return f"{self.channel} {self.event} {self.status}"

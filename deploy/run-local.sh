@@ -45,7 +45,10 @@ EOF
 # lets steps-resume below take every step lease for a dead worker's. The lock is on a file
 # descriptor every process started here inherits, so it is held until the last one is gone.
 # "embedded": SQLite and the filesystem broker, nothing shared with another machine.
-settings=$($BIN/python -c 'import django; django.setup(); from django.conf import settings as s
+# data_dir_prepare: the data folder, its broker folder and the saved secret key, made before any
+# process reads the settings (importing them writes nothing; fleetwatch/datadir.py).
+settings=$($BIN/python -c 'from fleetwatch.datadir import data_dir_prepare; data_dir_prepare()
+import django; django.setup(); from django.conf import settings as s
 print(int(s.DATABASES["default"]["ENGINE"].endswith("sqlite3") and s.CELERY_BROKER_URL.startswith("filesystem://")))
 print(s.DATA_DIR)')
 embedded=${settings%%$'\n'*}

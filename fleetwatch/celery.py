@@ -17,6 +17,7 @@ from celery.signals import task_postrun, task_prerun, worker_shutting_down
 from kombu import Queue
 
 from collectors.request_id import request_id_reset, request_id_set
+from fleetwatch.datadir import data_dir_prepare
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetwatch.settings")
 
@@ -77,6 +78,15 @@ def _redis_restore_after_collect_tolerated() -> None:
 
 _redis_restore_after_collect_tolerated()
 app = Celery("fleetwatch")
+
+
+@app.on_configure.connect
+def _data_dir_ready(sender: Celery, **_: object) -> None:
+    """Before the configuration (Django's settings) loads, in a worker, beat or any process
+    that first sends a task: the embedded default's data folder, its broker folder and key."""
+    data_dir_prepare()
+
+
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_queues = [Queue("collect"), Queue("diagnose"), Queue("remediate"), Queue("default")]
 app.autodiscover_tasks()

@@ -15,6 +15,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from collectors.knowledge.causes import INCIDENT_CAUSES, RISKS
+from fleetwatch.datadir import broker_dir, data_dir, secret_key_saved
 from fleetwatch.env import (
     env_bool,
     env_choice,
@@ -28,21 +29,23 @@ from fleetwatch.env import (
 from fleetwatch.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-DATA_DIR = Path(env_str("FLEETWATCH_DATA_DIR", str(BASE_DIR / "data"))).resolve()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+# Paths only: importing settings writes nothing. The programs that use the data folder make it
+# and its contents on first use (fleetwatch/datadir.py: manage.py, WSGI/ASGI, Celery, make run).
+DATA_DIR = data_dir()
 
 
 def _secret_key() -> str:
     key = env_str("SECRET_KEY")
     if key:
         return key
-    # The embedded default keeps a random key in the data folder so sessions survive restarts
-    # without anyone having to invent a secret for a demo.
-    path = DATA_DIR / "secret_key"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
-    return path.read_text().strip()
+    # The embedded default keeps a random key in the data folder (written by the first program
+    # to start, data_dir_prepare) so sessions survive restarts without anyone having to
+    # invent a secret for a demo.
+    saved = secret_key_saved(DATA_DIR)
+    if saved:
+        return saved
+    # Imported by no such program (a test, a type check, a script): a key for this process.
+    return secrets.token_urlsafe(50)
 
 
 SECRET_KEY = _secret_key()
@@ -176,7 +179,6 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "staticfiles"
-STATIC_ROOT.mkdir(exist_ok=True)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
@@ -202,8 +204,7 @@ _broker = env_str("CELERY_BROKER_URL") or env_str("REDIS_URL")
 CELERY_BROKER_URL = _broker or "filesystem://"
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
-    _queue_dir = DATA_DIR / "broker"
-    (_queue_dir / "processed").mkdir(parents=True, exist_ok=True)
+    _queue_dir = broker_dir(DATA_DIR)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir),
         "data_folder_out": str(_queue_dir),
@@ -237,7 +238,17 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 # --- FleetWatch -----------------------------------------------------------------------------
 # "sim": the simulated fleet (the default, needs nothing). "real": the Slurm CLI, the
 # Kubernetes API and Prometheus, configured by the variables below.
-FLEETWATCH_FLEET = env_choice("FLEETWATCH_FLEET", "sim", ["sim", "real"])
+_FLEETS = ["sim", "real"]
+if env_str("FLEETWATCH_FLEET") is None and _db["ENGINE"] != "django.db.backends.sqlite3":
+    # A database server means a deployment: one that forgot to name its fleet must not come
+    # up on the simulated fleet, with buttons that inject faults, and look healthy.
+    raise ImproperlyConfigured(
+        "FLEETWATCH_FLEET is not set, and DATABASE_URL points at a database server "
+        f"({_db['ENGINE'].rsplit('.', 1)[-1]}), not the embedded SQLite: set "
+        "FLEETWATCH_FLEET=real to watch the Slurm, Kubernetes and Prometheus the environment "
+        "names, or FLEETWATCH_FLEET=sim to run the simulated fleet (a demo or a test). "
+        f"Allowed values: {', '.join(_FLEETS)}.")
+FLEETWATCH_FLEET = env_choice("FLEETWATCH_FLEET", "sim", _FLEETS)
 FLEETWATCH_CLUSTER = env_str("FLEETWATCH_CLUSTER", "sim")
 FLEETWATCH_SOURCES = env_subset(
     "FLEETWATCH_SOURCES", ["slurm", "kubernetes", "telemetry"], ["slurm", "kubernetes", "telemetry"]
@@ -396,8 +407,8 @@ REST_FRAMEWORK = {
         "incidents.api.auth.ScopedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["collectors.api.permissions.FleetWatchAccess"],
-    "DEFAULT_THROTTLE_CLASSES": ["collectors.api.throttles.TokenRateThrottle"],
+    "DEFAULT_PERMISSION_CLASSES": ["incidents.api.permissions.FleetWatchAccess"],
+    "DEFAULT_THROTTLE_CLASSES": ["incidents.api.throttles.TokenRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {
         "token": FLEETWATCH_API_RATE,
         "ingest": FLEETWATCH_API_INGEST_RATE,
@@ -408,13 +419,13 @@ REST_FRAMEWORK = {
         "rest_framework.filters.OrderingFilter",
     ],
     # Limit/offset with a count for most lists; signals and audit page by cursor (their views).
-    "DEFAULT_PAGINATION_CLASS": "collectors.api.pagination.LimitOffset",
+    "DEFAULT_PAGINATION_CLASS": "incidents.api.pagination.LimitOffset",
     "PAGE_SIZE": 100,
     # JSON only: one body format to validate, document and fuzz (the docs page sends JSON).
     # Refuses, naming the field, what the database cannot store (NUL, lone surrogates, 1e999).
-    "DEFAULT_PARSER_CLASSES": ["collectors.api.parsers.SafeJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["incidents.api.parsers.SafeJSONParser"],
     # Answers survive what is already stored (a lone surrogate, NaN): see renderers.py.
-    "DEFAULT_RENDERER_CLASSES": ["collectors.api.renderers.SafeJSONRenderer",
+    "DEFAULT_RENDERER_CLASSES": ["incidents.api.renderers.SafeJSONRenderer",
                                  "rest_framework.renderers.BrowsableAPIRenderer"],
     "DEFAULT_SCHEMA_CLASS": "incidents.api.schema.FleetWatchSchema",
 }

@@ -343,21 +343,38 @@ class WebhookSubscription(models.Model):
         return f"webhook {self.name}"
 
 
-class WebhookDelivery(models.Model):
-    """One event sent (or being sent) to one subscription, with every attempt's outcome."""
+class Delivery(models.Model):
+    """One message sent (or being sent), with every attempt's outcome: an event to a webhook
+    subscription, or a remediation step's notification to an on-call channel. One model and
+    one retry mechanism for both (incidents.deliveries)."""
 
     class Status(models.TextChoices):
         PENDING = "pending", "pending"
         DELIVERED = "delivered", "delivered"
         FAILED = "failed", "failed"
 
+    class Channel(models.TextChoices):
+        SUBSCRIPTION = "subscription", "webhook subscription"
+        # A step's notification, through collectors.clients.notify's channels.
+        WEBHOOK = "webhook", "notification webhook"
+        SLACK = "slack", "Slack-compatible webhook"
+        EMAIL = "email", "e-mail"
+
+    channel = models.CharField(max_length=16, choices=Channel.choices,
+                               default=Channel.SUBSCRIPTION)
     subscription = models.ForeignKey(WebhookSubscription, on_delete=models.CASCADE,
-                                     related_name="deliveries")
-    event = models.CharField(max_length=64)
-    event_id = models.CharField(max_length=64, help_text="the same on every retry")
+                                     null=True, blank=True, related_name="deliveries")
+    target = models.CharField(max_length=300, blank=True,
+                              help_text="URL or addresses, never a secret")
+    event = models.CharField(max_length=64, blank=True)
+    event_id = models.CharField(max_length=64, blank=True,
+                                help_text="the same on every retry (notifications: their key)")
+    subject = models.CharField(max_length=300, blank=True)
+    # No database constraint: a notification may name an incident that is gone (or, in a
+    # test, never was); deleting an incident still empties the field (SET_NULL, in Django).
     incident = models.ForeignKey(Incident, on_delete=models.SET_NULL, null=True, blank=True,
-                                 related_name="webhook_deliveries")
-    payload = models.JSONField(default=dict)
+                                 db_constraint=False, related_name="deliveries")
+    payload = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     response_code = models.IntegerField(null=True, blank=True)
@@ -368,7 +385,8 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        verbose_name_plural = "webhook deliveries"
+        verbose_name_plural = "deliveries"
 
     def __str__(self) -> str:
-        return f"{self.event} to {self.subscription_id}: {self.status}"
+        to = self.subscription_id if self.channel == self.Channel.SUBSCRIPTION else self.target
+        return f"{self.event} to {self.channel} {to}: {self.status}"

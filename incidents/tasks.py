@@ -9,7 +9,7 @@ from __future__ import annotations
 from celery import Task, shared_task
 from django.db import DatabaseError
 
-from incidents import services, webhooks
+from incidents import deliveries, services, webhooks
 
 
 # Diagnosis is coalesced per cluster (services.diagnosis_run): at most one run queued and one
@@ -58,4 +58,4 @@ def webhook_deliver(self: Task, delivery_id: int) -> None:
 
 @shared_task(name="incidents.tasks.webhooks_rescue", ignore_result=True)
 def webhooks_rescue() -> None:
-    webhooks.deliveries_rescue()
+    deliveries.rescue()

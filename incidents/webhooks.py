@@ -3,16 +3,19 @@
 The path of one event:
 
 1. ``event_emit`` (called by services on commit) builds the payload once and writes one
-   ``WebhookDelivery`` per active subscription that wants the event, then queues
-   ``incidents.tasks.webhook_deliver`` for each. It never raises: the change that caused the
-   event is already committed, and a broken webhook must not look like a failed approval.
-2. ``delivery_attempt`` makes one HTTP attempt and records it on the row. The database row is
-   the truth: the task only asks it "send now?" and "when next?". A transient failure (no
-   connection, a timeout, 408, 429, 5xx) is tried again after a growing delay
+   ``Delivery`` (channel ``subscription``) per active subscription that wants the event, then
+   queues ``incidents.tasks.webhook_deliver`` for each. It never raises: the change that
+   caused the event is already committed, and a broken webhook must not look like a failed
+   approval.
+2. ``delivery_attempt`` makes one HTTP attempt through the one delivery mechanism
+   (``incidents.deliveries``: claim, attempt, back-off) and records it on the row. The
+   database row is the truth: the task only asks it "send now?" and "when next?". A transient
+   failure (no connection, a timeout, 408, 429, 5xx) is tried again after a growing delay
    (FLEETWATCH_WEBHOOK_BACKOFF_SECONDS, times 5 per attempt, at most
-   FLEETWATCH_WEBHOOK_BACKOFF_MAX_SECONDS) until FLEETWATCH_WEBHOOK_MAX_ATTEMPTS; any other
-   answer that is not 2xx (a 410 from a receiver that is gone, a redirect) fails at once.
-3. ``deliveries_rescue`` (beat) re-queues pending rows whose next attempt is long overdue: the
+   FLEETWATCH_WEBHOOK_BACKOFF_MAX_SECONDS, longer when a 429/503 asks with Retry-After)
+   until FLEETWATCH_WEBHOOK_MAX_ATTEMPTS; any other answer that is not 2xx (a 410 from a
+   receiver that is gone, a redirect) fails at once.
+3. ``deliveries.rescue`` (beat) re-queues pending rows whose next attempt is long overdue: the
    message was lost with a killed worker or a restarted broker.
 
 What the receiver gets (the scheme of collectors.clients.notify's webhook, so one
@@ -44,12 +47,10 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-import re
 import socket
 import time
 import uuid
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -57,26 +58,20 @@ import requests
 import urllib3
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 from requests.adapters import HTTPAdapter
 
 from collectors.clients import notify
-from incidents.models import Incident, Remediation, WebhookDelivery, WebhookSubscription
+from collectors.redaction import redact_url
+from incidents import deliveries
+from incidents.models import Delivery, Incident, Remediation, WebhookSubscription
 
 log = logging.getLogger(__name__)
 
 PING = "ping"
 USER_AGENT = "FleetWatch-Webhooks/1"
 EXCERPT_CHARS = 500
-BACKOFF_FACTOR = 5
-# A message whose countdown ends now may be handled by a worker whose clock is a little behind
-# the one that scheduled it: that early arrival is still the retry, not a duplicate.
-DUE_SLACK_S = 2.0
-# While an attempt is in flight the row's next_attempt_at is pushed this far past the HTTP
-# timeout: a duplicate message (a rescue, a broker redelivery) finds it not due and leaves it.
-LEASE_EXTRA_S = 30.0
 
 
 # --- the payload ------------------------------------------------------------------------------
@@ -84,11 +79,6 @@ LEASE_EXTRA_S = 30.0
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
-
-
-def _absolute(path: str) -> str:
-    base = (getattr(settings, "FLEETWATCH_BASE_URL", "") or "").rstrip("/")
-    return f"{base}{path}" if base else path
 
 
 def _incident_body(incident: Incident) -> dict[str, Any]:
@@ -109,7 +99,7 @@ def _incident_body(incident: Incident) -> dict[str, Any]:
         "acknowledged_at": _iso(incident.acknowledged_at),
         # The page exists only where FLEETWATCH_BASE_URL says where people reach FleetWatch.
         "url": notify.incident_url(incident.pk),
-        "api_url": _absolute(reverse("api:incident-detail", kwargs={"pk": incident.pk})),
+        "api_url": notify.absolute_url(reverse("api:incident-detail", kwargs={"pk": incident.pk})),
     }
 
 
@@ -126,7 +116,7 @@ def _remediation_body(rem: Remediation) -> dict[str, Any]:
         "requested_by": rem.requested_by,
         "approved_by": rem.approved_by,
         # A POST with an operator's token approves it; only offered while it waits.
-        "approve_url": (_absolute(reverse("api:remediation-approve", kwargs={"pk": rem.pk}))
+        "approve_url": (notify.absolute_url(reverse("api:remediation-approve", kwargs={"pk": rem.pk}))
                         if waiting else None),
     }
 
@@ -161,18 +151,13 @@ def _wants(subscription: WebhookSubscription, event: str) -> bool:
 # --- recording and queueing -------------------------------------------------------------------
 
 
-def delivery_queue(delivery_id: int, countdown: float | None = None) -> bool:
-    """Hand one delivery to a worker. False (logged) when the broker would not take it: the
-    row stays pending and ``deliveries_rescue`` queues it later."""
-    from incidents import tasks  # tasks import this module
-
-    try:
-        tasks.webhook_deliver.apply_async(args=[delivery_id], countdown=countdown or None)
-    except Exception as exc:  # the broker is down: the rescue picks the row up later
-        log.warning("webhook delivery %s not queued (%s: %s); the rescue will retry it",
-                    delivery_id, type(exc).__name__, exc)
-        return False
-    return True
+def _delivery_new(subscription: WebhookSubscription, event: str, event_id: str,
+                  payload: dict[str, Any], incident_id: int | None = None) -> Delivery:
+    return Delivery.objects.create(
+        channel=Delivery.Channel.SUBSCRIPTION, subscription=subscription,
+        target=redact_url(subscription.url, keep_path=False)[:300],
+        event=event, event_id=event_id, incident_id=incident_id, payload=payload,
+        next_attempt_at=timezone.now())
 
 
 def event_emit(event: str, incident_id: int, remediation_id: int | None = None) -> list[int]:
@@ -188,17 +173,13 @@ def event_emit(event: str, incident_id: int, remediation_id: int | None = None) 
         if not subscriptions:
             return []
         payload = payload_build(event, incident_id, remediation_id)
-        now = timezone.now()
         with transaction.atomic():
-            ids = [WebhookDelivery.objects.create(
-                subscription=s, event=event, event_id=payload["event_id"],
-                incident_id=incident_id, payload=payload, next_attempt_at=now).pk
-                for s in subscriptions]
+            ids = [_delivery_new(s, event, payload["event_id"], payload, incident_id).pk for s in subscriptions]
     except Exception:
         log.exception("webhooks: %s for incident %s not recorded", event, incident_id)
         return []
     for delivery_id in ids:
-        delivery_queue(delivery_id)
+        deliveries.queue(delivery_id)
     log.info("webhooks: %s for incident %s queued as deliveries %s", event, incident_id, ids)
     return ids
 
@@ -213,28 +194,27 @@ def checkpoint_emit(checkpoint: dict[str, Any]) -> list[int]:
                          if _wants(s, event)]
         if not subscriptions:
             return []
-        payload = {"event": event, "event_id": str(uuid.uuid4()),
+        event_id = str(uuid.uuid4())
+        payload = {"event": event, "event_id": event_id,
                    "occurred_at": timezone.now().isoformat(), "checkpoint": checkpoint,
                    "incident": None, "remediation": None}
-        now = timezone.now()
         with transaction.atomic():
-            ids = [WebhookDelivery.objects.create(
-                subscription=s, event=event, event_id=payload["event_id"], payload=payload,
-                next_attempt_at=now).pk for s in subscriptions]
+            ids = [_delivery_new(s, event, event_id, payload).pk for s in subscriptions]
     except Exception:
         log.exception("webhooks: audit checkpoint not recorded")
         return []
     for delivery_id in ids:
-        delivery_queue(delivery_id)
+        deliveries.queue(delivery_id)
     return ids
 
 
-def ping_send(subscription: WebhookSubscription) -> WebhookDelivery:
+def ping_send(subscription: WebhookSubscription) -> Delivery:
     """A ``ping`` to one subscription, attempted now so the caller sees the answer; a
     transient failure goes on retrying in the background like any delivery."""
-    payload = {
+    event_id = str(uuid.uuid4())
+    payload: dict[str, Any] = {
         "event": PING,
-        "event_id": str(uuid.uuid4()),
+        "event_id": event_id,
         "occurred_at": timezone.now().isoformat(),
         "subscription": {"id": subscription.pk, "name": subscription.name,
                          "events": list(subscription.events or [])},
@@ -243,12 +223,10 @@ def ping_send(subscription: WebhookSubscription) -> WebhookDelivery:
     }
     # Committed before the call, so the row is there even if this request dies mid-send.
     with transaction.atomic():
-        delivery = WebhookDelivery.objects.create(
-            subscription=subscription, event=PING, event_id=payload["event_id"],
-            payload=payload, next_attempt_at=timezone.now())
+        delivery = _delivery_new(subscription, PING, event_id, payload)
     countdown = delivery_attempt(delivery.pk)
     if countdown is not None:
-        transaction.on_commit(lambda: delivery_queue(delivery.pk, countdown))
+        transaction.on_commit(lambda: deliveries.queue(delivery.pk, countdown))
     delivery.refresh_from_db()
     return delivery
 
@@ -257,30 +235,32 @@ class RedeliverRefused(Exception):
     """A redelivery that would race one already under way."""
 
 
-def redeliver(delivery_id: int) -> WebhookDelivery:
+def redeliver(delivery_id: int) -> Delivery:
     """Send a finished delivery's event again, as a new delivery row (the old one stays as the
     record of what happened) with the same event id, so receivers can dedupe.
 
     Refused while the delivery, or an earlier redelivery of the same event to the same
     subscription, is still pending: pressing the button twice sends once."""
     with transaction.atomic():
-        original = WebhookDelivery.objects.select_for_update().select_related(
-            "subscription").get(pk=delivery_id)
-        if original.status == WebhookDelivery.Status.PENDING:
+        # Only the delivery's row is locked: the subscription (an outer join, now that a
+        # delivery may have none) is only read.
+        original = Delivery.objects.select_for_update(of=("self",)).select_related(
+            "subscription").get(pk=delivery_id, channel=Delivery.Channel.SUBSCRIPTION)
+        if original.status == Delivery.Status.PENDING:
             raise RedeliverRefused(f"delivery {original.pk} is still pending "
                                    f"(attempt {original.attempts + 1} is due)")
-        busy = (WebhookDelivery.objects.filter(
+        busy = (Delivery.objects.filter(
             subscription_id=original.subscription_id, event_id=original.event_id,
-            status=WebhookDelivery.Status.PENDING).values_list("pk", flat=True).first())
+            status=Delivery.Status.PENDING).values_list("pk", flat=True).first())
         if busy is not None:
             raise RedeliverRefused(f"delivery {busy} of the same event is already pending")
-        if not original.subscription.active:
-            raise RedeliverRefused(f"subscription {original.subscription.name!r} is inactive")
-        copy = WebhookDelivery.objects.create(
-            subscription=original.subscription, event=original.event,
-            event_id=original.event_id, incident_id=original.incident_id,
-            payload=original.payload, next_attempt_at=timezone.now())
-        transaction.on_commit(lambda: delivery_queue(copy.pk))
+        subscription = original.subscription
+        assert subscription is not None  # a subscription's delivery (filtered above)
+        if not subscription.active:
+            raise RedeliverRefused(f"subscription {subscription.name!r} is inactive")
+        copy = _delivery_new(subscription, original.event, original.event_id,
+                             original.payload, original.incident_id)
+        transaction.on_commit(lambda: deliveries.queue(copy.pk))
     log.info("webhooks: delivery %s redelivered as %s", original.pk, copy.pk)
     return copy
 
@@ -424,44 +404,13 @@ def _host_header(url: str) -> str:
 # --- one attempt ------------------------------------------------------------------------------
 
 
-def backoff_seconds(attempts: int) -> float:
-    """The wait after the ``attempts``-th failed attempt: 5, 25, 125, 625 s... (defaults),
-    never more than the configured maximum."""
-    base = settings.FLEETWATCH_WEBHOOK_BACKOFF_SECONDS
-    ceiling = settings.FLEETWATCH_WEBHOOK_BACKOFF_MAX_SECONDS
-    return float(min(ceiling, base * BACKOFF_FACTOR ** max(0, attempts - 1)))
-
-
-def _retry_after(response: requests.Response) -> float | None:
-    # Only the seconds form: an HTTP date from a receiver's clock is not worth trusting.
-    value = response.headers.get("Retry-After", "").strip()
-    return float(value) if value.isdigit() else None
-
-
-def _excerpt(text: str) -> str:
-    text = re.sub(r"\s+", " ", text or "").strip()
-    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1] + "…"
-
-
-@dataclass(frozen=True)
-class _Answer:
-    code: int | None  # None: no HTTP answer at all
-    text: str
-    retryable: bool
-    retry_after: float | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.code is not None and 200 <= self.code < 300
-
-
 def body_bytes(payload: dict[str, Any]) -> bytes:
     """The exact bytes sent (and signed). Compact and key-sorted, so every attempt of a
     delivery sends the same body."""
     return json.dumps(payload, separators=(",", ":"), sort_keys=True, default=str).encode()
 
 
-def headers_for(delivery: WebhookDelivery, secret: str, raw: bytes,
+def headers_for(delivery: Delivery, secret: str, raw: bytes,
                 timestamp: int | None = None) -> dict[str, str]:
     timestamp = int(time.time()) if timestamp is None else timestamp
     headers = {
@@ -477,8 +426,8 @@ def headers_for(delivery: WebhookDelivery, secret: str, raw: bytes,
     return headers
 
 
-def _post(delivery: WebhookDelivery, subscription: WebhookSubscription) -> _Answer:
-    url, shown = subscription.url, notify.redact_url(subscription.url, keep_path=False)
+def _post(delivery: Delivery, subscription: WebhookSubscription) -> notify.Answer:
+    url, shown = subscription.url, redact_url(subscription.url, keep_path=False)
     # urllib3 logs each request's path (DEBUG): keep a token in the URL out of the log.
     notify.log_redactor.add(url, shown)
     raw = body_bytes(delivery.payload)
@@ -488,118 +437,27 @@ def _post(delivery: WebhookDelivery, subscription: WebhookSubscription) -> _Answ
         # A name that does not resolve may again (DNS trouble): tried again as any connection
         # failure. An address we do not send to fails at once: it will not become one
         # without an admin changing the subscription or the allow list.
-        return _Answer(None, _excerpt(f"not sent: {exc}"),
-                       retryable=isinstance(exc, TargetUnresolved))
+        return notify.Answer(False, notify.excerpt(f"not sent: {exc}", EXCERPT_CHARS),
+                             retryable=isinstance(exc, TargetUnresolved))
     headers = {**headers_for(delivery, subscription.secret, raw), "Host": _host_header(url)}
-    try:
-        # Redirects are not followed: requests would turn the POST into a GET, and could carry
-        # the signature to another host (or an internal one). A receiver that moved says so
-        # with a 3xx: failed. Streamed, so only the start of the answer is read: an error
-        # page can be megabytes.
-        with session, session.post(url, data=raw, headers=headers,
-                                   timeout=settings.FLEETWATCH_HTTP_TIMEOUT,
-                                   allow_redirects=False, stream=True) as response:
-            start = response.raw.read(4 * EXCERPT_CHARS, decode_content=True) or b""
-    # urllib3's errors while reading the streamed answer are not RequestExceptions.
-    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-        error = notify.scrub(f"{type(exc).__name__}: {exc}", url, shown)
-        return _Answer(None, _excerpt(error), retryable=True)
-    excerpt = _excerpt(start.decode("utf-8", "replace"))
-    code = response.status_code
-    return _Answer(code, excerpt, retryable=code in notify.RETRY_STATUSES,
-                   retry_after=_retry_after(response) if code == 429 else None)
+    return notify.post(session, url, raw, headers, timeout=settings.FLEETWATCH_HTTP_TIMEOUT,
+                       limit=EXCERPT_CHARS, redact=lambda text: notify.scrub(text, url, shown))
 
 
-def _claim(delivery_id: int, now: datetime) -> bool:
-    """Take the row for one attempt, if it is pending and due. One conditional UPDATE, so two
-    workers with the same message cannot both send (and it works on SQLite too)."""
-    lease = now + timedelta(seconds=settings.FLEETWATCH_HTTP_TIMEOUT + LEASE_EXTRA_S)
-    due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now + timedelta(seconds=DUE_SLACK_S))
-    return bool(WebhookDelivery.objects.filter(
-        due, pk=delivery_id, status=WebhookDelivery.Status.PENDING).update(next_attempt_at=lease))
+def _send(delivery: Delivery) -> notify.Answer:
+    subscription = delivery.subscription
+    if subscription is None:  # not a subscription's delivery: nothing here sends it
+        raise deliveries.Skip(f"not sent: a {delivery.channel} delivery is not a webhook's")
+    if not subscription.active and delivery.event != PING:  # a ping tests it before activating
+        raise deliveries.Skip("not sent: the subscription was deactivated")
+    return _post(delivery, subscription)
 
 
 def delivery_attempt(delivery_id: int) -> float | None:
-    """One attempt at one delivery, recorded on its row. Returns the seconds to wait before
-    the next attempt, or None when there is nothing more to do (delivered, failed for good,
-    or not this call's to send: already delivered, or another attempt is in flight or due
-    later). Safe to call any number of times."""
-    now = timezone.now()
-    if not _claim(delivery_id, now):
-        log.debug("webhook delivery %s: not pending or not due; nothing to do", delivery_id)
-        return None
-    delivery = WebhookDelivery.objects.select_related("subscription").get(pk=delivery_id)
-    subscription = delivery.subscription
-    shown = notify.redact_url(subscription.url, keep_path=False)
-    if not subscription.active and delivery.event != PING:  # a ping tests it before activating
-        WebhookDelivery.objects.filter(pk=delivery_id).update(
-            status=WebhookDelivery.Status.FAILED, next_attempt_at=None,
-            response="not sent: the subscription was deactivated")
-        return None
-
-    answer = _post(delivery, subscription)
-    attempts = delivery.attempts + 1
-    fields: dict[str, Any] = {"attempts": attempts, "response_code": answer.code,
-                              "response": answer.text}
-    done_at = timezone.now()
-    wait: float | None = None
-    if answer.ok:
-        fields |= {"status": WebhookDelivery.Status.DELIVERED, "delivered_at": done_at,
-                   "next_attempt_at": None}
-        outcome = "delivered"
-    elif answer.retryable and attempts < settings.FLEETWATCH_WEBHOOK_MAX_ATTEMPTS:
-        wait = backoff_seconds(attempts)
-        if answer.retry_after is not None:  # a 429 that says when: honour it, within reason
-            wait = min(max(wait, answer.retry_after), settings.FLEETWATCH_WEBHOOK_BACKOFF_MAX_SECONDS)
-        fields["next_attempt_at"] = done_at + timedelta(seconds=wait)
-        outcome = f"will retry in {wait:g}s"
-    else:
-        fields |= {"status": WebhookDelivery.Status.FAILED, "next_attempt_at": None}
-        outcome = "failed, out of attempts" if answer.retryable else "failed for good"
-    # Conditional on still pending: a row an admin redelivered or deleted meanwhile is left be.
-    WebhookDelivery.objects.filter(pk=delivery_id, status=WebhookDelivery.Status.PENDING).update(
-        **fields)
-    level = logging.INFO if answer.ok else logging.WARNING
-    log.log(level, "webhook %s (delivery %s) to %s, attempt %d: %s; %s", delivery.event,
-            delivery_id, shown, attempts,
-            f"answered {answer.code}" if answer.code is not None else answer.text, outcome)
-    return wait
-
-
-# --- the watchdog -----------------------------------------------------------------------------
-
-
-def deliveries_rescue() -> list[int]:
-    """Queue again the pending deliveries whose next attempt is long overdue (their message
-    was lost). A duplicate is harmless: the attempt claims the row first."""
-    margin = max(60.0, settings.FLEETWATCH_WATCHDOG_SECONDS * 2)
-    overdue = timezone.now() - timedelta(seconds=margin)
-    stuck = list(WebhookDelivery.objects.filter(
-        Q(next_attempt_at__lt=overdue) | Q(next_attempt_at__isnull=True, created_at__lt=overdue),
-        status=WebhookDelivery.Status.PENDING).order_by("pk").values_list("pk", flat=True)[:500])
-    for delivery_id in stuck:
-        delivery_queue(delivery_id)
-    if stuck:
-        log.warning("webhooks watchdog: re-queued deliveries %s", stuck)
-    return stuck
-
-
-def incident_deliveries(incident_id: int) -> list[dict[str, Any]]:
-    """What was sent about an incident, oldest first, for its page: the on-call notifications
-    (collectors.Delivery) and the webhook subscribers' deliveries, in one list."""
-    rows: list[dict[str, Any]] = [
-        {"at": d.created_at, "to": f"{d.channel} {d.target}", "event": d.event or d.subject,
-         "status": d.status, "attempts": d.attempts, "response": d.response}
-        for d in notify.deliveries_for_incident(incident_id)]
-    # A subscriber's answer is the subscriber's text, shown to admins only (API: the
-    # delivery's ``response``; here ``response_excerpt``, for a page that knows its reader is
-    # an admin): everyone else sees the status code, or that no HTTP answer came.
-    rows += [
-        {"at": d.created_at, "to": f"webhook {d.subscription.name}", "event": d.event,
-         "status": d.status, "attempts": d.attempts,
-         "response": str(d.response_code) if d.response_code is not None else (
-             "no HTTP answer" if d.attempts else ""),
-         "response_excerpt": f"{d.response_code or ''} {d.response}".strip()}
-        for d in WebhookDelivery.objects.filter(incident_id=incident_id)
-        .select_related("subscription")]
-    return sorted(rows, key=lambda r: r["at"])
+    """One attempt at one subscription delivery, recorded on its row. Returns the seconds to
+    wait before the next attempt, or None when there is nothing more to do (delivered, failed
+    for good, or not this call's to send: already delivered, or another attempt is in flight
+    or due later). Safe to call any number of times."""
+    done = deliveries.attempt(delivery_id, _send, deliveries.subscription_backoff(),
+                              lease_s=settings.FLEETWATCH_HTTP_TIMEOUT)
+    return done.wait if done is not None else None

@@ -1,21 +1,29 @@
-"""Notifications: a signed JSON webhook, a Slack-compatible webhook and e-mail, each recorded.
+"""Notifications to the on-call: a signed JSON webhook, a Slack-compatible webhook and e-mail.
 
-Every channel follows the same path (healthchecks' transports are the model):
+This module is the *transport* and the helpers every outgoing message shares; it records
+nothing itself. Every delivery, a step's notification as much as a webhook subscription's
+event, is one row of ``incidents.models.Delivery`` driven by one retry mechanism
+(``incidents.deliveries``). Collectors never import incidents, so the notifier reaches that
+record through the ``DeliveryLog`` port, which the incidents app registers when it starts
+(``delivery_log_set``). For each channel the log:
 
-1. if the caller gave a ``delivery_key`` and this channel already delivered it, skip it (a
+1. skips it if the caller gave a ``delivery_key`` that this channel already delivered (a
    retried step must not page anyone twice);
-2. write a ``Delivery`` row, status ``pending``, in its own transaction, *before* the outside
-   call, so a worker killed mid-send still leaves a trace;
-3. make the call, retrying transient failures (urllib3 ``Retry`` for HTTP, a short loop for
-   SMTP) and never permanent ones;
-4. update the row: delivered or failed, attempts, the answer's status and an excerpt or error.
+2. writes the row, status ``pending``, committed *before* the outside call, so a worker killed
+   mid-send still leaves a trace;
+3. makes attempts through ``Channel.send`` (one attempt each, never raising), waiting between
+   transient failures with the shared back-off (Retry-After honoured, capped), never retrying
+   a permanent one;
+4. leaves the row delivered or failed, with attempts, the answer's status and an excerpt.
 
 ``MultiNotifier`` fans out to every configured channel; one channel down never stops the others.
 Only when *every* channel failed does it raise ``ClientError``, so the remediation step retries
 (and, thanks to the key, re-sends only to the channels that did not get it).
 
-Secrets (Slack/Mattermost hook tokens, query strings, user:password in URLs) never reach a
-``Delivery`` row, the audit trail or the log: everything recorded goes through ``redact_url``.
+Shared by every outgoing message (webhook subscriptions too): ``sign``/``verify_signature``,
+``redact_url``/``scrub`` (secrets such as hook tokens, query strings and user:password never
+reach a row, the audit trail or the log), ``excerpt``, ``absolute_url``/``incident_url`` and
+``Answer``/``retry_after``.
 """
 
 from __future__ import annotations
@@ -27,22 +35,17 @@ import logging
 import re
 import smtplib
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
-from urllib3.util.retry import Retry
 
 from collectors.clients.base import ActionResult, ClientError
 from collectors.redaction import redact_url
-
-if TYPE_CHECKING:
-    from django.db.models import QuerySet
-
-    from collectors.models import Delivery
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,8 @@ DEFAULT_EVENT = "incident.notify"
 SIGNATURE_TOLERANCE_S = 300
 # HTTP answers worth another try: request timeout, rate limit, any server error.
 RETRY_STATUSES = frozenset({408, 429, *range(500, 600)})
+# Answers whose Retry-After (seconds) says when to come back (RFC 9110 15.5.20, 15.6.4).
+RETRY_AFTER_STATUSES = frozenset({429, 503})
 EXCERPT_CHARS = 200
 SUBJECT_PREFIX = "[FleetWatch]"
 
@@ -149,7 +154,11 @@ for _name in ("urllib3.connectionpool", "urllib3.util.retry"):
     logging.getLogger(_name).addFilter(log_redactor)
 
 
-def _excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+# --- what every outgoing message shares -------------------------------------------------------
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """``text`` on one line, cut to ``limit`` characters: what a row keeps of an answer."""
     text = re.sub(r"\s+", " ", text or "").strip()
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -167,6 +176,12 @@ def _base_url() -> str:
     return (getattr(settings, "FLEETWATCH_BASE_URL", "") or "").rstrip("/")
 
 
+def absolute_url(path: str) -> str:
+    """``path`` under FLEETWATCH_BASE_URL (where people reach FleetWatch); the bare path when
+    that is not set."""
+    return f"{_base_url()}{path}"
+
+
 def incident_url(incident_id: object) -> str | None:
     """The incident page, when FLEETWATCH_BASE_URL says where FleetWatch is served.
 
@@ -175,32 +190,52 @@ def incident_url(incident_id: object) -> str | None:
     return f"{base}/incidents/{pk}/" if base and pk is not None else None
 
 
-def deliveries_for_incident(incident_id: int) -> QuerySet[Delivery]:
-    """Every notification tried for an incident, oldest first (the order the story is read)."""
-    from collectors.models import Delivery
-
-    return Delivery.objects.filter(incident_id=incident_id).order_by("created_at", "id")
-
-
-# --- one channel's delivery -------------------------------------------------------------------
+def retry_after(status: int, headers: Mapping[str, str]) -> float | None:
+    """The seconds a 429 or 503 asks to wait. Only the seconds form: an HTTP date from a
+    receiver's clock is not worth trusting."""
+    if status not in RETRY_AFTER_STATUSES:
+        return None
+    value = (headers.get("Retry-After") or "").strip()
+    return float(value) if value.isdigit() else None
 
 
 @dataclass(frozen=True)
-class Sent:
-    """What a channel's transport reports after a successful send."""
+class Answer:
+    """What one attempt at one delivery came to, whatever the transport.
 
-    attempts: int
-    response: str
+    ``label`` names it in a list of earlier attempts ("HTTP 503", "ConnectionError")."""
+
+    ok: bool
+    text: str
+    retryable: bool
+    code: int | None = None  # an HTTP answer's status; None: no HTTP answer
+    retry_after: float | None = None
+    label: str = ""
 
 
-class SendError(Exception):
-    """A transport's failure: the (secret-free) message, whether it is worth retrying, and how
-    many attempts went out before giving up."""
+def post(session: requests.Session, url: str, raw: bytes, headers: Mapping[str, str], *,
+         timeout: float, limit: int, redact: Callable[[str], str]) -> Answer:
+    """One JSON POST, one attempt: what every HTTP delivery (a channel's, a subscription's)
+    does. ``text`` is the start of the answer's body, or the error (through ``redact``: urllib3
+    names the URL it tried)."""
+    try:
+        # Redirects are not followed: requests would turn the POST into a GET and could carry
+        # the signature to another host (or an internal one); a 3xx fails. Streamed: only the
+        # start is read, a receiver's HTML error page can be megabytes.
+        with session, session.post(url, data=raw, headers=dict(headers), timeout=timeout,
+                                   allow_redirects=False, stream=True) as response:
+            start = response.raw.read(4 * limit, decode_content=True) or b""
+    # urllib3's errors while reading the streamed answer are not RequestExceptions.
+    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+        return Answer(False, excerpt(redact(f"{type(exc).__name__}: {exc}"), limit),
+                      retryable=True, label=type(exc).__name__)
+    code = response.status_code
+    return Answer(200 <= code < 300, excerpt(start.decode("utf-8", "replace"), limit),
+                  retryable=code in RETRY_STATUSES, code=code,
+                  retry_after=retry_after(code, response.headers), label=f"HTTP {code}")
 
-    def __init__(self, message: str, *, permanent: bool, attempts: int) -> None:
-        super().__init__(message)
-        self.permanent = permanent
-        self.attempts = attempts
+
+# --- one message, and who records it ----------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -242,10 +277,42 @@ def _jsonable(payload: dict[str, object]) -> dict[str, Any]:
     return json.loads(json.dumps(payload, default=str))
 
 
+class DeliveryLog(Protocol):
+    """Records one channel's delivery of one message and drives its attempts (incidents'
+    ``deliveries.StepDeliveries``: the one delivery model and retry mechanism)."""
+
+    def deliver(self, channel: Channel, message: Message) -> Outcome: ...
+
+
+_delivery_log: DeliveryLog | None = None
+
+
+def delivery_log_set(delivery_log: DeliveryLog | None) -> None:
+    """Register who records deliveries (the incidents app does, when it starts)."""
+    global _delivery_log
+    _delivery_log = delivery_log
+
+
+def _log() -> DeliveryLog:
+    if _delivery_log is None:
+        raise ClientError("notify: no delivery log registered (the incidents app registers "
+                          "one when Django starts)", permanent=True)
+    return _delivery_log
+
+
+# --- channels ---------------------------------------------------------------------------------
+
+
 class Channel:
-    """One destination. Subclasses say how to send; this class records and dedupes."""
+    """One destination: how to send one attempt, and how its attempts are paced."""
 
     channel = ""
+    retries = 0  # attempts after the first, within one notify
+    backoff = 0.0  # seconds before the first retry; doubles with each one
+    # A Retry-After is honoured up to this: a rate-limited hook must not hold a worker for
+    # minutes; the step's own retry comes later anyway.
+    retry_after_max = 10.0
+    timeout = 30.0  # the longest one attempt may take
 
     @property
     def target(self) -> str:  # recorded, shown, logged: never a secret
@@ -254,108 +321,25 @@ class Channel:
     def call_text(self) -> str:
         raise NotImplementedError
 
-    def send(self, message: Message, delivery_id: int) -> Sent:
+    def send(self, message: Message, delivery_id: int) -> Answer:
+        """One attempt. Never raises for what the other side did: that is the Answer."""
         raise NotImplementedError
+
+    def final_text(self, answer: Answer, attempts: int, earlier: Sequence[str]) -> str:
+        """What the row and the step show once the attempts are over."""
+        return answer.text
 
     def redact(self, text: str) -> str:
         """``text`` with this channel's secrets taken out (HTTP channels: their URL's)."""
         return text
-
-    def deliver(self, message: Message) -> Outcome:
-        from django.db import transaction
-        from django.utils import timezone
-
-        from collectors.models import Delivery
-
-        call, target = self.call_text(), self.target[:300]
-        if message.key:
-            done = (Delivery.objects.filter(channel=self.channel, target=target,
-                                            status=Delivery.Status.DELIVERED,
-                                            payload__delivery_key=message.key)
-                    .order_by("id").first())
-            if done is not None:
-                return Outcome(self.channel, call, "skipped",
-                               f"already delivered ({message.key}, delivery {done.pk})", done.pk)
-        # Its own transaction, committed before the call: the row must exist (and be seen by
-        # anyone looking, the receiver included) even if this worker dies during the send.
-        with transaction.atomic():
-            row = Delivery.objects.create(
-                channel=self.channel, target=target, event=message.event[:64],
-                subject=message.subject[:300], payload=message.recorded_payload(),
-                incident_id=message.incident_id, status=Delivery.Status.PENDING)
-        try:
-            sent = self.send(message, row.pk)
-        except SendError as exc:
-            with transaction.atomic():
-                Delivery.objects.filter(pk=row.pk).update(
-                    status=Delivery.Status.FAILED, attempts=exc.attempts, response=str(exc)[:2000])
-            log.warning("notify %s to %s failed after %d attempt(s): %s",
-                        self.channel, self.target, exc.attempts, exc)
-            return Outcome(self.channel, call, "failed", str(exc), row.pk, exc.permanent)
-        except Exception as exc:  # a bug in one channel must not silence the others
-            error = self.redact(f"{type(exc).__name__}: {exc}")
-            with transaction.atomic():
-                Delivery.objects.filter(pk=row.pk).update(
-                    status=Delivery.Status.FAILED, attempts=1, response=error[:2000])
-            # No traceback: its frames' text could hold the hook URL this module hides.
-            log.error("notify %s to %s raised %s", self.channel, self.target, error)
-            return Outcome(self.channel, call, "failed", error, row.pk)
-        with transaction.atomic():
-            Delivery.objects.filter(pk=row.pk).update(
-                status=Delivery.Status.DELIVERED, attempts=sent.attempts,
-                response=sent.response[:2000], delivered_at=timezone.now())
-        log.info("notify %s to %s delivered (%s)", self.channel, self.target, sent.response)
-        return Outcome(self.channel, call, "delivered", sent.response, row.pk)
 
     def notify(self, subject: str, body: str, payload: dict[str, object]) -> ActionResult:
         """This channel alone, with the same contract as ``MultiNotifier``."""
         return MultiNotifier([self]).notify(subject, body, payload)
 
 
-# --- HTTP channels ----------------------------------------------------------------------------
-
-
-@dataclass
-class _Tally:
-    failures: list[str] = field(default_factory=list)
-    last_failed_response: object | None = None
-
-
-class _CountingRetry(Retry):
-    """urllib3's Retry, telling the caller how many attempts went out and what each answered.
-
-    urllib3 keeps its history on a copy it discards when it gives up, so the tally is shared
-    by every copy instead. Retry-After is honoured but capped: a rate-limited hook must not
-    hold a worker for minutes; the step's own retry comes later anyway."""
-
-    def __init__(self, *args: Any, tally: _Tally | None = None, retry_after_max: float = 10.0,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.tally = tally if tally is not None else _Tally()
-        self.retry_after_max = retry_after_max
-
-    def new(self, **kw: Any) -> _CountingRetry:
-        copy = super().new(**kw)
-        copy.tally, copy.retry_after_max = self.tally, self.retry_after_max
-        return copy
-
-    def increment(self, method: str | None = None, url: str | None = None, response: Any = None,
-                  error: Exception | None = None, _pool: Any = None,
-                  _stacktrace: Any = None) -> _CountingRetry:
-        if response is not None:
-            self.tally.failures.append(f"HTTP {response.status}")
-            self.tally.last_failed_response = response
-        else:
-            self.tally.failures.append(type(error).__name__ if error else "error")
-        return super().increment(method, url, response, error, _pool, _stacktrace)
-
-    def get_retry_after(self, response: Any) -> float | None:
-        after = super().get_retry_after(response)
-        return None if after is None else min(after, self.retry_after_max)
-
-
 class HttpChannel(Channel):
-    """A JSON POST with retries. Subclasses build the body and headers."""
+    """A JSON POST. Subclasses build the body and headers."""
 
     def __init__(self, url: str, *, timeout: float = 5.0, retries: int = 3,
                  backoff: float = 0.5) -> None:
@@ -378,59 +362,36 @@ class HttpChannel(Channel):
     def headers_for(self, message: Message, delivery_id: int, raw: bytes) -> dict[str, str]:
         return {}
 
-    def _session(self, tally: _Tally) -> requests.Session:
-        # A session per send: the retry tally belongs to this one delivery. POST is retried
-        # too (allowed_methods=None): receivers dedupe on X-FleetWatch-Delivery.
-        retry = _CountingRetry(total=self.retries, backoff_factor=self.backoff,
-                               status_forcelist=RETRY_STATUSES, allowed_methods=None,
-                               raise_on_status=False, tally=tally)
-        session = requests.Session()
-        adapter = HTTPAdapter(max_retries=retry)
-        session.mount("http://", adapter)
-        session.mount("https://", adapter)
-        return session
-
-    def send(self, message: Message, delivery_id: int) -> Sent:
-        # Serialized once: the signature covers exactly these bytes, and retries resend them.
+    def send(self, message: Message, delivery_id: int) -> Answer:
+        # The body is the same bytes on every attempt of one delivery (the row's id is in it),
+        # and the signature covers exactly them.
         raw = json.dumps(self.body_for(message, delivery_id), separators=(",", ":"),
                          default=str).encode()
         headers = {"Content-Type": "application/json",
                    "User-Agent": "FleetWatch-Notifier/1",
                    **self.headers_for(message, delivery_id, raw)}
-        tally = _Tally()
-        try:
-            with self._session(tally) as session:
-                # Redirects are not followed: requests would turn the POST into a GET and
-                # could carry the signature to another host.
-                response = session.post(self.url, data=raw, headers=headers,
-                                        timeout=self.timeout, allow_redirects=False)
-        except requests.RequestException as exc:
-            attempts = max(1, len(tally.failures))
-            raise SendError(f"unreachable after {attempts} attempt(s): "
-                            f"{self.redact(str(exc))}",
-                            permanent=False, attempts=attempts) from exc
-        retried = len(tally.failures)
-        # When urllib3 gave up on a retryable status it hands back that last answer, which
-        # it had already counted as a failure; otherwise the answer is one more attempt.
-        attempts = retried if tally.last_failed_response is response.raw else retried + 1
-        earlier = tally.failures[: attempts - 1]
-        # Only the start is decoded: a receiver's HTML error page can be megabytes.
-        excerpt = _excerpt(response.content[:1000].decode("utf-8", "replace"))
-        answer = f"answered {response.status_code}" + (f": {excerpt}" if excerpt else "")
-        if earlier:
-            answer += f" (after {', '.join(earlier)})"
-        attempts = max(1, attempts)
-        if response.status_code >= 300:  # 3xx too: redirects are not followed (see above)
-            raise SendError(answer, permanent=response.status_code not in RETRY_STATUSES,
-                            attempts=attempts)
-        return Sent(attempts, answer)
+        session = requests.Session()
+        adapter = HTTPAdapter(max_retries=0)  # retries are the delivery's, counted on its row
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        answer = post(session, self.url, raw, headers, timeout=self.timeout,
+                      limit=EXCERPT_CHARS, redact=self.redact)
+        if answer.code is None:
+            return answer
+        return replace(answer, text=f"answered {answer.code}"
+                                    + (f": {answer.text}" if answer.text else ""))
+
+    def final_text(self, answer: Answer, attempts: int, earlier: Sequence[str]) -> str:
+        if answer.code is None:
+            return f"unreachable after {attempts} attempt(s): {answer.text}"
+        return answer.text + (f" (after {', '.join(earlier)})" if earlier else "")
 
 
 class WebhookNotifier(HttpChannel):
     """A JSON POST to any receiver, signed when a secret is set.
 
-    Headers: ``X-FleetWatch-Event``, ``X-FleetWatch-Delivery`` (the Delivery id: the same on
-    every HTTP retry of one delivery, so receivers can dedupe), ``X-FleetWatch-Timestamp`` (unix
+    Headers: ``X-FleetWatch-Event``, ``X-FleetWatch-Delivery`` (the delivery's id: the same on
+    every retry of one delivery, so receivers can dedupe), ``X-FleetWatch-Timestamp`` (unix
     seconds) and ``X-FleetWatch-Signature: sha256=<hex>`` (see ``sign``/``verify_signature``).
     The body is ``{"event", "delivery", "subject", "text", "url"?, **payload}``."""
 
@@ -568,7 +529,7 @@ class EmailNotifier(Channel):
             lines.append(f"Incident: {link}")
         return "\n".join(lines).strip() + "\n"
 
-    def send(self, message: Message, delivery_id: int) -> Sent:
+    def send(self, message: Message, delivery_id: int) -> Answer:
         from django.conf import settings
         from django.core.mail import EmailMessage, get_connection
 
@@ -581,22 +542,17 @@ class EmailNotifier(Channel):
             headers={"X-FleetWatch-Event": message.event,
                      "X-FleetWatch-Delivery": str(delivery_id)},
         )
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                # A fresh connection each try: a dropped SMTP session is not reused.
-                sent = get_connection(fail_silently=False).send_messages([email])
-            except (smtplib.SMTPException, OSError) as exc:
-                permanent = _smtp_permanent(exc)
-                if permanent or attempt > self.retries:
-                    raise SendError(f"{type(exc).__name__}: {_excerpt(str(exc))}",
-                                    permanent=permanent, attempts=attempt) from exc
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-                continue
-            if not sent:
-                raise SendError("email backend sent nothing", permanent=False, attempts=attempt)
-            return Sent(attempt, f"handed to the mail server for {len(self.addresses)} address(es)")
+        try:
+            # A fresh connection each attempt: a dropped SMTP session is not reused.
+            sent = get_connection(fail_silently=False).send_messages([email])
+        except (smtplib.SMTPException, OSError) as exc:
+            return Answer(False, f"{type(exc).__name__}: {excerpt(str(exc))}",
+                          retryable=not _smtp_permanent(exc), label=type(exc).__name__)
+        if not sent:
+            return Answer(False, "email backend sent nothing", retryable=True,
+                          label="nothing sent")
+        return Answer(True, f"handed to the mail server for {len(self.addresses)} address(es)",
+                      retryable=False)
 
 
 # --- fan-out ----------------------------------------------------------------------------------
@@ -612,7 +568,8 @@ class MultiNotifier:
         if not self.channels:
             return ActionResult("notify (no channel configured: recorded only)", True, subject)
         message = Message.build(subject, body, payload)
-        outcomes = [channel.deliver(message) for channel in self.channels]
+        deliveries = _log()
+        outcomes = [deliveries.deliver(channel, message) for channel in self.channels]
         call = "; ".join(o.call for o in outcomes)
         detail = "; ".join(f"{o.channel} {o.status}: {o.detail}" for o in outcomes)
         failed = [o for o in outcomes if o.status == "failed"]

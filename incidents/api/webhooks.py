@@ -23,9 +23,10 @@ from rest_framework.response import Response
 from rest_framework.routers import DefaultRouter
 
 from collectors.redaction import redact_url
-from collectors.roles import ADMIN, ADMIN_ONLY, READ, actor_from_request, role_of
+from collectors.roles import ADMIN, actor_from_request, role_of
 from incidents import webhooks
-from incidents.models import WebhookDelivery, WebhookSubscription
+from incidents.api.permissions import ADMIN_ONLY, READ
+from incidents.models import Delivery, WebhookSubscription
 
 SECRET_MIN_CHARS = 16
 
@@ -96,6 +97,9 @@ class WebhookSubscriptionCreatedSerializer(WebhookSubscriptionSerializer):
 
 
 class WebhookDeliverySerializer(serializers.ModelSerializer):
+    # Never null here (the viewset lists subscriptions' deliveries only), though the one
+    # Delivery model allows it for a step's notification.
+    subscription = serializers.IntegerField(source="subscription_id", read_only=True)
     subscription_name = serializers.CharField(source="subscription.name", read_only=True)
     response = serializers.CharField(
         read_only=True,
@@ -103,13 +107,13 @@ class WebhookDeliverySerializer(serializers.ModelSerializer):
                   "(empty for everyone else, who see response_code)")
 
     class Meta:
-        model = WebhookDelivery
+        model = Delivery
         fields = ["id", "subscription", "subscription_name", "event", "event_id", "incident",
                   "status", "attempts", "response_code", "response", "created_at",
                   "next_attempt_at", "delivered_at", "payload"]
         read_only_fields = fields
 
-    def to_representation(self, instance: WebhookDelivery) -> dict[str, Any]:
+    def to_representation(self, instance: Delivery) -> dict[str, Any]:
         data = super().to_representation(instance)
         # What a receiver answered is its text, which a subscription aimed at an internal
         # service would turn into a way to read it: only admins (who manage subscriptions)
@@ -179,7 +183,10 @@ class WebhookDeliveryViewSet(viewsets.ReadOnlyModelViewSet):
     """Every event sent or being sent to a subscription, with its last attempt's answer."""
 
     serializer_class = WebhookDeliverySerializer
-    queryset = WebhookDelivery.objects.select_related("subscription").order_by("-created_at", "-id")
+    # The subscriptions' deliveries only: a step's notification to the on-call (the same model)
+    # has no subscription and shows on its incident's page.
+    queryset = (Delivery.objects.filter(channel=Delivery.Channel.SUBSCRIPTION)
+                .select_related("subscription").order_by("-created_at", "-id"))
     access = {"list": READ, "retrieve": READ, "redeliver": ADMIN_ONLY}
     filterset_fields = ["subscription", "status", "event", "incident", "event_id"]
     ordering_fields = ["created_at", "delivered_at", "attempts"]

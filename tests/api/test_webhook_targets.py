@@ -15,7 +15,7 @@ from rest_framework.test import APIClient
 
 from collectors.roles import ADMIN, OPERATOR, VIEWER, user_with_role
 from incidents import webhooks
-from incidents.models import Incident, WebhookDelivery, WebhookSubscription
+from incidents.models import Delivery, Incident, WebhookSubscription
 from tests.api.test_webhooks import Receiver, receiver  # noqa: F401 (a fixture)
 from tests.conftest import token_for
 
@@ -131,7 +131,7 @@ def test_a_subscription_that_now_points_inside_is_not_sent(
     settings.FLEETWATCH_WEBHOOK_ALLOW_HOSTS = []
     [delivery_id] = webhooks.event_emit("incident.opened", incident.pk)
     assert webhooks.delivery_attempt(delivery_id) is None  # not retried: failed for good
-    row = WebhookDelivery.objects.get(pk=delivery_id)
+    row = Delivery.objects.get(pk=delivery_id)
     assert row.status == "failed" and row.response_code is None
     assert row.response.startswith("not sent: 127.0.0.1 is not a public address")
     assert receiver.hits == []
@@ -158,7 +158,7 @@ def test_the_delivery_connects_to_the_address_it_checked(
     with mock.patch.object(socket, "getaddrinfo", rebinding):
         [delivery_id] = webhooks.event_emit("incident.opened", incident.pk)
         assert webhooks.delivery_attempt(delivery_id) is None
-    row = WebhookDelivery.objects.get(pk=delivery_id)
+    row = Delivery.objects.get(pk=delivery_id)
     assert row.status == "delivered", row.response
     [hit] = receiver.hits
     assert hit.headers["Host"] == f"rebind.test:{port}"
@@ -176,7 +176,7 @@ def test_only_admins_read_what_the_receiver_answered(
     [delivery_id] = webhooks.event_emit("incident.opened", incident.pk)
     webhooks.delivery_attempt(delivery_id)
     excerpt = "receiver says 503"
-    assert WebhookDelivery.objects.get(pk=delivery_id).response == excerpt
+    assert Delivery.objects.get(pk=delivery_id).response == excerpt
     for role, sees in ((VIEWER, False), (OPERATOR, False), (ADMIN, True)):
         user = user_with_role(f"{role}-reader", role)[0]
         api = APIClient()
@@ -253,8 +253,8 @@ def test_an_https_delivery_to_the_checked_address_still_checks_the_certificate_n
     finally:
         server.shutdown()
         server.server_close()
-    assert WebhookDelivery.objects.get(pk=good).status == "delivered"
+    assert Delivery.objects.get(pk=good).status == "delivered"
     assert seen == {"sni": "hooks.test", "host": f"hooks.test:{port}"}
-    failed = WebhookDelivery.objects.get(pk=bad)
+    failed = Delivery.objects.get(pk=bad)
     assert failed.status == "pending" and failed.response_code is None
     assert "certificate" in failed.response.lower()

@@ -29,9 +29,9 @@ from collectors import services as collectors
 from collectors.clients.notify import verify_signature
 from collectors.roles import ADMIN, user_with_role
 from collectors.sim.fleet import SimFleet
-from incidents import services, tasks, webhooks
+from incidents import deliveries, services, tasks, webhooks
 from incidents.diagnosis import Diagnosis
-from incidents.models import AuditEntry, Incident, WebhookDelivery, WebhookSubscription
+from incidents.models import AuditEntry, Delivery, Incident, WebhookSubscription
 from tests.conftest import token_for
 
 SECRET = "whsec-shared-with-the-receiver-0123456789"
@@ -162,8 +162,8 @@ def verified(hit: Hit, secret: str = SECRET) -> bool:
                             hit.headers.get("X-FleetWatch-Signature", ""))
 
 
-def rows(**filters: Any) -> list[WebhookDelivery]:
-    return list(WebhookDelivery.objects.filter(**filters).order_by("id"))
+def rows(**filters: Any) -> list[Delivery]:
+    return list(Delivery.objects.filter(**filters).order_by("id"))
 
 
 def committed(capture: Callable[..., Any]) -> Any:
@@ -294,7 +294,7 @@ def test_an_incidents_life_reaches_subscribers_signed_and_filtered(
         assert hit.headers["User-Agent"].startswith("FleetWatch-Webhooks/")
         assert body["event"] == hit.headers["X-FleetWatch-Event"]
         assert body["event_id"] == hit.headers["X-FleetWatch-Event-Id"]
-        row = WebhookDelivery.objects.get(pk=int(hit.headers["X-FleetWatch-Delivery"]))
+        row = Delivery.objects.get(pk=int(hit.headers["X-FleetWatch-Delivery"]))
         assert (row.status, row.attempts, row.response_code) == ("delivered", 1, 200)
         assert row.incident_id == incident.pk and row.event == body["event"]
         assert body["incident"]["id"] == incident.pk
@@ -316,7 +316,7 @@ def test_an_incidents_life_reaches_subscribers_signed_and_filtered(
     # One event id per event, shared by every subscriber that got it.
     [closure] = receiver.to("/resolved")
     assert closure.json["event_id"] == by_event["incident.resolved"]["event_id"]
-    assert WebhookDelivery.objects.count() == 5 == len(sent)
+    assert Delivery.objects.count() == 5 == len(sent)
     assert SECRET not in caplog.text and URL_TOKEN not in caplog.text
 
 
@@ -325,7 +325,7 @@ def test_an_event_for_nothing_or_a_vanished_incident_never_raises(
     assert webhooks.event_emit("incident.opened", 424242) == []  # no subscription: no query
     subscribe("pager", "https://example.com/hook")
     assert webhooks.event_emit("incident.opened", 424242) == []
-    assert "not recorded" in caplog.text and not WebhookDelivery.objects.exists()
+    assert "not recorded" in caplog.text and not Delivery.objects.exists()
 
 
 # --- retries, failures, idempotence -----------------------------------------------------------
@@ -397,13 +397,13 @@ def test_an_unreachable_receiver_fails_after_the_last_attempt(
 def test_the_backoff_grows_and_is_capped(settings: Any) -> None:
     settings.FLEETWATCH_WEBHOOK_BACKOFF_SECONDS = 5
     settings.FLEETWATCH_WEBHOOK_BACKOFF_MAX_SECONDS = 3600
-    assert [webhooks.backoff_seconds(n) for n in range(1, 7)] == [5, 25, 125, 625, 3125, 3600]
+    assert [deliveries.subscription_backoff().wait(n) for n in range(1, 7)] == [5, 25, 125, 625, 3125, 3600]
 
 
 def test_a_delivery_left_for_a_switched_off_subscription_is_not_sent(
         cluster: Any, receiver: Receiver, django_capture_on_commit_callbacks: Any) -> None:
     sub = subscribe("pager", f"{receiver.url}/hook", events=["incident.opened"])
-    with mock.patch.object(webhooks, "delivery_queue"), mock.patch.object(services, "_step_enqueue"):
+    with mock.patch.object(deliveries, "queue"), mock.patch.object(services, "_step_enqueue"):
         emit(cluster, django_capture_on_commit_callbacks)
     WebhookSubscription.objects.filter(pk=sub.pk).update(active=False)
     [row] = rows()
@@ -422,9 +422,9 @@ def test_a_delivered_delivery_is_not_sent_again(cluster: Any, receiver: Receiver
     # A duplicate message (broker redelivery, the watchdog) finds it done.
     assert webhooks.delivery_attempt(row.pk) is None
     assert tasks.webhook_deliver.apply(args=[row.pk]).successful()
-    assert webhooks.deliveries_rescue() == []
+    assert deliveries.rescue() == []
     assert len(receiver.hits) == 1
-    assert WebhookDelivery.objects.get(pk=row.pk).attempts == 1
+    assert Delivery.objects.get(pk=row.pk).attempts == 1
 
 
 @pytest.mark.django_db(transaction=True)
@@ -438,7 +438,7 @@ def test_two_workers_with_the_same_message_send_once(receiver: Receiver,
                                        detected_at=timezone.now())
     subscribe("pager", f"{receiver.url}/hook")
     receiver.delay = 0.3  # both start while the first is still waiting for its answer
-    with mock.patch.object(webhooks, "delivery_queue"):
+    with mock.patch.object(deliveries, "queue"):
         [delivery_id] = webhooks.event_emit("incident.opened", incident.pk)
     barrier = threading.Barrier(2)
 
@@ -455,7 +455,7 @@ def test_two_workers_with_the_same_message_send_once(receiver: Receiver,
     for t in threads:
         t.join()
     assert len(receiver.hits) == 1
-    row = WebhookDelivery.objects.get(pk=delivery_id)
+    row = Delivery.objects.get(pk=delivery_id)
     assert (row.status, row.attempts) == ("delivered", 1)
 
 
@@ -471,10 +471,10 @@ def test_the_watchdog_sends_deliveries_whose_message_was_lost(
     assert row.status == "pending" and row.attempts == 0
     with mock.patch.object(tasks.webhook_deliver, "apply_async",
                            side_effect=lambda args, **_: tasks.webhook_deliver.apply(args=args)):
-        assert webhooks.deliveries_rescue() == []  # not overdue yet
-        WebhookDelivery.objects.filter(pk=row.pk).update(
+        assert deliveries.rescue() == []  # not overdue yet
+        Delivery.objects.filter(pk=row.pk).update(
             next_attempt_at=timezone.now() - timedelta(minutes=10))
-        assert webhooks.deliveries_rescue() == [row.pk]
+        assert deliveries.rescue() == [row.pk]
     row.refresh_from_db()
     assert (row.status, row.attempts) == ("delivered", 1) and len(receiver.hits) == 1
 
@@ -507,10 +507,10 @@ def test_deliveries_are_listed_filtered_and_redelivered(
     with committed(django_capture_on_commit_callbacks):
         r = admin.post(f"/api/v1/webhook-deliveries/{failed['id']}/redeliver/")
     assert r.status_code == 202, r.content
-    again = WebhookDelivery.objects.get(pk=r.json()["id"])
+    again = Delivery.objects.get(pk=r.json()["id"])
     assert (again.status, again.attempts) == ("delivered", 1)
     assert again.event_id == failed["event_id"] and again.pk != failed["id"]
-    assert WebhookDelivery.objects.get(pk=failed["id"]).status == "failed"  # the record stays
+    assert Delivery.objects.get(pk=failed["id"]).status == "failed"  # the record stays
     hits = receiver.to("/hook")
     assert len(hits) == 2 and hits[0].raw == hits[1].raw and verified(hits[1])
     assert AuditEntry.objects.filter(verb="api.call", target__contains="redeliver").exists()
@@ -532,7 +532,7 @@ def test_redeliver_pressed_twice_sends_once(cluster: Any, admin: APIClient,
     pending = first.json()["id"]
     r = admin.post(f"/api/v1/webhook-deliveries/{pending}/redeliver/")
     assert r.status_code == 409 and r.json()["status"] == "pending"
-    assert WebhookDelivery.objects.count() == 2
+    assert Delivery.objects.count() == 2
 
 
 def test_the_test_button_pings_and_shows_the_answer(admin: APIClient, receiver: Receiver,
@@ -582,8 +582,8 @@ def test_a_real_worker_retries_through_the_broker(worker_backoff: None, receiver
     receiver.plan["/hook"] = [503, 200]
     [delivery_id] = webhooks.event_emit("incident.resolved", incident.pk)
 
-    def delivered() -> WebhookDelivery | None:
-        return WebhookDelivery.objects.filter(pk=delivery_id, status="delivered").first()
+    def delivered() -> Delivery | None:
+        return Delivery.objects.filter(pk=delivery_id, status="delivered").first()
 
     row = wait_for(delivered, 60, "the delivery, retried once by the worker")
     assert row.attempts == 2 and len(receiver.to("/hook")) == 2

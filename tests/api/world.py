@@ -19,10 +19,10 @@ from incidents.audit import audit_record
 from incidents.diagnosis.types import Diagnosis
 from incidents.models import (
     AuditEntry,
+    Delivery,
     Incident,
     Remediation,
     Step,
-    WebhookDelivery,
     WebhookSubscription,
 )
 from incidents.tokens import token_create
@@ -44,7 +44,7 @@ class World:
     audit: AuditEntry
     token_name: str  # a spare token, for the token endpoints to act on
     webhook: WebhookSubscription
-    delivery: WebhookDelivery
+    delivery: Delivery
 
     def path_parameters(self, template: str) -> dict[str, str]:
         """This world's object for each parameter of an OpenAPI path (``/api/v1/nodes/{name}/``
@@ -121,9 +121,9 @@ def build_world(settings: Any) -> World:
     token_create(admin, token_name, ["read"])
     webhook = WebhookSubscription.objects.create(
         name="hook", url="http://127.0.0.1:9/hook", secret="s" * 32, events=[])
-    delivery = WebhookDelivery.objects.create(
+    delivery = Delivery.objects.create(
         subscription=webhook, event="incident.opened", event_id="e-1", incident=incident,
-        payload={"event": "incident.opened"}, status=WebhookDelivery.Status.DELIVERED,
+        payload={"event": "incident.opened"}, status=Delivery.Status.DELIVERED,
         attempts=1, response_code=200, delivered_at=now)
     return World(cluster=cluster, node=node, gpu=node.gpus.get(index=1), job=job,
                  signal=signal, incident=incident, remediation=remediation, failed=failed,

@@ -66,7 +66,7 @@ BLOCKER_NODES = "gpu-001,gpu-004"
 SPARE_REASON = "fleetwatch: spare pool"
 CLUSTER = "drill"
 NO_AUTO_REPLACE = "fleetwatch.io/no-auto-replace"
-CHART_STEP = 15.0  # collectors.selectors reads Prometheus range queries at this step
+CHART_STEP = 15.0  # incidents.selectors charts Prometheus range queries at this step
 XID79_LINE = ("NVRM: Xid (PCI:0000:9b:00): 79, pid='<unknown>', name=<unknown>, "
               "GPU has fallen off the bus.")
 

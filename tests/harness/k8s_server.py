@@ -62,6 +62,7 @@ import copy
 import hashlib
 import json
 import math
+import re
 import secrets
 import signal
 import socket
@@ -106,6 +107,20 @@ def now_micro() -> str:
 def go_bool(value: str | None) -> bool:
     """A query flag as the API server parses it (Go's strconv.ParseBool: true, True, 1, t)."""
     return (value or "") in ("1", "t", "T", "true", "TRUE", "True")
+
+
+def query_int(params: dict[str, str], name: str) -> int:
+    """An int64 query parameter as the API server decodes it: a 400 in strconv's words."""
+    text = params.get(name) or ""
+    if not text:
+        return 0
+    if not re.fullmatch(r"[+-]?[0-9]+", text):
+        raise ApiError(400, f'strconv.ParseInt: parsing {k8s_rules.go_quote(text)}: invalid '
+                       "syntax")
+    if not -2**63 <= int(text) < 2**63:
+        raise ApiError(400, f'strconv.ParseInt: parsing {k8s_rules.go_quote(text)}: value out '
+                       "of range")
+    return int(text)
 
 
 def parse_time(value: Any) -> float | None:
@@ -1159,7 +1174,7 @@ class K8sTestServer:
                                    "the continue parameter.")
             keys = sorted(k for k, o in self.objects[r.store].items()
                           if "/".join(k) > start and match(o))
-            limit = int(params.get("limit") or 0)
+            limit = query_int(params, "limit")
             page = keys[:limit] if limit > 0 else keys
             items = [self.out(r, self.objects[r.store][k]) for k in page]
             meta: Obj = {"resourceVersion": str(list_rv)}
@@ -1598,7 +1613,7 @@ class _Handler(BaseHTTPRequestHandler):
         api = self.server.api
         match = api.select(r, namespace, params)
         try:
-            timeout = float(params.get("timeoutSeconds") or 0) or api.max_watch_seconds
+            timeout = float(query_int(params, "timeoutSeconds")) or api.max_watch_seconds
         except ValueError:
             raise ApiError(400, "timeoutSeconds must be a number") from None
         bookmarks = go_bool(params.get("allowWatchBookmarks"))

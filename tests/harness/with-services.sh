@@ -63,4 +63,10 @@ if [ -z "${CELERY_BROKER_URL:-}" ]; then
 fi
 
 export FLEETWATCH_DATA_DIR=${FLEETWATCH_DATA_DIR:-$tmp/data}
+# The suite runs the simulated fleet on PostgreSQL; the settings refuse a database server
+# without a named fleet (a deployment that forgot it), so the tests name theirs.
+export FLEETWATCH_FLEET=${FLEETWATCH_FLEET:-sim}
+# The data folder and its saved secret key, made as make run makes them, before any process
+# reads the settings: the suite's own process and the workers it starts share that key.
+(cd "$(dirname "$0")/../.." && "${VENV:-.venv}/bin/python" -m fleetwatch.datadir >/dev/null)
 "$@"

@@ -3,14 +3,13 @@ real Redis, the simulated fleet standing in for Slurm, Kubernetes, DCGM and the 
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.test import Client
 
-from collectors.models import Job, Node
+from collectors.models import CollectorRun, Job, Node
 from incidents import services
 from incidents.models import AuditEntry, Incident, Remediation, Step
 from tests.conftest import Worker, wait_for
@@ -19,6 +18,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 STEP_KINDS = ["notify", "drain_and_cancel", "requeue", "check_no_auto_replace",
               "cordon_and_drain", "replace_node", "resume"]
+
+
+def _last_run() -> int:
+    last = CollectorRun.objects.order_by("-pk").first()
+    return last.pk if last is not None else 0
+
+
+def _collections_after(run: int, cycles: int) -> None:
+    """Wait (with a deadline) until the worker's beat has run ``cycles`` more telemetry
+    collections: time has passed for the loop to act, measured by the loop itself."""
+    wait_for(lambda: CollectorRun.objects.filter(pk__gt=run, source="telemetry").count()
+             >= cycles, 10 + 2 * cycles, f"{cycles} more telemetry collections")
 
 
 def _fleet_collected() -> bool:
@@ -99,8 +110,9 @@ def test_xid79_heals_without_a_person(celery_worker_process: Worker, sim_state: 
 
     # Injecting the same fault again runs nothing twice.
     before = AuditEntry.objects.order_by("-pk").first().pk
+    runs = _last_run()
     call_command("fleetwatch", "inject", "xid", "--node", "gpu-003", "--gpu", "5", "--code", "79")
-    time.sleep(3)  # several collection cycles
+    _collections_after(runs, 3)  # several collection cycles
     assert Incident.objects.count() == 1
     assert Remediation.objects.count() == 1
     assert not AuditEntry.objects.filter(pk__gt=before, call__gt="").exists()
@@ -153,7 +165,7 @@ def test_approve_mode_waits_for_one_click(
     incident = _incident(celery_worker_process, Incident.Status.OPEN)
     remediation = wait_for(lambda: incident.remediations.first(), 10, "a remediation")
     assert remediation.status == Remediation.Status.AWAITING_APPROVAL
-    time.sleep(2)
+    _collections_after(_last_run(), 2)  # the worker keeps collecting and diagnosing meanwhile
     assert not AuditEntry.objects.exclude(call="").exists()  # nothing touched yet
     assert not sim_state()["nodes"]["gpu-014"]["drained"]
 

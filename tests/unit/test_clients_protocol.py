@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from collectors.clients.notify import Notifier
 from collectors.clients.prometheus import PrometheusTelemetry
 from collectors.clients.slurm import SlurmCli
 from collectors.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
-from collectors.sim.fleet import SimKubernetes, SimProvider, SimSlurm, SimTelemetry
+from collectors.sim.fleet import SimFleet, SimKubernetes, SimProvider, SimSlurm, SimTelemetry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,3 +135,35 @@ def test_the_manual_clock_moves_only_when_told() -> None:
     with pytest.raises(ValueError, match="does not go back"):
         clock.advance(-1)
     assert abs(SYSTEM_CLOCK.now() - ManualClock().now()) < 60
+
+
+def test_the_simulation_offers_every_capability(tmp_path: Path) -> None:
+    clock = ManualClock()
+    fleet = SimFleet(tmp_path / "fleet.json", speed=200.0, clock=clock)
+    fleet.seed()
+    slurm, k8s, telemetry = SimSlurm(fleet), SimKubernetes(fleet), SimTelemetry(fleet)
+    # DOWN: the simulated scheduler drains, and its result names the drain.
+    down = slurm.down("gpu-001", "fleetwatch: test")
+    assert down.changed and "state=DRAIN" in down.call and "drains for DOWN" in down.detail
+    assert "DRAIN" in next(n for n in slurm.nodes() if n.name == "gpu-001").flags
+    assert not slurm.down("gpu-001", "fleetwatch: test").changed
+    # Requeue held: the ended job waits, pending, and the scheduler leaves it there (a plain
+    # requeue would run it again at once on its freed nodes).
+    slurm.cancel("3002", "TERM", 10)
+    clock.advance(1)
+    held = slurm.requeue_hold("3002")
+    assert held.changed and held.call == "scontrol requeuehold 3002"
+    clock.advance(5)
+    job = next(j for j in slurm.jobs() if j.job_id == "3002")
+    assert (job.state, job.state_reason, job.restart_count) == ("PENDING", "JobHeldUser", 1)
+    assert not slurm.requeue_hold("3002").changed
+    # Slurm's own reboot, as the provider asks for it.
+    reboot = slurm.reboot("gpu-001", "incident 1 test")
+    assert reboot.changed and reboot.call.startswith("scontrol reboot ASAP nextstate=RESUME")
+    assert "already" in SimProvider(fleet).reboot("gpu-001", "incident 1 test").detail
+    # No change feeds, no history, nothing unparsed.
+    assert k8s.node_changes(None, 1) is None and k8s.event_changes(None, 1) is None
+    assert telemetry.changes(None) is None
+    now = datetime.now(UTC)
+    assert telemetry.gpu_history(["gpu-001"], now - timedelta(minutes=5), now) == {}
+    assert slurm.last_warnings == k8s.last_warnings == telemetry.last_warnings == []

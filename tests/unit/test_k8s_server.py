@@ -211,3 +211,13 @@ def test_objects_carry_what_a_kubelet_and_go_always_write() -> None:
     cs = server.out(pods, server.get("pods", "t", "p"))["status"]["containerStatuses"][0]
     assert cs["imageID"].startswith("registry.local/train@sha256:")
     assert cs["containerID"].startswith("containerd://") and cs["image"]
+
+
+def test_a_bad_limit_is_a_400_not_a_crash() -> None:
+    ks = _server()
+    server = ks.K8sTestServer({"nodes": [{"name": "n1"}]})
+    nodes = next(r for r in ks.RESOURCES if r.plural == "nodes")
+    with pytest.raises(ks.ApiError) as bad:
+        server.list(nodes, None, {"limit": "ten"})
+    assert (bad.value.code, bad.value.message) == (
+        400, 'strconv.ParseInt: parsing "ten": invalid syntax')

@@ -1,5 +1,7 @@
 """Notifiers against a real HTTP server on loopback and Django's mail backends.
 
+Each notification is recorded as an ``incidents.models.Delivery`` (the one delivery model).
+
 The receiver runs in another thread: the tests that look at the database from inside it use
 ``transactional_db``, so the row the notifier wrote is committed and visible there."""
 
@@ -27,12 +29,12 @@ from collectors.clients.notify import (
     MultiNotifier,
     SlackNotifier,
     WebhookNotifier,
-    deliveries_for_incident,
     notifier_from_settings,
     verify_signature,
 )
-from collectors.models import Delivery
 from collectors.redaction import redact_url
+from incidents.deliveries import incident_rows as deliveries_for_incident
+from incidents.models import Delivery
 
 SECRET = "s3cret-shared-with-the-receiver"
 SLACK_PATH = "/services/T000/B000/XXXXSLACKTOKENXXXX"

@@ -24,6 +24,7 @@ from collectors.clients.providers import (
     ProviderReplacement,
     SlurmRebootProvider,
 )
+from collectors.clock import ManualClock
 from collectors.sim.fleet import (
     REBOOT_SECONDS,
     SimFleet,
@@ -33,6 +34,7 @@ from collectors.sim.fleet import (
     SimTelemetry,
     inject_xid,
 )
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLE = ROOT / "deploy" / "providers" / "example-provider.sh"
@@ -106,7 +108,9 @@ def test_exit_status_2_is_permanent_and_others_transient(tmp_path: Path) -> None
 def test_a_run_past_the_timeout_is_killed_with_its_children(tmp_path: Path) -> None:
     marker = tmp_path / "survived"
     # The child sleeps holding the output pipes: killing only the shell would hang the read.
-    program = script(tmp_path, f'(sleep 3; touch {marker}) &\nsleep 3\necho never\n')
+    pid_file = tmp_path / "child.pid"
+    program = script(tmp_path, f'(sh -c \'echo $PPID\' > {pid_file}; sleep 3; touch {marker}) &\n'
+                     'sleep 3\necho never\n')
     provider = CommandProvider(program, timeout=0.5)
     started = time.monotonic()
     with pytest.raises(CommandError) as err:
@@ -115,8 +119,18 @@ def test_a_run_past_the_timeout_is_killed_with_its_children(tmp_path: Path) -> N
     assert not err.value.permanent
     assert "timed out after 0.5s" in str(err.value)
     assert err.value.data["exit_status"] is None
-    time.sleep(3)
+    # The child would touch the marker 3 s in: wait until it is gone (killed), then look.
+    wait_for(lambda: _gone(int(pid_file.read_text())), 5, "the provider's child to be killed",
+             interval=0.05)
     assert not marker.exists()
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its zombie (killed, not yet reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
 
 
 def test_bad_output_and_missing_program_are_permanent(tmp_path: Path) -> None:
@@ -232,8 +246,13 @@ SPEED = 200.0  # a reboot takes REBOOT_SECONDS / SPEED = 0.45 s
 
 
 @pytest.fixture
-def fleet(tmp_path: Path) -> SimFleet:
-    f = SimFleet(tmp_path / "fleet.json", speed=SPEED)
+def clock() -> ManualClock:
+    return ManualClock()  # the fleet's time moves only when a test advances it
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, clock: ManualClock) -> SimFleet:
+    f = SimFleet(tmp_path / "fleet.json", speed=SPEED, clock=clock)
     f.seed()
     return f
 
@@ -242,15 +261,16 @@ def gpu(fleet: SimFleet, node: str, index: int) -> dict[str, Any]:
     return fleet.snapshot()["nodes"][node]["gpus"][index]
 
 
-def test_sim_reboot_clears_transient_faults_but_not_a_fallen_off_gpu(fleet: SimFleet) -> None:
+def test_sim_reboot_clears_transient_faults_but_not_a_fallen_off_gpu(fleet: SimFleet,
+                                                                     clock: ManualClock) -> None:
     provider, slurm = SimProvider(fleet), SimSlurm(fleet)
-    now = time.time()
+    now = clock.now()
     with fleet.transaction() as state:
         inject_xid(state, "gpu-002", 1, 48, now)  # double-bit ECC: a reboot clears it
         inject_xid(state, "gpu-002", 4, 74, now)  # NVLink
         inject_xid(state, "gpu-003", 5, 79, now)  # fallen off the bus: dead hardware
     slurm.cancel("3001", "TERM", 1)  # both nodes run job 3001; it must end first (ASAP)
-    time.sleep(0.05)
+    clock.advance(0.05)
 
     first = provider.reboot("gpu-002", "incident 9 gpu_memory")
     assert first.changed
@@ -265,7 +285,7 @@ def test_sim_reboot_clears_transient_faults_but_not_a_fallen_off_gpu(fleet: SimF
     assert not next(n for n in SimKubernetes(fleet).nodes() if n.name == "gpu-002").ready
     assert provider.reboot("gpu-003", "incident 10 gpu_hardware").changed
 
-    time.sleep(REBOOT_SECONDS / SPEED + 0.1)
+    clock.advance(REBOOT_SECONDS / SPEED + 0.1)
     assert gpu(fleet, "gpu-002", 1)["last_xid"] == 0 and gpu(fleet, "gpu-002", 4)["last_xid"] == 0
     assert provider.status("gpu-002").state == "ready"
     node = next(n for n in slurm.nodes() if n.name == "gpu-002")
@@ -280,14 +300,14 @@ def test_sim_reboot_clears_transient_faults_but_not_a_fallen_off_gpu(fleet: SimF
     assert node.flags == ("DRAIN",) and "still off the bus" in node.reason
 
 
-def test_sim_reboot_asap_waits_for_the_jobs_on_the_node(fleet: SimFleet) -> None:
+def test_sim_reboot_asap_waits_for_the_jobs_on_the_node(fleet: SimFleet, clock: ManualClock) -> None:
     provider = SimProvider(fleet)
     result = provider.reboot("gpu-010", "incident 3 nvlink")
     assert result.changed and "waiting for its jobs" in result.detail
     node = next(n for n in SimSlurm(fleet).nodes() if n.name == "gpu-010")
     assert "REBOOT_REQUESTED" in node.flags and "DRAIN" in node.flags
     assert "waiting for jobs" in provider.status("gpu-010").detail
-    time.sleep(REBOOT_SECONDS / SPEED + 0.1)
+    clock.advance(REBOOT_SECONDS / SPEED + 0.1)
     assert provider.status("gpu-010").state == "rebooting"  # the job still runs there
 
 
@@ -298,9 +318,9 @@ def test_sim_reboot_respects_an_administrators_drain(fleet: SimFleet) -> None:
     assert err.value.permanent
 
 
-def test_sim_gpu_reset(fleet: SimFleet) -> None:
+def test_sim_gpu_reset(fleet: SimFleet, clock: ManualClock) -> None:
     provider = SimProvider(fleet)
-    now = time.time()
+    now = clock.now()
     with fleet.transaction() as state:
         inject_xid(state, "gpu-006", 2, 119, now)  # GSP timeout: a reset recovers it
         inject_xid(state, "gpu-006", 3, 79, now)
@@ -308,7 +328,7 @@ def test_sim_gpu_reset(fleet: SimFleet) -> None:
         provider.reset_gpu("gpu-006", 2)  # job 3001 still holds the GPUs
     assert not err.value.permanent
     SimSlurm(fleet).cancel("3001", "TERM", 1)
-    time.sleep(0.05)
+    clock.advance(0.05)
     reset = provider.reset_gpu("gpu-006", 2)
     assert reset.changed and reset.call == "nvidia-smi --gpu-reset -i 2  # on gpu-006"
     assert reset.data == {"cleared_xids": {"2": 119}}

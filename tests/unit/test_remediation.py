@@ -26,6 +26,7 @@ from collectors.clients.base import (
     SlurmJob,
     SlurmNode,
 )
+from collectors.clock import ManualClock
 from collectors.models import Node
 from collectors.sim.fleet import SimFleet
 from incidents import services
@@ -325,18 +326,19 @@ def gpu(node: str, index: int, temp: float, clocks: int = 0) -> GpuMetric:
 def test_thermal_waits_for_normal_temperatures_held_for_the_stable_window(settings: Any) -> None:
     settings.FLEETWATCH_RECOVERY_STABLE_MINUTES = 0.01  # 0.6 s
     world = FakeWorld(gpus=[gpu("gpu-003", 0, 91.0, 0x40), gpu("gpu-003", 1, 70.0)])
-    out = EXECUTORS["wait_cool"](ctx_for(world, "wait_cool"))
+    clock = ManualClock()
+    out = EXECUTORS["wait_cool"](ctx_for(world, "wait_cool", clock=clock))
     assert isinstance(out, Wait) and "GPU 0 91C" in out.detail and "thermal slowdown" in out.detail
     # Warm but not throttling is fine; cool has to last the window.
     world.gpus = [gpu("gpu-003", 0, 78.0), gpu("gpu-003", 1, 70.0)]
-    out = EXECUTORS["wait_cool"](ctx_for(world, "wait_cool"))
+    out = EXECUTORS["wait_cool"](ctx_for(world, "wait_cool", clock=clock))
     assert isinstance(out, Wait) and "cool for" in out.detail
-    time.sleep(0.7)
-    out = EXECUTORS["wait_cool"](ctx_for(world, "wait_cool", out.result))
+    clock.advance(0.7)
+    out = EXECUTORS["wait_cool"](ctx_for(world, "wait_cool", out.result, clock=clock))
     assert isinstance(out, Done)
     # Heat coming back restarts the window.
     world.gpus = [gpu("gpu-003", 0, 85.0)]
-    again = EXECUTORS["wait_cool"](ctx_for(world, "wait_cool", out.result))
+    again = EXECUTORS["wait_cool"](ctx_for(world, "wait_cool", out.result, clock=clock))
     assert isinstance(again, Wait) and "cool_since" not in again.result
 
 
@@ -355,10 +357,11 @@ def test_unreachable_node_is_marked_down_rebooted_and_replaced_only_if_it_stays_
     assert isinstance(EXECUTORS["reboot"](ctx_for(world, "reboot", out.result)), Done)
     assert world.made.count("reboot gpu-003") == 1  # a re-check does not reboot again
     # Still not Ready in Kubernetes: after the window it is declared gone.
-    out = EXECUTORS["wait_node_back"](ctx_for(world, "wait_node_back"))
+    clock = ManualClock()
+    out = EXECUTORS["wait_node_back"](ctx_for(world, "wait_node_back", clock=clock))
     assert isinstance(out, Wait)
-    time.sleep(0.7)
-    out = EXECUTORS["wait_node_back"](ctx_for(world, "wait_node_back", out.result))
+    clock.advance(0.7)
+    out = EXECUTORS["wait_node_back"](ctx_for(world, "wait_node_back", out.result, clock=clock))
     assert isinstance(out, Done) and out.result["came_back"] is False
     # Came back instead: no replacement.
     skipped = EXECUTORS["replace_if_not_back"](ctx_for(

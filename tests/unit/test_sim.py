@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from collectors.clients.base import ClientError
+from collectors.clock import ManualClock
 from collectors.sim.fleet import (
     SimFleet,
     SimKubernetes,
@@ -18,8 +17,13 @@ from collectors.sim.fleet import (
 
 
 @pytest.fixture
-def fleet(tmp_path):
-    f = SimFleet(tmp_path / "fleet.json", speed=200.0)
+def clock() -> ManualClock:
+    return ManualClock()  # the fleet's time moves only when a test advances it
+
+
+@pytest.fixture
+def fleet(tmp_path, clock: ManualClock):
+    f = SimFleet(tmp_path / "fleet.json", speed=200.0, clock=clock)
     f.seed()
     return f
 
@@ -37,36 +41,36 @@ def test_seed_runs_three_multinode_jobs_on_sixteen_nodes(fleet: SimFleet) -> Non
     assert not fleet.seed()  # a second seed keeps the running fleet
 
 
-def test_training_progresses_and_checkpoints(fleet: SimFleet) -> None:
-    time.sleep(0.5)  # 100 simulated seconds: ~16 steps at 6 s each
+def test_training_progresses_and_checkpoints(fleet: SimFleet, clock: ManualClock) -> None:
+    clock.advance(0.5)  # 100 simulated seconds: ~16 steps at 6 s each
     job = SimSlurm(fleet).jobs()[0]
     assert job.step >= 10
     assert job.checkpoint_step == (job.step // 10) * 10
 
 
-def test_hung_job_loses_progress_since_its_last_checkpoint(fleet: SimFleet) -> None:
+def test_hung_job_loses_progress_since_its_last_checkpoint(fleet: SimFleet, clock: ManualClock) -> None:
     slurm = SimSlurm(fleet)
-    time.sleep(0.4)
+    clock.advance(0.4)
     with fleet.transaction() as state:
-        inject_xid(state, "gpu-003", 5, 79, time.time())
+        inject_xid(state, "gpu-003", 5, 79, clock.now())
     stalled = slurm.jobs()[0].step
-    time.sleep(0.2)
+    clock.advance(0.2)
     assert slurm.jobs()[0].step == stalled  # NCCL hangs: no more steps
     checkpoint = slurm.jobs()[0].checkpoint_step
     result = slurm.cancel("3001", "TERM", 10)
     assert "hung" in result.detail
     assert slurm.jobs()[0].state == "RUNNING"  # still inside its grace period
-    time.sleep(0.1)  # 10 s grace / 200
+    clock.advance(0.1)  # 10 s grace / 200
     job = slurm.jobs()[0]
     assert job.state == "CANCELLED"
     assert job.checkpoint_step == checkpoint  # SIGTERM could not write a new one
 
 
-def test_healthy_job_checkpoints_on_sigterm_and_resumes_there(fleet: SimFleet) -> None:
+def test_healthy_job_checkpoints_on_sigterm_and_resumes_there(fleet: SimFleet, clock: ManualClock) -> None:
     slurm = SimSlurm(fleet)
-    time.sleep(0.3)
+    clock.advance(0.3)
     slurm.cancel("3002", "TERM", 120)
-    time.sleep(0.1)
+    clock.advance(0.1)
     job = next(j for j in slurm.jobs() if j.job_id == "3002")
     assert job.state == "CANCELLED"
     saved = job.checkpoint_step
@@ -104,13 +108,13 @@ def test_cordon_evict_and_uncordon(fleet: SimFleet) -> None:
     assert not next(n for n in k8s.nodes() if n.name == "gpu-004").annotations
 
 
-def test_replacement_comes_from_the_spare_pool_once(fleet: SimFleet) -> None:
+def test_replacement_comes_from_the_spare_pool_once(fleet: SimFleet, clock: ManualClock) -> None:
     provider = SimProvider(fleet)
     first = provider.replace("gpu-005")
     again = provider.replace("gpu-005")
     assert first.new_node == again.new_node == "gpu-017"
     assert not first.ready
-    time.sleep(0.7)  # 120 s of provisioning at 200x
+    clock.advance(0.7)  # 120 s of provisioning at 200x
     status = provider.replacement_status("gpu-005")
     assert status is not None and status.ready
     new = next(n for n in SimSlurm(fleet).nodes() if n.name == "gpu-017")
@@ -118,9 +122,9 @@ def test_replacement_comes_from_the_spare_pool_once(fleet: SimFleet) -> None:
     assert any(n.name == "gpu-017" and n.ready for n in SimKubernetes(fleet).nodes())
 
 
-def test_xid_79_gpu_reports_no_utilisation(fleet: SimFleet) -> None:
+def test_xid_79_gpu_reports_no_utilisation(fleet: SimFleet, clock: ManualClock) -> None:
     with fleet.transaction() as state:
-        inject_xid(state, "gpu-009", 1, 79, time.time())
+        inject_xid(state, "gpu-009", 1, 79, clock.now())
     metrics = {(m.node, m.gpu): m for m in SimTelemetry(fleet).gpu_metrics()}
     assert metrics[("gpu-009", 1)].last_xid == 79
     assert metrics[("gpu-009", 1)].utilization is None
@@ -135,8 +139,8 @@ def test_a_down_source_raises_instead_of_reporting_an_empty_fleet(fleet: SimFlee
     assert SimKubernetes(fleet).nodes()  # the others still answer
 
 
-def test_unknown_targets_are_clear_errors(fleet: SimFleet) -> None:
+def test_unknown_targets_are_clear_errors(fleet: SimFleet, clock: ManualClock) -> None:
     with pytest.raises(ClientError, match="unknown node 'gpu-999'"):
         SimSlurm(fleet).drain("gpu-999", "fleetwatch: x")
     with fleet.transaction() as state, pytest.raises(ClientError, match="has no GPU 9"):
-        inject_xid(state, "gpu-001", 9, 79, time.time())
+        inject_xid(state, "gpu-001", 9, 79, clock.now())

@@ -15,7 +15,6 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from collectors import selectors
 from collectors import services as collectors
 from collectors.models import (
     Cluster,
@@ -28,7 +27,7 @@ from collectors.models import (
     SourceHealth,
 )
 from collectors.sim.fleet import SimFleet
-from incidents import services
+from incidents import selectors, services
 from incidents.audit import audit_record
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, Incident, Remediation, Step
