@@ -295,7 +295,7 @@ def _push_receipt(idempotency: tuple[str, str], digest: str, count: int) -> Inge
 # Sent with the ids of newly stored signals, inside the transaction that stored them;
 # incidents listens (collectors never import it). Its listener marks diagnosis due in the same
 # transaction and queues at most one run per cluster, so a burst of pushes cannot pile up
-# one diagnosis per batch (incidents.services.diagnosis_request).
+# one diagnosis per batch (incidents.diagnosing.diagnosis_request).
 signals_stored = django.dispatch.Signal()
 
 

@@ -407,8 +407,8 @@ REST_FRAMEWORK = {
         "incidents.api.auth.ScopedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["incidents.api.permissions.FleetWatchAccess"],
-    "DEFAULT_THROTTLE_CLASSES": ["incidents.api.throttles.TokenRateThrottle"],
+    "DEFAULT_PERMISSION_CLASSES": ["collectors.api.permissions.FleetWatchAccess"],
+    "DEFAULT_THROTTLE_CLASSES": ["collectors.api.throttles.TokenRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {
         "token": FLEETWATCH_API_RATE,
         "ingest": FLEETWATCH_API_INGEST_RATE,
@@ -419,13 +419,13 @@ REST_FRAMEWORK = {
         "rest_framework.filters.OrderingFilter",
     ],
     # Limit/offset with a count for most lists; signals and audit page by cursor (their views).
-    "DEFAULT_PAGINATION_CLASS": "incidents.api.pagination.LimitOffset",
+    "DEFAULT_PAGINATION_CLASS": "collectors.api.pagination.LimitOffset",
     "PAGE_SIZE": 100,
     # JSON only: one body format to validate, document and fuzz (the docs page sends JSON).
     # Refuses, naming the field, what the database cannot store (NUL, lone surrogates, 1e999).
-    "DEFAULT_PARSER_CLASSES": ["incidents.api.parsers.SafeJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["collectors.api.parsers.SafeJSONParser"],
     # Answers survive what is already stored (a lone surrogate, NaN): see renderers.py.
-    "DEFAULT_RENDERER_CLASSES": ["incidents.api.renderers.SafeJSONRenderer",
+    "DEFAULT_RENDERER_CLASSES": ["collectors.api.renderers.SafeJSONRenderer",
                                  "rest_framework.renderers.BrowsableAPIRenderer"],
     "DEFAULT_SCHEMA_CLASS": "incidents.api.schema.FleetWatchSchema",
 }

@@ -33,4 +33,5 @@ urlpatterns = [
     # pages' and reverse() would give the HTML page.
     path("api/v1/", include(("incidents.api.urls", "api"), namespace="api")),
     path("", include("incidents.urls")),
+    path("", include("collectors.urls")),
 ]

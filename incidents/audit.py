@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from celery import shared_task
 from django.db import connections, router, transaction
 from django.utils import timezone
 
@@ -323,20 +322,11 @@ def audit_verify_checkpoint(checkpoint: dict[str, Any], using: str | None = None
 def checkpoint_log() -> dict[str, Any]:
     """Write a signed checkpoint to the log (JSON: its ``checkpoint`` field is what
     ``manage.py fleetwatch audit verify --checkpoint`` takes), for the log shipper to carry
-    off the machine, and send it as an ``audit.checkpoint`` webhook event to the
-    subscriptions that list it. The beat runs this every FLEETWATCH_AUDIT_CHECKPOINT_MINUTES."""
+    off the machine. The beat's task (incidents.tasks.audit_checkpoint) runs this every
+    FLEETWATCH_AUDIT_CHECKPOINT_MINUTES and sends the checkpoint as an ``audit.checkpoint``
+    webhook event too."""
     checkpoint = checkpoint_make()
     logging.getLogger("fleetwatch.audit").info(
         "audit checkpoint: %d entries, head %s", checkpoint["count"], checkpoint["head"] or "none",
         extra={"checkpoint": json.dumps(checkpoint, sort_keys=True, separators=(",", ":"))})
-    from incidents import webhooks  # webhooks import models and clients: only when sending
-
-    webhooks.checkpoint_emit(checkpoint)  # and to subscriptions that list audit.checkpoint
     return checkpoint
-
-
-# The beat's task. Here rather than in incidents/tasks.py, beside what it runs; registered
-# wherever this module is imported (the worker imports it through incidents.tasks).
-@shared_task(name="incidents.audit.checkpoint", ignore_result=True)
-def checkpoint_task() -> None:
-    checkpoint_log()

@@ -37,6 +37,7 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from collectors import queueing
 from collectors.clients import notify
 from incidents.models import Delivery
 
@@ -158,10 +159,9 @@ def attempt(delivery_id: int, send: Callable[[Delivery], notify.Answer], backoff
 def queue(delivery_id: int, countdown: float | None = None) -> bool:
     """Hand one subscription delivery to a worker, now. False (logged) when the broker would
     not take it: the row stays pending and ``rescue`` queues it later."""
-    from incidents import tasks  # tasks import the modules that call this one
-
     try:
-        tasks.webhook_deliver.apply_async(args=[delivery_id], countdown=countdown or None)
+        queueing.enqueue(queueing.WEBHOOK_DELIVER, delivery_id, countdown=countdown,
+                         on_commit=False)
     except Exception as exc:  # the broker is down: the rescue picks the row up later
         log.warning("webhook delivery %s not queued (%s: %s); the rescue will retry it",
                     delivery_id, type(exc).__name__, exc)

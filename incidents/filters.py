@@ -1,162 +1,129 @@
-"""The pages' list filters (django-filter, as the API uses): what a person can narrow a list
-by. Each list view applies one to a selector's queryset."""
+"""The incidents app's list filters: one filter set per model, used by its page and by its API
+endpoint alike (see collectors/filters.py, which holds the building blocks and the fleet's
+filter sets)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any
-
-import django_filters
-from django import forms
 from django.db.models import Q, QuerySet
-from django.utils import timezone
+from django_filters import rest_framework as django_filters
 
-from collectors.models import Cluster, Job, Node
-from incidents.models import AuditEntry, Incident, RootCause
-from incidents.selectors import json_list_has
-
-# "Last hour / day / week / month": the quick time ranges every list offers.
-RANGES = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7),
-          "30d": timedelta(days=30)}
-RANGE_CHOICES = [("1h", "last hour"), ("24h", "last 24 hours"), ("7d", "last 7 days"),
-                 ("30d", "last 30 days")]
-YES_NO = [("yes", "yes"), ("no", "no")]
-
-
-INT64_MAX = 2**63 - 1
-
-
-class IntegerFilter(django_filters.NumberFilter):
-    """A whole number a 64-bit column can hold, for ids and codes. Anything else (``abc``,
-    ``1.5``, ``1e999``, twenty digits) is a form error naming the parameter: the API answers
-    400, the pages show the error. django-filter's NumberFilter takes decimals of any size,
-    and SQLite cannot even compare one beyond 64 bits with a key (OverflowError: a 500)."""
-
-    field_class = forms.IntegerField
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("min_value", -INT64_MAX - 1)
-        kwargs.setdefault("max_value", INT64_MAX)
-        super().__init__(*args, **kwargs)
+from collectors.filters import (
+    RANGE_CHOICES,
+    FilterSet,
+    IntegerFilter,
+    UtcDateTimeFilter,
+    YesNoFilter,
+    choice,
+    cluster_choices,
+    since,
+)
+from collectors.roles import SYSTEM
+from collectors.selectors import json_list_has
+from incidents.models import AuditEntry, Incident, Remediation, RootCause, Step
 
 
-class _DateTimeLocal(forms.DateTimeInput):
-    input_type = "datetime-local"
+class IncidentFilter(FilterSet):
+    cluster = django_filters.CharFilter(field_name="cluster__name", help_text="cluster name")
+    status = choice(choices=Incident.Status.choices)
+    open = YesNoFilter(method="_open", help_text="true: not resolved yet")
+    root_cause = choice(choices=RootCause.choices)
+    node = django_filters.CharFilter(method="_node",
+                                     help_text="incidents that blame this node or leaf switch")
+    job = django_filters.CharFilter(method="_job", help_text="incidents that hit this job")
+    range = choice(choices=RANGE_CHOICES, method=since("opened_at"),
+                   help_text="opened in the last hour, 24 hours, 7 or 30 days")
+    since = UtcDateTimeFilter(field_name="opened_at", lookup_expr="gte",
+                              help_text="opened at or after")
+    until = UtcDateTimeFilter(field_name="opened_at", lookup_expr="lte",
+                              help_text="opened at or before")
 
-    def __init__(self) -> None:
-        super().__init__(format="%Y-%m-%dT%H:%M")
-
-
-def _since(field: str) -> Any:
-    def method(qs: QuerySet[Any], name: str, value: str) -> QuerySet[Any]:
-        delta = RANGES.get(value)
-        return qs.filter(**{f"{field}__gte": timezone.now() - delta}) if delta else qs
-    return method
-
-
-def _choice(**kwargs: Any) -> django_filters.ChoiceFilter:
-    # "any" reads better than Django's "---------" as the no-filter choice.
-    return django_filters.ChoiceFilter(**{"empty_label": "any", **kwargs})
-
-
-def _cluster_choices() -> list[tuple[str, str]]:
-    return [(c, c) for c in Cluster.objects.order_by("name").values_list("name", flat=True)]
-
-
-class NodeFilter(django_filters.FilterSet):
-    q = django_filters.CharFilter(field_name="name", lookup_expr="icontains", label="Name")
-    slurm_state = _choice(label="Slurm state", choices=[])
-    drained = _choice(label="Drained", choices=YES_NO, method="_drained")
-    health = _choice(choices=Node.Health.choices)
-    pool = _choice(choices=[])
-    # A text box with suggestions, not a select: a big fleet has hundreds of leaf switches.
-    leaf_switch = django_filters.CharFilter(label="Leaf switch", widget=forms.TextInput(
-        attrs={"list": "leaf-switches", "size": 10}))
-    in_service = _choice(label="In service", choices=YES_NO,
-                                             method="_in_service")
-
-    class Meta:
-        model = Node
-        fields = ["q", "slurm_state", "drained", "health", "pool", "leaf_switch", "in_service"]
-
-    def __init__(self, *args: Any, facets: dict[str, list[str]], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # The choices are the values the fleet has (read once by the view's selector).
-        for name, key in (("slurm_state", "slurm_states"), ("pool", "pools")):
-            self.filters[name].extra["choices"] = [(v, v) for v in facets[key]]
-
-    def _drained(self, qs: QuerySet[Node], name: str, value: str) -> QuerySet[Node]:
-        drained = (Q(slurm_flags__icontains=json_list_has("DRAIN"))
-                   | Q(slurm_flags__icontains=json_list_has("DRAINED")))
-        return qs.filter(drained) if value == "yes" else qs.exclude(drained)
-
-    def _in_service(self, qs: QuerySet[Node], name: str, value: str) -> QuerySet[Node]:
-        return qs.filter(in_service=value == "yes")
-
-
-class JobFilter(django_filters.FilterSet):
-    q = django_filters.CharFilter(method="_search", label="Job id or name")
-    state = _choice(choices=[])
-    user = django_filters.CharFilter(lookup_expr="iexact")
-    node = django_filters.CharFilter(method="_node", label="Node")
-
-    class Meta:
-        model = Job
-        fields = ["q", "state", "user", "node"]
-
-    def __init__(self, *args: Any, facets: dict[str, list[str]], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.filters["state"].extra["choices"] = [(v, v) for v in facets["states"]]
-
-    def _search(self, qs: QuerySet[Job], name: str, value: str) -> QuerySet[Job]:
-        return qs.filter(Q(slurm_id=value) | Q(name__icontains=value))
-
-    def _node(self, qs: QuerySet[Job], name: str, value: str) -> QuerySet[Job]:
-        return qs.filter(nodes__icontains=json_list_has(value))
-
-
-class IncidentFilter(django_filters.FilterSet):
-    status = _choice(choices=Incident.Status.choices)
-    open = _choice(label="Open", choices=YES_NO, method="_open")
-    root_cause = _choice(label="Root cause", choices=RootCause.choices)
-    cluster = _choice(field_name="cluster__name", choices=_cluster_choices)
-    node = django_filters.CharFilter(method="_node", label="Node")
-    range = _choice(label="Opened", choices=RANGE_CHOICES,
-                                        method=_since("opened_at"))
-    since = django_filters.DateTimeFilter(field_name="opened_at", lookup_expr="gte",
-                                          label="Opened from (UTC)", widget=_DateTimeLocal())
-    until = django_filters.DateTimeFilter(field_name="opened_at", lookup_expr="lte",
-                                          label="Opened until (UTC)", widget=_DateTimeLocal())
+    page_fields = ("status", "open", "root_cause", "cluster", "node", "range", "since", "until")
+    page_labels = {"open": "Open", "root_cause": "Root cause", "node": "Node", "range": "Opened",
+                   "since": "Opened from (UTC)", "until": "Opened until (UTC)"}
 
     class Meta:
         model = Incident
-        fields = ["status", "open", "root_cause", "cluster", "node", "range", "since", "until"]
+        fields = ["cluster", "status", "open", "root_cause", "node", "job", "range", "since",
+                  "until"]
 
-    def _open(self, qs: QuerySet[Incident], name: str, value: str) -> QuerySet[Incident]:
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        # The page offers the clusters there are (read only when the form is drawn).
+        self.page_choices("cluster", cluster_choices)
+
+    def _open(self, qs: QuerySet[Incident], name: str, value: bool) -> QuerySet[Incident]:
         resolved = Q(status=Incident.Status.RESOLVED)
-        return qs.exclude(resolved) if value == "yes" else qs.filter(resolved)
+        return qs.exclude(resolved) if value else qs.filter(resolved)
 
     def _node(self, qs: QuerySet[Incident], name: str, value: str) -> QuerySet[Incident]:
         return qs.filter(Q(nodes__icontains=json_list_has(value)) | Q(switch=value))
 
+    def _job(self, qs: QuerySet[Incident], name: str, value: str) -> QuerySet[Incident]:
+        return qs.filter(jobs__icontains=json_list_has(value))
 
-class AuditFilter(django_filters.FilterSet):
-    actor = django_filters.CharFilter(lookup_expr="icontains",
-                                      help_text="system, user:NAME, token:NAME")
-    verb = django_filters.CharFilter(lookup_expr="startswith", help_text="e.g. remediation.")
+
+class RemediationFilter(FilterSet):
+    status = django_filters.ChoiceFilter(choices=Remediation.Status.choices)
+    mode = django_filters.ChoiceFilter(choices=Remediation.Mode.choices)
+    playbook = django_filters.CharFilter()
+    incident = IntegerFilter(field_name="incident_id")
+
+    class Meta:
+        model = Remediation
+        fields = ["status", "mode", "playbook", "incident"]
+
+
+class StepFilter(FilterSet):
+    remediation = IntegerFilter(field_name="remediation_id")
+    incident = IntegerFilter(field_name="remediation__incident_id")
+    status = django_filters.ChoiceFilter(choices=Step.Status.choices)
+    kind = django_filters.CharFilter(help_text="drain_and_cancel, replace_node, ...")
+
+    class Meta:
+        model = Step
+        fields = ["remediation", "incident", "status", "kind"]
+
+
+def _whole_actor(value: str) -> bool:
+    return value == SYSTEM or value.startswith(("user:", "token:"))
+
+
+class AuditFilter(FilterSet):
+    actor = django_filters.CharFilter(
+        method="_actor", help_text="exactly: system, user:NAME or token:NAME; anything else "
+                                   "matches as part of one (a NAME alone)")
+    verb = django_filters.CharFilter(lookup_expr="startswith",
+                                     help_text="a verb or its prefix: remediation. matches all")
     target = django_filters.CharFilter(lookup_expr="icontains")
-    incident = IntegerFilter(field_name="incident_id", label="Incident #", min_value=1)
-    failed = _choice(empty_label="all", label="Failed calls only", choices=[("yes", "yes")],
-                                         method="_failed")
-    range = _choice(label="When", choices=RANGE_CHOICES, method=_since("at"))
-    since = django_filters.DateTimeFilter(field_name="at", lookup_expr="gte",
-                                          label="From (UTC)", widget=_DateTimeLocal())
-    until = django_filters.DateTimeFilter(field_name="at", lookup_expr="lte",
-                                          label="Until (UTC)", widget=_DateTimeLocal())
+    ok = YesNoFilter(help_text="false: the failed calls and refusals")
+    incident = IntegerFilter(field_name="incident_id", min_value=1)
+    remediation = IntegerFilter(field_name="remediation_id")
+    step = IntegerFilter(field_name="step_id")
+    failed = choice(empty_label="all", choices=[("yes", "yes")], method="_failed",
+                    help_text="yes: the failed calls and refusals only (as ok=false)")
+    range = choice(choices=RANGE_CHOICES, method=since("at"),
+                   help_text="in the last hour, 24 hours, 7 or 30 days")
+    since = UtcDateTimeFilter(field_name="at", lookup_expr="gte")
+    until = UtcDateTimeFilter(field_name="at", lookup_expr="lte")
+
+    page_fields = ("actor", "verb", "target", "incident", "failed", "range", "since", "until")
+    page_labels = {"actor": "Actor contains", "verb": "Verb starts with",
+                   "target": "Target contains", "incident": "Incident #",
+                   "failed": "Failed calls only", "range": "When", "since": "From (UTC)",
+                   "until": "Until (UTC)"}
+    page_help = {"actor": "system, user:NAME, token:NAME", "verb": "e.g. remediation."}
 
     class Meta:
         model = AuditEntry
-        fields = ["actor", "verb", "target", "incident", "failed", "range", "since", "until"]
+        fields = ["actor", "verb", "target", "ok", "incident", "remediation", "step", "failed",
+                  "range", "since", "until"]
+
+    def _actor(self, qs: QuerySet[AuditEntry], name: str, value: str) -> QuerySet[AuditEntry]:
+        # A whole actor as the trail writes it is matched exactly (a program asking for
+        # token:ci must not get token:ci-2's entries); a person typing a name finds it in any.
+        if _whole_actor(value):
+            return qs.filter(actor=value)
+        return qs.filter(actor__icontains=value)
 
     def _failed(self, qs: QuerySet[AuditEntry], name: str, value: str) -> QuerySet[AuditEntry]:
         return qs.filter(ok=False) if value == "yes" else qs

@@ -87,7 +87,7 @@ class DiagnosisState(models.Model):
     Pushes and collector runs mark it in the transaction that stores their signals, so no
     stored signal can go unnoticed; a burst of pushes marks one row instead of queueing one
     task per batch. A run claims what was marked (``pending_since`` moves to ``running_from``),
-    diagnoses the window from there, then clears its claim. See services.diagnosis_run.
+    diagnoses the window from there, then clears its claim. See diagnosing.diagnosis_run.
     """
 
     cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE,

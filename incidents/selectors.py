@@ -1,21 +1,23 @@
-"""Reads: turn rows into the plain data diagnosis and pages use."""
+"""Reads: turn rows into the plain data diagnosis and the incidents app's pages use. The fleet's
+own reads (counts, the GPU grid, nodes, jobs, sources, telemetry) are collectors.selectors,
+which the dashboard here composes with the incidents."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db.models import Count, F, Max, Min, Q, QuerySet, Window
-from django.db.models.functions import RowNumber
+from django.db.models import Max, Min, Q, QuerySet
 from django.utils import timezone
 
-from collectors.clients import get_telemetry
+from collectors import selectors as fleet
 from collectors.clients.base import ClientError
 from collectors.knowledge import dcgm
-from collectors.models import Cluster, CollectorRun, Gpu, GpuSample, Job, Node, Signal, SourceHealth
+from collectors.models import Cluster, Job, Node, Signal
 from collectors.redaction import redact_url
+from collectors.selectors import TelemetryPoint, json_list_has
 from incidents.audit import audit_verify
 from incidents.diagnosis import JobInfo, Observation, facts
 from incidents.models import AuditEntry, Incident, Remediation, RootCause, Step
@@ -228,7 +230,7 @@ def incident_chart(incident: Incident) -> dict[str, Any]:
     chart: dict[str, Any] = {"fault_at": incident.detected_at.isoformat(), "resolved_at":
                              incident.resolved_at.isoformat() if incident.resolved_at else None}
     try:
-        points = _telemetry_points(incident.cluster, names, start, end)
+        points = fleet.telemetry_points(incident.cluster, names, start, end)
     except ClientError as exc:
         # The page still shows everything else; the chart says why it is empty.
         return {**chart, "series": {}, "temperature": {}, "error": f"telemetry unavailable: {exc}"}
@@ -245,19 +247,7 @@ CHART_POINTS = 400
 _UTIL, _TEMP = 3, 4
 
 
-def _telemetry_points(cluster: Cluster, names: list[str], start: datetime,
-                      end: datetime) -> list[tuple[str, int, datetime, float | None, float | None]]:
-    """(node, gpu, at, utilisation, temperature) for the nodes' GPUs between the two times."""
-    if settings.FLEETWATCH_STORE_GPU_SAMPLES:
-        rows = (GpuSample.objects.filter(node__name__in=names, node__cluster=cluster,
-                                         at__range=(start, end))
-                .values_list("node__name", "gpu_index", "at", "utilization", "temperature"))
-        return list(rows)
-    return _history_points(names, start, min(end, timezone.now()))
-
-
-def _mean_series(points: list[tuple[str, int, datetime, float | None, float | None]],
-                 field: int, start: datetime | None = None,
+def _mean_series(points: list[TelemetryPoint], field: int, start: datetime | None = None,
                  width: float = 0.0) -> dict[str, dict[str, list[Any]]]:
     """Per node, the mean over its GPUs of one field at each instant (or, with ``width``, in
     each ``width``-second bucket from ``start``, stamped with the bucket's start). A missing
@@ -265,7 +255,7 @@ def _mean_series(points: list[tuple[str, int, datetime, float | None, float | No
     out."""
     buckets: dict[tuple[str, datetime], list[float]] = {}
     for point in points:
-        value = point[field]
+        value = cast("float | None", point[field])  # field is a reading's index (3 or 4)
         if value is None and field == _TEMP:
             continue
         at = point[2]
@@ -280,176 +270,7 @@ def _mean_series(points: list[tuple[str, int, datetime, float | None, float | No
     return series
 
 
-def _history_points(names: list[str], start: datetime, end: datetime
-                    ) -> list[tuple[str, int, datetime, float | None, float | None]]:
-    if end <= start or not names:
-        return []
-    out = []
-    for node, gpus in get_telemetry().gpu_history(names, start, end, 15.0).items():
-        for index, points in gpus.items():
-            out += [(node, int(index), datetime.fromtimestamp(p.at, tz=UTC), p.utilization,
-                     p.temperature) for p in points]
-    return out
-
-
-def node_telemetry(node: Node, minutes: int = 60) -> dict[str, Any]:
-    """One node's GPUs over the last ``minutes``: utilisation and temperature per GPU."""
-    end = timezone.now()
-    start = end - timedelta(minutes=minutes)
-    out: dict[str, Any] = {"node": node.name, "start": start.isoformat(), "end": end.isoformat()}
-    try:
-        points = _telemetry_points(node.cluster, [node.name], start, end)
-    except ClientError as exc:
-        return {**out, "utilization": {}, "temperature": {},
-                "error": f"telemetry unavailable: {exc}"}
-    util: dict[str, dict[str, list[Any]]] = {}
-    temp: dict[str, dict[str, list[Any]]] = {}
-    for _, gpu, at, u, t in sorted(points, key=lambda p: (p[1], p[2])):
-        for series, value in ((util, u), (temp, t)):
-            if value is not None:
-                s = series.setdefault(f"GPU {gpu}", {"x": [], "y": []})
-                s["x"].append(at.isoformat())
-                s["y"].append(round(value, 1))
-    return {**out, "utilization": util, "temperature": temp}
-
-
-# --- the dashboard --------------------------------------------------------------------------
-
-_UNHEALTHY_GPU = (Node.Health.UNKNOWN, Node.Health.DEGRADED)
-
-
-def fleet_counts() -> dict[str, Any]:
-    """Counts by node health, Slurm state and GPU health: three aggregate queries, whatever
-    the fleet's size."""
-    H = Node.Health
-    nodes = Node.objects.filter(in_service=True)
-    # A flag is matched as its JSON string ('"DRAIN"' in '["IDLE", "DRAIN"]'): JSON
-    # containment is not available on SQLite (the embedded demo).
-    drained = Q(slurm_flags__icontains='"DRAIN"') | Q(slurm_flags__icontains='"DRAINED"')
-    counts: dict[str, Any] = nodes.aggregate(
-        nodes=Count("id"),
-        healthy=Count("id", filter=Q(health=H.HEALTHY)),
-        degraded=Count("id", filter=Q(health=H.DEGRADED)),
-        failed=Count("id", filter=Q(health=H.FAILED)),
-        unknown=Count("id", filter=Q(health=H.UNKNOWN)),
-        drained=Count("id", filter=drained),
-        cordoned=Count("id", filter=Q(k8s_unschedulable=True)),
-        k8s_not_ready=Count("id", filter=Q(k8s_ready=False)),
-    )
-    counts["slurm_states"] = [
-        (row["slurm_state"] or "unknown", row["n"])
-        for row in nodes.values("slurm_state").annotate(n=Count("id")).order_by("-n", "slurm_state")
-    ]
-    gpus = Gpu.objects.filter(node__in_service=True).aggregate(
-        gpus=Count("id"),
-        gpus_healthy=Count("id", filter=Q(health=H.HEALTHY)),
-        gpus_failed=Count("id", filter=Q(health=H.FAILED)),
-        gpus_unknown=Count("id", filter=Q(health__in=_UNHEALTHY_GPU)),
-    )
-    counts.update(gpus)
-    return counts
-
-
-GROUP_FIELDS = {"leaf": "leaf_switch", "pool": "pool"}
-# Up to this many nodes the dashboard draws every node's row; above it, one group at a time.
-GRID_ALL_MAX = 64
-# The most rows one grid draws (a big pool): the rest is on the Nodes page.
-GRID_MAX_NODES = 512
-
-
-def gpu_groups(by: str = "leaf") -> list[dict[str, Any]]:
-    """Per leaf switch (or pool): nodes, and GPUs healthy / failed / unknown. Two grouped
-    queries, so the dashboard stays fast at thousands of nodes."""
-    field = GROUP_FIELDS.get(by, "leaf_switch")
-    H = Node.Health
-    groups: dict[str, dict[str, Any]] = {}
-    for row in (Node.objects.filter(in_service=True).values(field)
-                .annotate(nodes=Count("id"), nodes_failed=Count("id", filter=Q(health=H.FAILED)))
-                .order_by(field)):
-        groups[row[field]] = {"name": row[field], "nodes": row["nodes"],
-                              "nodes_failed": row["nodes_failed"], "gpus": 0, "healthy": 0,
-                              "failed": 0, "unknown": 0}
-    for row in (Gpu.objects.filter(node__in_service=True).values(f"node__{field}")
-                .annotate(gpus=Count("id"), healthy=Count("id", filter=Q(health=H.HEALTHY)),
-                          failed=Count("id", filter=Q(health=H.FAILED)))
-                .order_by(f"node__{field}")):
-        group = groups.get(row[f"node__{field}"])
-        if group is not None:
-            group.update(gpus=row["gpus"], healthy=row["healthy"], failed=row["failed"],
-                         unknown=row["gpus"] - row["healthy"] - row["failed"])
-    for group in groups.values():
-        total = group["gpus"] or 1
-        # Widths of the group's bar, in percent.
-        group["pct"] = {k: round(100 * group[k] / total, 1) for k in ("healthy", "failed",
-                                                                      "unknown")}
-    return list(groups.values())
-
-
-# Up to this many group tiles on the dashboard; with more (hundreds of leaf switches), the
-# tiles show the groups with failed or unknown GPUs first and a search box reaches the rest.
-GROUP_TILES_MAX = 48
-
-
-def gpu_group_tiles(groups: list[dict[str, Any]], selected: str | None) -> list[dict[str, Any]]:
-    if len(groups) <= GROUP_TILES_MAX:
-        return groups
-    worst = sorted(groups, key=lambda g: (-g["failed"], -g["unknown"], g["name"]))
-    tiles = worst[:GROUP_TILES_MAX]
-    if selected is not None and all(g["name"] != selected for g in tiles):
-        tiles += [g for g in groups if g["name"] == selected]
-    return tiles
-
-
-def gpu_group_default(groups: list[dict[str, Any]], total_nodes: int) -> str | None:
-    """The group the dashboard opens on: none (the whole grid) for a small fleet, else the
-    group with the most failed GPUs."""
-    if total_nodes <= GRID_ALL_MAX or not groups:
-        return None
-    return max(groups, key=lambda g: (g["failed"], g["unknown"], -len(g["name"])))["name"]
-
-
-def gpu_grid(by: str = "leaf", group: str | None = None) -> dict[str, Any]:
-    """Node-by-GPU health for the dashboard heatmap (z: 0 healthy, 1 unknown, 2 failed), for
-    one group's nodes or, without one, for the first GRID_MAX_NODES nodes."""
-    code = {Node.Health.HEALTHY: 0, Node.Health.UNKNOWN: 1, Node.Health.DEGRADED: 1,
-            Node.Health.FAILED: 2}
-    field = GROUP_FIELDS.get(by, "leaf_switch")
-    nodes = Node.objects.filter(in_service=True)
-    if group is not None:
-        nodes = nodes.filter(**{field: group})
-    total = nodes.count()
-    rows = list(nodes.order_by(field, "name").values_list("id", "name", "leaf_switch", "pool")
-                [:GRID_MAX_NODES])
-    gpus: dict[int, dict[int, tuple[Any, ...]]] = {}
-    for node_id, index, health, util, temp, xid in Gpu.objects.filter(
-            node_id__in=[r[0] for r in rows]).values_list(
-            "node_id", "index", "health", "utilization", "temperature", "last_xid"):
-        gpus.setdefault(node_id, {})[index] = (health, util, temp, xid)
-    width = max((max(g) + 1 for g in gpus.values() if g), default=8)
-    z, text, labels = [], [], []
-    for node_id, name, leaf, pool in rows:
-        mine = gpus.get(node_id, {})
-        row, hover = [], []
-        for i in range(width):
-            g = mine.get(i)
-            if g is None:
-                row.append(1)
-                hover.append(f"{name} GPU {i}: no data")
-                continue
-            health, util, temp, xid = g
-            row.append(code.get(health, 1))
-            hover.append(f"{name} GPU {i} · {health}<br>util {_num(util, '%')}"
-                         f"<br>temp {_num(temp, ' °C')}<br>last XID {xid or 'none'}")
-        z.append(row)
-        text.append(hover)
-        labels.append(f"{name} ({(leaf if field == 'leaf_switch' else pool) or '?'})")
-    return {"z": z, "text": text, "y": labels, "x": [f"GPU {i}" for i in range(width)],
-            "by": by, "group": group, "total": total, "truncated": total > len(rows)}
-
-
-def _num(value: float | None, unit: str) -> str:
-    return "-" if value is None else f"{value:.0f}{unit}"
-
+# --- the dashboard: the fleet's counts and grid (collectors.selectors), and the incidents ----
 
 def repairs_in_flight(limit: int = 50) -> list[dict[str, Any]]:
     """Live remediations with the step they are at: two queries."""
@@ -464,27 +285,19 @@ def repairs_in_flight(limit: int = 50) -> list[dict[str, Any]]:
     return out
 
 
-def sources_health() -> list[dict[str, Any]]:
-    """Each collector's health with its lag (now - last success)."""
-    now = timezone.now()
-    return [{"source": s, "lag": (now - s.last_success_at).total_seconds()
-             if s.last_success_at else None}
-            for s in SourceHealth.objects.select_related("cluster")]
-
-
 def dashboard(by: str = "leaf", group: str | None = None, *,
               group_given: bool = False) -> dict[str, Any]:
     """Everything the dashboard shows, in a fixed number of queries."""
-    counts = fleet_counts()
-    groups = gpu_groups(by)
+    counts = fleet.fleet_counts()
+    groups = fleet.gpu_groups(by)
     if not group_given:
-        group = gpu_group_default(groups, counts["nodes"])
+        group = fleet.gpu_group_default(groups, counts["nodes"])
     open_incidents = incidents_open().select_related("cluster")
     return {
         "counts": counts,
-        "groups": gpu_group_tiles(groups, group),
-        "group_names": [g["name"] for g in groups] if len(groups) > GROUP_TILES_MAX else [],
-        "group_by": by if by in GROUP_FIELDS else "leaf",
+        "groups": fleet.gpu_group_tiles(groups, group),
+        "group_names": [g["name"] for g in groups] if len(groups) > fleet.GROUP_TILES_MAX else [],
+        "group_by": by if by in fleet.GROUP_FIELDS else "leaf",
         "group": group,
         "open_incidents": list(open_incidents[:50]),
         "open_total": open_incidents.count(),
@@ -492,64 +305,19 @@ def dashboard(by: str = "leaf", group: str | None = None, *,
                        .order_by("-resolved_at")[:10]),
         "repairs": repairs_in_flight(),
         "mttr": policy.mean_time_to_repair(7),
-        "sources": sources_health(),
+        "sources": fleet.sources_health(),
     }
 
 
 # --- lists and pages ------------------------------------------------------------------------
 
-def json_list_has(value: str) -> str:
-    """A lookup value matching one element of a JSON list of strings ('"gpu-003"' in
-    '["gpu-003", "gpu-004"]'): JSON containment is not available on SQLite."""
-    return f'"{value}"'
-
-
-def nodes_for_list() -> QuerySet[Node]:
-    return Node.objects.select_related("cluster").order_by("name")
-
-
-def nodes_gpu_summary(nodes: list[Node]) -> list[dict[str, Any]]:
-    """A page of nodes with their GPUs' health counted: one query for the page's GPUs."""
-    counts: dict[int, dict[str, int]] = {}
-    for node_id, health in Gpu.objects.filter(node__in=nodes).values_list("node_id", "health"):
-        c = counts.setdefault(node_id, {"gpus": 0, "healthy": 0, "failed": 0})
-        c["gpus"] += 1
-        c["healthy"] += health == Node.Health.HEALTHY
-        c["failed"] += health == Node.Health.FAILED
-    return [{"node": n, **counts.get(n.pk, {"gpus": 0, "healthy": 0, "failed": 0})}
-            for n in nodes]
-
-
-def node_facets() -> dict[str, list[str]]:
-    """The values the node filters offer (distinct states, pools, leaves)."""
-    nodes = Node.objects.order_by()
-    return {
-        "slurm_states": sorted(s for s in nodes.values_list("slurm_state", flat=True).distinct()
-                               if s),
-        "pools": sorted(p for p in nodes.values_list("pool", flat=True).distinct() if p),
-        "leaves": sorted(x for x in nodes.values_list("leaf_switch", flat=True).distinct() if x),
-    }
-
-
-def node_get(name: str, cluster: str | None = None) -> Node | None:
-    nodes = Node.objects.select_related("cluster").filter(name=name)
-    if cluster:
-        nodes = nodes.filter(cluster__name=cluster)
-    return nodes.order_by("cluster_id").first()
-
-
-def node_detail(node: Node) -> dict[str, Any]:
-    """A node's page: its GPUs, jobs, recent signals, incidents and repair history."""
+def node_page_incidents(sender: object, node: Node, **kwargs: object) -> dict[str, Any]:
+    """What a node's page (collectors) shows of incidents: those that blamed the node or its
+    leaf switch, and its repair history. Connected to ``collectors.selectors.node_page``."""
     has = json_list_has(node.name)
     incidents = Incident.objects.filter(cluster=node.cluster).filter(
         Q(nodes__icontains=has) | (Q(switch=node.leaf_switch) & ~Q(switch="")))
     return {
-        "node": node,
-        "gpus": list(node.gpus.order_by("index")),
-        "jobs": list(Job.objects.filter(cluster=node.cluster, nodes__icontains=has)
-                     .order_by("-updated_at")[:50]),
-        "signals": list(Signal.objects.filter(cluster=node.cluster, node_name=node.name)
-                        .order_by("-observed_at", "-id")[:50]),
         "incidents": list(incidents.order_by("-opened_at")[:50]),
         "repairs": list(Remediation.objects.filter(incident__cluster=node.cluster)
                         .filter(Q(nodes__icontains=has) | Q(incident__nodes__icontains=has))
@@ -557,35 +325,12 @@ def node_detail(node: Node) -> dict[str, Any]:
     }
 
 
-def jobs_for_list() -> QuerySet[Job]:
-    return Job.objects.select_related("cluster").order_by("-updated_at", "slurm_id")
-
-
-def job_facets() -> dict[str, list[str]]:
-    jobs = Job.objects.order_by()
-    return {"states": sorted(s for s in jobs.values_list("state", flat=True).distinct() if s)}
-
-
-def job_get(slurm_id: str, cluster: str | None = None) -> Job | None:
-    jobs = Job.objects.select_related("cluster").filter(slurm_id=slurm_id)
-    if cluster:
-        jobs = jobs.filter(cluster__name=cluster)
-    return jobs.order_by("cluster_id").first()
-
-
-def job_detail(job: Job) -> dict[str, Any]:
-    """A job's page: its nodes (with their health), the incidents that hit it, its signals."""
-    names = list(job.nodes or [])
-    by_name = {n.name: n for n in Node.objects.filter(cluster=job.cluster, name__in=names)}
-    return {
-        "job": job,
-        "nodes": [(name, by_name.get(name)) for name in names],
-        "incidents": list(Incident.objects.filter(cluster=job.cluster,
-                                                  jobs__icontains=json_list_has(job.slurm_id))
-                          .order_by("-opened_at")[:50]),
-        "signals": list(Signal.objects.filter(cluster=job.cluster, job_id=job.slurm_id)
-                        .order_by("-observed_at", "-id")[:50]),
-    }
+def job_page_incidents(sender: object, job: Job, **kwargs: object) -> dict[str, Any]:
+    """What a job's page (collectors) shows of incidents: those that hit the job. Connected
+    to ``collectors.selectors.job_page``."""
+    return {"incidents": list(Incident.objects.filter(
+        cluster=job.cluster, jobs__icontains=json_list_has(job.slurm_id)).order_by(
+        "-opened_at")[:50])}
 
 
 def incidents_for_list() -> QuerySet[Incident]:
@@ -614,24 +359,6 @@ def audit_verify_status(*, run: bool = False) -> dict[str, Any] | None:
               "took": (timezone.now() - started).total_seconds()}
     cache.set(AUDIT_VERIFY_CACHE_KEY, status, AUDIT_VERIFY_CACHE_SECONDS)
     return status
-
-
-def sources_overview(runs_per_source: int = 10) -> list[dict[str, Any]]:
-    """Each collector's health, lag and last runs: two queries (the runs ranked per source
-    by a window function)."""
-    ranked = (CollectorRun.objects.annotate(rank=Window(
-        RowNumber(), partition_by=[F("cluster_id"), F("source")],
-        order_by=[F("started_at").desc(), F("id").desc()])).filter(rank__lte=runs_per_source)
-        .order_by("source", "-started_at"))
-    runs: dict[tuple[int, str], list[CollectorRun]] = {}
-    for run in ranked:
-        runs.setdefault((run.cluster_id, run.source), []).append(run)
-    out = []
-    for item in sources_health():
-        s = item["source"]
-        mine = runs.pop((s.cluster_id, s.name), [])
-        out.append({**item, "runs": mine, "failed_runs": sum(not r.ok for r in mine)})
-    return out
 
 
 def incident_postmortem(incident: Incident) -> dict[str, Any]:

@@ -1,54 +1,61 @@
 """Thin Celery tasks: take ids, call one service.
 
+Nothing imports this module but Celery's autodiscovery and the tests: code that queues a task
+names it (collectors.queueing) instead, so no service imports the tasks that import it.
+
 Remediation steps are ``acks_late``: a worker that dies mid-step leaves the message on the
 queue, and the step (idempotent, leased) runs again on another worker.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Task, shared_task
 from django.db import DatabaseError
 
-from incidents import deliveries, services, webhooks
+from collectors import queueing
+from incidents import audit, deliveries, diagnosing, webhooks
+from incidents.remediation import engine
 
 
-# Diagnosis is coalesced per cluster (services.diagnosis_run): at most one run queued and one
+# Diagnosis is coalesced per cluster (diagnosing.diagnosis_run): at most one run queued and one
 # running, whatever the push rate. The row in the database is the truth, not the message: a
 # run lost with its worker or its broker is re-sent by diagnosis_rescue (beat) or by the next
 # push, so the message is acknowledged early and not retried (a retry would be a second one
 # queued).
-@shared_task(name="incidents.tasks.diagnose_cluster", ignore_result=True)
+@shared_task(name=queueing.DIAGNOSE_CLUSTER, ignore_result=True)
 def diagnose_cluster(cluster_id: int) -> None:
-    services.diagnosis_run(cluster_id)
+    diagnosing.diagnosis_run(cluster_id)
 
 
-@shared_task(name="incidents.tasks.diagnosis_rescue", ignore_result=True)
+@shared_task(name=queueing.DIAGNOSIS_RESCUE, ignore_result=True)
 def diagnosis_rescue() -> None:
-    services.diagnosis_rescue()
+    diagnosing.diagnosis_rescue()
 
 
 # Messages queued by a version that sent one diagnosis per batch: their signals are marked
 # due like new ones, so an upgrade with a full queue loses none of them.
-@shared_task(name="incidents.tasks.diagnose_signals", ignore_result=True,
+@shared_task(name=queueing.DIAGNOSE_SIGNALS, ignore_result=True,
              autoretry_for=(DatabaseError,), retry_backoff=True, max_retries=5)
 def diagnose_signals(signal_ids: list[int]) -> None:
-    services.diagnosis_request(signal_ids)
+    diagnosing.diagnosis_request(signal_ids)
 
 
-@shared_task(name="incidents.tasks.run_step", ignore_result=True, acks_late=True,
+@shared_task(name=queueing.RUN_STEP, ignore_result=True, acks_late=True,
              reject_on_worker_lost=True)
 def run_step(step_id: int, reason: str = "start") -> None:
-    services.step_run(step_id, reason)
+    engine.step_run(step_id, reason)
 
 
-@shared_task(name="incidents.tasks.steps_rescue", ignore_result=True)
+@shared_task(name=queueing.STEPS_RESCUE, ignore_result=True)
 def steps_rescue() -> None:
-    services.steps_rescue()
+    engine.steps_rescue()
 
 
 # The row is the truth (attempts, next attempt, outcome); Celery only carries the wake-up.
 # max_retries=None: FLEETWATCH_WEBHOOK_MAX_ATTEMPTS, counted on the row, is the limit.
-@shared_task(name="incidents.tasks.webhook_deliver", bind=True, ignore_result=True,
+@shared_task(name=queueing.WEBHOOK_DELIVER, bind=True, ignore_result=True,
              acks_late=True, reject_on_worker_lost=True, max_retries=None)
 def webhook_deliver(self: Task, delivery_id: int) -> None:
     countdown = webhooks.delivery_attempt(delivery_id)
@@ -56,6 +63,18 @@ def webhook_deliver(self: Task, delivery_id: int) -> None:
         raise self.retry(countdown=countdown)
 
 
-@shared_task(name="incidents.tasks.webhooks_rescue", ignore_result=True)
+@shared_task(name=queueing.WEBHOOKS_RESCUE, ignore_result=True)
 def webhooks_rescue() -> None:
     deliveries.rescue()
+
+
+# The beat's, every FLEETWATCH_AUDIT_CHECKPOINT_MINUTES: the audit trail's signed head into the
+# log (for the log shipper to carry off the machine), then as an ``audit.checkpoint`` event to
+# the webhook subscriptions that list it. Here rather than in incidents/audit.py, so the audit
+# trail (which nearly everything imports) imports no webhooks. Returns the checkpoint to a
+# direct caller (the tests); the worker keeps no result.
+@shared_task(name=queueing.AUDIT_CHECKPOINT, ignore_result=True)
+def audit_checkpoint() -> dict[str, Any]:
+    checkpoint = audit.checkpoint_log()
+    webhooks.checkpoint_emit(checkpoint)  # never raises: the log has it whatever happens here
+    return checkpoint

@@ -1,3 +1,5 @@
+"""The incidents app's pages (the fleet's are in collectors/urls.py)."""
+
 from __future__ import annotations
 
 from django.urls import path, register_converter
@@ -22,12 +24,6 @@ register_converter(PageAction, "page_action")
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("dashboard/live", views.dashboard_live, name="dashboard-live"),
-    path("dashboard/gpu-grid.json", views.gpu_grid, name="gpu-grid"),
-    path("nodes/", views.node_list, name="node-list"),
-    path("nodes/<str:name>/", views.node_detail, name="node-detail"),
-    path("nodes/<str:name>/telemetry.json", views.node_telemetry, name="node-telemetry"),
-    path("jobs/", views.job_list, name="job-list"),
-    path("jobs/<str:slurm_id>/", views.job_detail, name="job-detail"),
     path("incidents/", views.incident_list, name="incident-list"),
     path("incidents/<int:pk>/", views.incident_detail, name="incident-detail"),
     path("incidents/<int:pk>/live", views.incident_live, name="incident-live"),
@@ -39,7 +35,6 @@ urlpatterns = [
          name="incident-action"),
     path("audit/", views.audit_list, name="audit-list"),
     path("audit/verify", views.audit_verify, name="audit-verify"),
-    path("sources/", views.source_list, name="source-list"),
     path("policy/", views.policy_page, name="policy"),
     path("demo/inject", views.inject_fault, name="inject-fault"),
 ]

@@ -61,7 +61,9 @@ def rerun_on_sqlite(test_file: str, tmp_path: Path, select: str) -> None:
 
 def steps_queued(callbacks: list[Callable[[], Any]]) -> int:
     """How many on-commit callbacks queue a remediation step (others tell webhooks)."""
-    return sum(1 for c in callbacks if c.__qualname__.startswith("_step_enqueue"))
+    from collectors import queueing
+
+    return sum(1 for c in callbacks if getattr(c, "task", None) == queueing.RUN_STEP)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str,

@@ -17,7 +17,7 @@ from knox.settings import CONSTANTS
 from rest_framework import exceptions
 from rest_framework.authentication import get_authorization_header
 
-from incidents.api.throttles import auth_failure_record, auth_failures_check
+from collectors.api.throttles import auth_failure_record, auth_failures_check
 from incidents.models import ApiToken
 
 # last_used_at is for people reading the token list; a write per request would be waste.

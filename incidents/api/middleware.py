@@ -5,7 +5,9 @@ a refused approve is as much a part of the story as an accepted one.
 A middleware rather than a hook in each view, so a new endpoint cannot forget it. It writes
 after the view has answered (and its transaction has committed), so the audit lock is never
 held across the view's work (see incidents/audit.py). Anonymous calls are refused before any
-view runs and are not audited (they are logged); their volume is nobody's to control."""
+view runs and are not audited (they are logged); their volume is nobody's to control.
+
+A refused push of signals gets one more entry saying why (``push_refused_record``)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from collections.abc import Callable
 from django.http import HttpRequest, HttpResponseBase
 
 from collectors.roles import actor_from_request
+from collectors.services import IngestRejected
 from incidents.audit import audit_record
 
 _SAFE = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
@@ -35,3 +38,13 @@ class ApiAuditMiddleware:
                      actor=actor_from_request(request), ok=code < 400, result=str(code),
                      data={"status": code})
         return response
+
+
+def push_refused_record(sender: object, request: HttpRequest, error: IngestRejected,
+                        signals: int, **kwargs: object) -> None:
+    """A refused push of signals, with why (the api.call entry above only says it was
+    refused): connected to ``collectors.api.views.push_refused``."""
+    audit_record("signals.refused", f"POST {request.path}"[:200],
+                 actor=actor_from_request(request), ok=False, result=str(error)[:500],
+                 data={"status": error.status, "records": error.refused[:20],
+                       "signals": signals})

@@ -15,8 +15,8 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import build_bearer_security_scheme_object
 from rest_framework.permissions import SAFE_METHODS
 
-from incidents.api.permissions import ADMIN_ONLY, INGEST, OPERATE, READ
-from incidents.api.serializers import ErrorSerializer
+from collectors.api.serializers import ErrorSerializer
+from collectors.roles import ADMIN_ONLY, INGEST, OPERATE, READ
 
 _ACCESS_TEXT = {
     READ: "read: any role (viewer, operator, admin); a token needs the `read` scope",

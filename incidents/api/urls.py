@@ -1,4 +1,5 @@
-"""/api/v1/: see views.py for what each endpoint does and what it needs."""
+"""/api/v1/: one router for the whole API (one root, one namespace), with the fleet's endpoints
+(collectors/api/) and the incidents app's (views.py, webhooks.py)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,16 @@ from django.urls import Resolver404, path, re_path, resolve
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.routers import DefaultRouter
 
+from collectors.api import urls as fleet_api
 from incidents.api import views
 from incidents.api import webhooks as webhook_api
 
 router = DefaultRouter()
-router.register("clusters", views.ClusterViewSet, basename="cluster")
-router.register("nodes", views.NodeViewSet, basename="node")
-router.register("gpus", views.GpuViewSet, basename="gpu")
-router.register("jobs", views.JobViewSet, basename="job")
-router.register("signals", views.SignalViewSet, basename="signal")
+fleet_api.register(router)  # clusters, nodes, GPUs, jobs, signals, sources
 router.register("incidents", views.IncidentViewSet, basename="incident")
 router.register("remediations", views.RemediationViewSet, basename="remediation")
 router.register("steps", views.StepViewSet, basename="step")
 router.register("audit", views.AuditEntryViewSet, basename="audit")
-router.register("sources", views.SourceViewSet, basename="source")
 router.register("tokens", views.TokenViewSet, basename="token")
 webhook_api.register(router)
 

@@ -23,9 +23,8 @@ from rest_framework.response import Response
 from rest_framework.routers import DefaultRouter
 
 from collectors.redaction import redact_url
-from collectors.roles import ADMIN, actor_from_request, role_of
+from collectors.roles import ADMIN, ADMIN_ONLY, READ, actor_from_request, role_of
 from incidents import webhooks
-from incidents.api.permissions import ADMIN_ONLY, READ
 from incidents.models import Delivery, WebhookSubscription
 
 SECRET_MIN_CHARS = 16

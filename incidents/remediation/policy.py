@@ -1,7 +1,7 @@
 """The remediation policy: which playbook, in which mode, and whether the safety rails let it
 run on its own.
 
-Read by ``services.remediation_open`` and on approval. The rails, in the order they are checked:
+Read by ``transitions.remediation_open`` and on approval. The rails, in the order they are checked:
 - one remediation per node at a time (a second one for a busy node waits);
 - a node remediated FLEETWATCH_RMA_AFTER times in a week is escalated for RMA, not repaired again;
 - a node repaired less than FLEETWATCH_COOLDOWN_MINUTES ago waits for a person;

@@ -4,7 +4,7 @@ by a collision, each outside action is made once, each approval and cancel is re
 and the audit chain still verifies.
 
 Threads share one PostgreSQL database (each its own connection), as gunicorn's and Celery's
-processes do; the "worker" threads run ``services.step_run`` for each step message the
+processes do; the "worker" threads run ``engine.step_run`` for each step message the
 services queue, the way ``incidents.tasks.run_step`` does."""
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from rest_framework.test import APIClient
 from collectors import services as collectors
 from collectors.roles import OPERATOR, user_with_role
 from collectors.sim.fleet import SimFleet
-from incidents import services, tasks
+from incidents import lifecycle, tasks
 from incidents.audit import audit_verify
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, Incident, Remediation, Step
+from incidents.remediation import engine, transitions
 from incidents.remediation.playbooks import FOR_ROOT_CAUSE
 from tests.conftest import token_for
 
@@ -56,7 +57,7 @@ def fleet(sim_fleet: SimFleet, settings: Any) -> list[Incident]:
                               playbook=FOR_ROOT_CAUSE["nvlink"], explanation=f"nvlink {node}",
                               detected_at=timezone.now(), jobs=())
         with mock.patch.object(tasks.run_step, "apply_async"):
-            incident, _ = services.incident_record(cluster.pk, diagnosis)
+            incident, _ = lifecycle.incident_record(cluster.pk, diagnosis)
         incidents.append(incident)
     return incidents
 
@@ -119,7 +120,7 @@ def test_remediate_approve_cancel_from_many_threads(fleet: list[Incident]) -> No
                     continue
                 time.sleep(max(0.0, due - time.monotonic()))
                 try:
-                    services.step_run(step_id, reason)
+                    engine.step_run(step_id, reason)
                 except Exception as exc:
                     errors.append(f"step {step_id}: {type(exc).__name__}: {exc}")
         finally:
@@ -210,7 +211,7 @@ def test_a_database_error_in_a_step_is_not_its_failure(fleet: list[Incident]) ->
 
     rem = fleet[0].remediations.get()
     with mock.patch.object(tasks.run_step, "apply_async"):
-        services.remediation_approve(rem.pk, None, actor="user:test")
+        transitions.remediation_approve(rem.pk, None, actor="user:test")
     step = rem.steps.get(order=1)
     holding, release = threading.Event(), threading.Event()
 
@@ -241,11 +242,11 @@ def test_a_database_error_in_a_step_is_not_its_failure(fleet: list[Incident]) ->
 
     with mock.patch.dict(EXECUTORS, {step.kind: blocked}), \
             mock.patch.object(tasks.run_step, "apply_async") as queued:
-        assert services.step_run(step.pk) == "database error; queued again"
+        assert engine.step_run(step.pk) == "database error; queued again"
     step.refresh_from_db()
     assert step.status == Step.Status.RUNNING and step.attempts == 1 and not step.error
     assert step.lease_until is None and "database error" in step.detail
     queued.assert_called_once_with(args=[step.pk, "recheck"], countdown=5.0)
     with mock.patch.object(tasks.run_step, "apply_async"):
-        assert services.step_run(step.pk, "recheck") == "succeeded"
+        assert engine.step_run(step.pk, "recheck") == "succeeded"
     assert audit_verify().ok

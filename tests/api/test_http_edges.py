@@ -19,9 +19,9 @@ from django.db import connection
 from django.test import Client
 from rest_framework.test import APIClient
 
+from collectors.api.parsers import MAX_DEPTH
 from collectors.models import GpuSample, Signal
 from collectors.roles import ADMIN, OPERATOR, user_with_role
-from incidents.api.parsers import MAX_DEPTH
 from incidents.models import ApiToken
 from tests.api.test_metrics import Gunicorn, gunicorn  # noqa: F401  (the fixture)
 from tests.api.test_permissions import schema_operations

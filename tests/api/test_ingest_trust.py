@@ -30,7 +30,7 @@ from collectors import services as collectors
 from collectors.models import Gpu, Node, PushReceipt, Signal
 from collectors.normalize import SignalDraft
 from collectors.roles import OPERATOR, user_with_role
-from incidents import services as incidents
+from incidents import diagnosing
 from incidents.models import AuditEntry, Incident
 from incidents.tokens import agent_token_create
 from tests.conftest import rerun_on_sqlite, token_for
@@ -171,7 +171,7 @@ def test_pushed_source_health_already_stored_hides_no_other_nodes_failure(
         for name in ("slurm", "kubernetes")))
     drafts = _unreachable("gpu-003")
     ids = [s.pk for s in ids] + collectors.signals_store(cluster, drafts, observed_at=now)
-    found = [(i.root_cause, list(i.nodes)) for i in incidents.diagnose_signals(ids)]
+    found = [(i.root_cause, list(i.nodes)) for i in diagnosing.diagnose_signals(ids)]
     if kind == "pushed_collector":
         assert found == [("node_unreachable", ["gpu-003"])]
         incident = Incident.objects.get()
@@ -385,7 +385,7 @@ def test_every_reader_survives_what_is_stored(fleet: None, client: Client) -> No
         response = client.get(path)
         assert response.status_code == 200, (path, response.content[:300])
     # Diagnosis reads them too: the XID beside the poison is the incident's.
-    found = incidents.diagnose_signals(list(Signal.objects.values_list("pk", flat=True)))
+    found = diagnosing.diagnose_signals(list(Signal.objects.values_list("pk", flat=True)))
     assert [i.pk for i in found] == [incident.pk]
 
 

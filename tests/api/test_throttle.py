@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.core.cache import cache
 
-from incidents.api import throttles
+from collectors.api import throttles
 from tests.api.test_metrics import Gunicorn, gunicorn, http_get  # noqa: F401  (the fixture)
 from tests.conftest import token_for
 

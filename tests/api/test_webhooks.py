@@ -29,9 +29,10 @@ from collectors import services as collectors
 from collectors.clients.notify import verify_signature
 from collectors.roles import ADMIN, user_with_role
 from collectors.sim.fleet import SimFleet
-from incidents import deliveries, services, tasks, webhooks
+from incidents import deliveries, lifecycle, tasks, webhooks
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, Delivery, Incident, WebhookSubscription
+from incidents.remediation import engine
 from tests.conftest import token_for
 
 SECRET = "whsec-shared-with-the-receiver-0123456789"
@@ -132,7 +133,7 @@ def sent() -> Iterator[list[int]]:
             crashed.append(result.result)
 
     with mock.patch.object(tasks.webhook_deliver, "apply_async", side_effect=run_now), \
-            mock.patch.object(services, "_step_enqueue"):
+            mock.patch.object(engine, "step_enqueue"):
         yield queued
     # The caller logs and carries on (it must), so a bug in the task is reported here.
     assert not crashed, crashed
@@ -275,11 +276,11 @@ def test_an_incidents_life_reaches_subscribers_signed_and_filtered(
                                        ).update(active=False)
 
     with committed(django_capture_on_commit_callbacks):
-        incident, _ = services.incident_record(cluster.pk, DIAG)
+        incident, _ = lifecycle.incident_record(cluster.pk, DIAG)
     with committed(django_capture_on_commit_callbacks):
-        services.incident_acknowledge(incident.pk, actor="user:olivia")
+        lifecycle.incident_acknowledge(incident.pk, actor="user:olivia")
     with committed(django_capture_on_commit_callbacks):
-        services.incident_resolve_by_hand(incident.pk, actor="user:olivia", note="fixed by hand")
+        lifecycle.incident_resolve_by_hand(incident.pk, actor="user:olivia", note="fixed by hand")
 
     everything = receiver.to("/all")
     assert sorted(h.headers["X-FleetWatch-Event"] for h in everything) == sorted(EVENTS)
@@ -333,7 +334,7 @@ def test_an_event_for_nothing_or_a_vanished_incident_never_raises(
 
 def emit(cluster: Any, capture: Any) -> Incident:
     with committed(capture):
-        incident, _ = services.incident_record(cluster.pk, DIAG)
+        incident, _ = lifecycle.incident_record(cluster.pk, DIAG)
     return incident
 
 
@@ -403,7 +404,7 @@ def test_the_backoff_grows_and_is_capped(settings: Any) -> None:
 def test_a_delivery_left_for_a_switched_off_subscription_is_not_sent(
         cluster: Any, receiver: Receiver, django_capture_on_commit_callbacks: Any) -> None:
     sub = subscribe("pager", f"{receiver.url}/hook", events=["incident.opened"])
-    with mock.patch.object(deliveries, "queue"), mock.patch.object(services, "_step_enqueue"):
+    with mock.patch.object(deliveries, "queue"), mock.patch.object(engine, "step_enqueue"):
         emit(cluster, django_capture_on_commit_callbacks)
     WebhookSubscription.objects.filter(pk=sub.pk).update(active=False)
     [row] = rows()
@@ -465,7 +466,7 @@ def test_the_watchdog_sends_deliveries_whose_message_was_lost(
     subscribe("pager", f"{receiver.url}/hook", events=["incident.opened"])
     # The broker took nothing: the row waits, pending.
     with mock.patch.object(tasks.webhook_deliver, "apply_async", side_effect=OSError("down")), \
-            mock.patch.object(services, "_step_enqueue"):
+            mock.patch.object(engine, "step_enqueue"):
         emit(cluster, django_capture_on_commit_callbacks)
     [row] = rows()
     assert row.status == "pending" and row.attempts == 0

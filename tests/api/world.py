@@ -14,7 +14,7 @@ from django.utils import timezone
 from collectors import services as collectors
 from collectors.models import Cluster, CollectorRun, Gpu, Job, Node, Signal, SourceHealth
 from collectors.roles import ADMIN, user_with_role
-from incidents import services
+from incidents import lifecycle
 from incidents.audit import audit_record
 from incidents.diagnosis.types import Diagnosis
 from incidents.models import (
@@ -86,7 +86,7 @@ def build_world(settings: Any) -> World:
     signal = Signal.objects.create(cluster=cluster, source="dcgm", kind="xid", node=node,
                                    node_name=NODE, gpu_index=1, job_id=JOB, code=79,
                                    message="XID 79", observed_at=now - timedelta(minutes=1))
-    incident, _ = services.incident_record(cluster.pk, Diagnosis(
+    incident, _ = lifecycle.incident_record(cluster.pk, Diagnosis(
         root_cause="gpu_hardware", nodes=(NODE,), confidence=0.97, playbook="replace_node",
         explanation=f"XID 79 (GPU has fallen off the bus) on {NODE}",
         detected_at=now - timedelta(minutes=1), jobs=(JOB,), evidence=(signal.pk,)))

@@ -278,7 +278,7 @@ def build(seed: int = 7) -> dict[str, Any]:
 def pages(fleet: dict[str, Any]) -> list[tuple[str, str]]:
     from urllib.parse import quote
 
-    from incidents import selectors
+    from collectors import selectors
 
     focus, resolved = fleet["focus"].pk, fleet["resolved"].pk
     # The grid the dashboard draws: the group it opens on (the leaf with the most failed GPUs).

@@ -66,7 +66,7 @@ BLOCKER_NODES = "gpu-001,gpu-004"
 SPARE_REASON = "fleetwatch: spare pool"
 CLUSTER = "drill"
 NO_AUTO_REPLACE = "fleetwatch.io/no-auto-replace"
-CHART_STEP = 15.0  # incidents.selectors charts Prometheus range queries at this step
+CHART_STEP = 15.0  # collectors.selectors reads Prometheus range queries at this step
 XID79_LINE = ("NVRM: Xid (PCI:0000:9b:00): 79, pid='<unknown>', name=<unknown>, "
               "GPU has fallen off the bus.")
 
@@ -582,7 +582,7 @@ class Drill:
         shown = next((r for r in listed.json().get("results", listed.json())
                       if r["id"] == rem.pk), {}) if listed.ok else {}
         # Approve: at a stop for a person (the no-auto-replace check) approving is the go-ahead
-        # to continue (services.remediation_approve).
+        # to continue (transitions.remediation_approve).
         answer = requests.post(f"{self.web_url}/api/v1/remediations/{rem.pk}/approve/",
                                headers=headers, timeout=10)
         result.approval = {"blocked_at": blocked_at, "status_seen": shown.get("status"),

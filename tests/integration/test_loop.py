@@ -10,8 +10,8 @@ from django.core.management import call_command
 from django.test import Client
 
 from collectors.models import CollectorRun, Job, Node
-from incidents import services
 from incidents.models import AuditEntry, Incident, Remediation, Step
+from incidents.remediation import transitions
 from tests.conftest import Worker, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -193,5 +193,5 @@ def test_approve_mode_waits_for_one_click(
     assert AuditEntry.objects.filter(verb="slurm.drain").count() == 1
     assert AuditEntry.objects.filter(verb="provider.replace").count() == 1
     # Pressing "start" on a healed incident does not run the playbook again.
-    assert not services.remediation_open(incident, actor="user:olivia", user=operator).created
+    assert not transitions.remediation_open(incident, actor="user:olivia", user=operator).created
     assert Remediation.objects.count() == 1

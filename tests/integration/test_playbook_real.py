@@ -41,10 +41,11 @@ from collectors.clients.providers import (
 )
 from collectors.clients.slurm import SlurmCli
 from collectors.sim.fleet import SimFleet, SimTelemetry
-from incidents import services
+from incidents import lifecycle
 from incidents.audit import audit_verify
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, Incident, Remediation, Step
+from incidents.remediation import engine
 from incidents.remediation.playbooks import FOR_ROOT_CAUSE
 from tests.conftest import wait_for
 from tests.harness.slurm_cluster import SlurmCluster, missing_binaries, scontrol_fields
@@ -191,7 +192,7 @@ def drive(rem: Remediation, capture: Any, between: Callable[[], None], *,
         if step is None:
             return rem
         with capture():
-            outcome = services.step_run(step.pk, "poll")
+            outcome = engine.step_run(step.pk, "poll")
         between()
         if outcome == "waiting":
             time.sleep(0.2)
@@ -228,7 +229,7 @@ def test_gpu_hardware_playbook_on_real_slurm_and_kubernetes(
                                    reboot=SlurmRebootProvider(slurm)),
         notifier=notifier)
     # The executors get their clients through _step_context -> get_clients().
-    monkeypatch.setattr(services, "get_clients", lambda: clients)
+    monkeypatch.setattr(engine, "get_clients", lambda: clients)
 
     diagnosis = Diagnosis(root_cause="gpu_hardware", nodes=(FAILED,), confidence=0.95,
                           playbook=FOR_ROOT_CAUSE["gpu_hardware"], jobs=(job,),
@@ -236,7 +237,7 @@ def test_gpu_hardware_playbook_on_real_slurm_and_kubernetes(
                           detected_at=timezone.now())
     # Captured, not executed: the first step's message stays off the broker; drive() runs it.
     with django_capture_on_commit_callbacks():
-        incident, _ = services.incident_record(collectors.cluster_default().pk, diagnosis)
+        incident, _ = lifecycle.incident_record(collectors.cluster_default().pk, diagnosis)
     rem = incident.remediations.get()
     assert rem.status == "running" and rem.playbook == "replace_node"
 

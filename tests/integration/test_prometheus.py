@@ -23,12 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from collectors.clients import Clients, sim
+from collectors.clients import Clients
 from collectors.clients.base import ClientError, GpuMetric
 from collectors.clients.notify import WebhookNotifier
 from collectors.clients.prometheus import SCRAPE_LAG, PrometheusTelemetry
 from collectors.knowledge.dcgm import CLOCK_THROTTLE_REASONS
 from collectors.services import collect_source
+from collectors.sim import fleet as sim
 from collectors.sim.exporter import SimExporter
 from collectors.sim.fleet import SimFleet, SimKubernetes, SimProvider, SimSlurm, SimTelemetry
 from tests.conftest import ROOT, wait_for

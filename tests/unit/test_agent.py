@@ -13,7 +13,7 @@ import pytest
 from collectors import agent
 from collectors import services as collectors
 from collectors.models import Node, Signal
-from incidents import services as incidents
+from incidents import diagnosing
 from incidents.tokens import agent_token_create
 from tests.conftest import token_for
 
@@ -180,7 +180,7 @@ def test_agent_pushes_to_fleetwatch_and_keeps_signals_while_it_is_down(
     stored = Signal.objects.get(source="kernel")
     assert (stored.node_name, stored.message) == ("gpu-003", XID79)
     # Diagnosis reads a pushed line exactly as it reads a replay file's.
-    found = incidents.diagnose_signals([stored.pk])
+    found = diagnosing.diagnose_signals([stored.pk])
     assert [(i.root_cause, list(i.nodes)) for i in found] == [("gpu_hardware", ["gpu-003"])]
 
 

@@ -26,10 +26,11 @@ from collectors import services as collectors
 from collectors.request_id import current_request_id, request_id_scope
 from collectors.roles import actor_from_request, actor_name
 from collectors.sim.fleet import SimFleet
-from incidents import services
+from incidents import lifecycle
 from incidents.audit import audit_record, audit_verify
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, Remediation, Step
+from incidents.remediation import engine
 from tests.conftest import token_for
 
 pytestmark = pytest.mark.django_db
@@ -74,7 +75,7 @@ def _run_playbook(incident: Any, capture: Any, deadline_s: float = 60.0) -> Reme
         if step is None:
             return rem
         with capture():  # the next step is queued on commit: keep it off the broker
-            services.step_run(step.pk, "poll" if step.status == Step.Status.WAITING else "start")
+            engine.step_run(step.pk, "poll" if step.status == Step.Status.WAITING else "start")
         time.sleep(0.02)
     return rem
 
@@ -99,7 +100,7 @@ def test_a_real_remediation_leaves_a_chain_that_verifies(
     for source in ("slurm", "kubernetes", "telemetry"):
         collectors.collect_source(source)
     with django_capture_on_commit_callbacks():
-        incident, _ = services.incident_record(collectors.cluster_default().pk, DIAG)
+        incident, _ = lifecycle.incident_record(collectors.cluster_default().pk, DIAG)
     _run_playbook(incident, django_capture_on_commit_callbacks)
 
     calls = AuditEntry.objects.exclude(call="")
@@ -253,7 +254,7 @@ def test_concurrent_appends_form_one_chain() -> None:
 def awaiting(sim_fleet: SimFleet, settings: Any, django_capture_on_commit_callbacks: Any) -> Any:
     settings.FLEETWATCH_POLICY_MODE = "approve"
     with django_capture_on_commit_callbacks():
-        incident, _ = services.incident_record(collectors.cluster_default().pk, DIAG)
+        incident, _ = lifecycle.incident_record(collectors.cluster_default().pk, DIAG)
     return incident
 
 
@@ -299,7 +300,7 @@ def test_a_celery_task_audits_under_its_own_task_id(
     for source in ("slurm", "kubernetes", "telemetry"):
         collectors.collect_source(source)
     with django_capture_on_commit_callbacks():
-        incident, _ = services.incident_record(collectors.cluster_default().pk, DIAG)
+        incident, _ = lifecycle.incident_record(collectors.cluster_default().pk, DIAG)
     notify = incident.remediations.get().steps.get(order=1)
     # apply() runs the task here, through the same prerun/postrun signals a worker sends.
     with request_id_scope("web-1"), django_capture_on_commit_callbacks():

@@ -180,7 +180,7 @@ def test_subscriptions_that_list_it_get_the_checkpoint(receiver: Any, settings: 
     _write(3)
     with mock.patch.object(tasks.webhook_deliver, "apply_async",
                            side_effect=lambda args, **_: tasks.webhook_deliver.apply(args=args)):
-        checkpoint = checkpoint_log()
+        checkpoint = tasks.audit_checkpoint()  # the beat's task: into the log, then to them
     [hit] = receiver.hits
     assert hit.path == "/audit" and hit.headers["X-FleetWatch-Event"] == "audit.checkpoint"
     assert verify_signature(secret, hit.headers["X-FleetWatch-Timestamp"], hit.raw,

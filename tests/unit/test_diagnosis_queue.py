@@ -16,11 +16,12 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from collectors import queueing
 from collectors import services as collectors
 from collectors.models import Signal
 from collectors.roles import OPERATOR, user_with_role
 from collectors.sim.fleet import SimFleet
-from incidents import services
+from incidents import diagnosing
 from incidents.models import DiagnosisState, Incident
 from tests.conftest import token_for
 
@@ -31,7 +32,7 @@ XID79 = "NVRM: Xid (PCI:0000:8a:00): 79, pid=2231, name=python, GPU has fallen o
 
 def diagnoses_queued(callbacks: list[Callable[[], Any]]) -> int:
     """How many on-commit callbacks send a diagnosis run (others queue steps, webhooks)."""
-    return sum(1 for c in callbacks if c.__qualname__.startswith("_diagnosis_queue"))
+    return sum(1 for c in callbacks if getattr(c, "task", None) == queueing.DIAGNOSE_CLUSTER)
 
 
 @pytest.fixture
@@ -72,19 +73,19 @@ def test_a_burst_of_pushes_queues_one_diagnosis_that_sees_them_all(
     assert diagnoses_queued(queued) == 1  # 40 pushes, one diagnosis queued
     assert Signal.objects.filter(node_name="gpu-002").count() == 39 * 20
 
-    [incident] = services.diagnosis_run(cluster.pk)  # the queued run
+    [incident] = diagnosing.diagnosis_run(cluster.pk)  # the queued run
     assert (incident.root_cause, incident.nodes) == ("gpu_hardware", ["gpu-007"])
     done = state(cluster)
     assert (done.pending_since, done.queued_at, done.running_since, done.runs) == (
         None, None, None, 1)
     # Nothing new since: the next run reads nothing and opens nothing.
-    assert services.diagnosis_run(cluster.pk) == []
+    assert diagnosing.diagnosis_run(cluster.pk) == []
 
 
 def test_pushes_during_a_run_add_nothing_to_the_queue_and_the_run_queues_the_next(
         cluster: Any, django_capture_on_commit_callbacks: Any) -> None:
     collectors.signals_ingest(cluster, telemetry("gpu-002", 10))
-    real = services._diagnose_from
+    real = diagnosing._diagnose_from
     during: list[list[Callable[[], Any]]] = []
 
     def with_pushes_meanwhile(cluster_id: int, earliest: Any) -> list[Incident]:
@@ -95,13 +96,13 @@ def test_pushes_during_a_run_add_nothing_to_the_queue_and_the_run_queues_the_nex
         during.append(queued)
         return real(cluster_id, earliest)
 
-    with (mock.patch.object(services, "_diagnose_from", with_pushes_meanwhile),
+    with (mock.patch.object(diagnosing, "_diagnose_from", with_pushes_meanwhile),
           django_capture_on_commit_callbacks() as after):
-        services.diagnosis_run(cluster.pk)
+        diagnosing.diagnosis_run(cluster.pk)
     assert diagnoses_queued(during[0]) == 0  # a run holds the row: it will look again
     assert diagnoses_queued(after) == 1  # ... and it did: the next run is queued
     assert state(cluster).pending_since is not None
-    [incident] = services.diagnosis_run(cluster.pk)
+    [incident] = diagnosing.diagnosis_run(cluster.pk)
     assert incident.nodes == ["gpu-009"]
 
 
@@ -109,7 +110,7 @@ def test_a_second_worker_does_not_run_while_one_holds_the_row(cluster: Any) -> N
     collectors.signals_ingest(cluster, xid("gpu-004"))
     held = timezone.now()
     DiagnosisState.objects.filter(cluster=cluster).update(running_since=held, queued_at=held)
-    assert services.diagnosis_run(cluster.pk) == []
+    assert diagnosing.diagnosis_run(cluster.pk) == []
     s = state(cluster)
     # Untouched but for its queued mark: the holder will see what is pending when it ends.
     assert s.pending_since is not None and s.running_since == held and s.queued_at is None
@@ -119,12 +120,12 @@ def test_a_second_worker_does_not_run_while_one_holds_the_row(cluster: Any) -> N
 def test_a_failed_run_gives_its_claim_back(cluster: Any) -> None:
     collectors.signals_ingest(cluster, xid("gpu-004"))
     marked = state(cluster).pending_since
-    with (mock.patch.object(services.selectors, "topology", side_effect=RuntimeError("boom")),
+    with (mock.patch.object(diagnosing.selectors, "topology", side_effect=RuntimeError("boom")),
           pytest.raises(RuntimeError)):
-        services.diagnosis_run(cluster.pk)
+        diagnosing.diagnosis_run(cluster.pk)
     s = state(cluster)
     assert (s.pending_since, s.running_since, s.running_from) == (marked, None, None)
-    [incident] = services.diagnosis_run(cluster.pk)
+    [incident] = diagnosing.diagnosis_run(cluster.pk)
     assert incident.nodes == ["gpu-004"]
 
 
@@ -137,20 +138,20 @@ def test_a_killed_workers_claim_and_a_lost_message_are_picked_up(
     DiagnosisState.objects.filter(cluster=cluster).update(
         pending_since=None, running_from=marked, running_since=long_ago, queued_at=None)
     with django_capture_on_commit_callbacks() as queued:
-        assert services.diagnosis_rescue() == 1
+        assert diagnosing.diagnosis_rescue() == 1
     assert diagnoses_queued(queued) == 1
     # Queued just now: the rescue does not send a second one ...
     with django_capture_on_commit_callbacks() as again:
-        assert services.diagnosis_rescue() == 0
+        assert diagnosing.diagnosis_rescue() == 0
     assert diagnoses_queued(again) == 0
     # ... until that message has waited longer than any run may last (lost with the broker).
     DiagnosisState.objects.filter(cluster=cluster).update(queued_at=long_ago)
     with django_capture_on_commit_callbacks() as lost:
-        assert services.diagnosis_rescue() == 1
+        assert diagnosing.diagnosis_rescue() == 1
     assert diagnoses_queued(lost) == 1
-    [incident] = services.diagnosis_run(cluster.pk)  # the dead run's claim is diagnosed
+    [incident] = diagnosing.diagnosis_run(cluster.pk)  # the dead run's claim is diagnosed
     assert incident.nodes == ["gpu-004"]
-    assert services.diagnosis_rescue() == 0  # nothing due any more
+    assert diagnosing.diagnosis_rescue() == 0  # nothing due any more
 
 
 def test_a_lost_message_is_replaced_by_the_next_push(
@@ -173,5 +174,5 @@ def test_old_per_batch_messages_are_honoured(cluster: Any) -> None:
                                    node_name="gpu-004", message=XID79,
                                    observed_at=timezone.now())
     tasks.diagnose_signals([stored.pk])
-    [incident] = services.diagnosis_run(cluster.pk)
+    [incident] = diagnosing.diagnosis_run(cluster.pk)
     assert incident.nodes == ["gpu-004"]

@@ -10,9 +10,10 @@ from django.test import Client
 
 from collectors import services as collectors
 from collectors.sim.fleet import SimFleet
-from incidents import services
+from incidents import diagnosing, lifecycle
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, Remediation
+from incidents.remediation import engine
 from tests.conftest import steps_queued, token_for
 
 pytestmark = pytest.mark.django_db
@@ -25,7 +26,7 @@ def incident(sim_fleet: SimFleet, settings: Any, django_capture_on_commit_callba
         collectors.collect_source(source)
     cluster = collectors.cluster_default()
     with django_capture_on_commit_callbacks():
-        incident, _ = services.incident_record(cluster.pk, Diagnosis(
+        incident, _ = lifecycle.incident_record(cluster.pk, Diagnosis(
             root_cause="gpu_hardware", nodes=("gpu-003",), confidence=0.97,
             playbook="replace_node", explanation="XID 79 (GPU has fallen off the bus) on gpu-003",
             detected_at=datetime.now(UTC), jobs=("3001",)))
@@ -150,7 +151,7 @@ def test_an_incident_exports_as_a_replay_file_that_reaches_the_same_verdict(
     fault_inject("xid", node="gpu-006", gpu=2, code=79)
     with django_capture_on_commit_callbacks():
         ids = collectors.collect_source("telemetry").signal_ids
-        [incident] = services.diagnose_signals(ids)
+        [incident] = diagnosing.diagnose_signals(ids)
     client.force_login(viewer)
     page = client.get(f"/incidents/{incident.pk}/").content.decode()
     assert f'href="/incidents/{incident.pk}/replay.json"' in page
@@ -187,14 +188,14 @@ def test_a_step_waiting_for_approval_says_so_and_what_approving_runs(
     settings.FLEETWATCH_STEP_MODES = {"reboot": "approve"}
     cluster = collectors.cluster_default()
     with django_capture_on_commit_callbacks():
-        incident, _ = services.incident_record(cluster.pk, Diagnosis(
+        incident, _ = lifecycle.incident_record(cluster.pk, Diagnosis(
             "nvlink", ("gpu-005",), 0.95, "reboot_node", "XID 74 on gpu-005",
             datetime(2026, 12, 3, 10, 0, tzinfo=UTC)))
     rem = incident.remediations.get()
     reboot = rem.steps.get(kind="reboot")
     with django_capture_on_commit_callbacks():  # the steps before it are done; it is next
         rem.steps.filter(order__lt=reboot.order).update(status="succeeded")
-        assert services.step_run(reboot.pk) == "awaiting approval"
+        assert engine.step_run(reboot.pk) == "awaiting approval"
     client.force_login(operator)
     page = client.get(f"/incidents/{incident.pk}/").content.decode()
     assert "Waiting for approval:" in page and "needs a person&#x27;s approval" in page

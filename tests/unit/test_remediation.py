@@ -29,10 +29,10 @@ from collectors.clients.base import (
 from collectors.clock import ManualClock
 from collectors.models import Node
 from collectors.sim.fleet import SimFleet
-from incidents import services
+from incidents import lifecycle, status
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, Incident, Remediation, Step
-from incidents.remediation import policy, steps
+from incidents.remediation import engine, policy, steps, transitions
 from incidents.remediation.playbooks import FOR_ROOT_CAUSE, PLAYBOOKS, playbook_get
 from incidents.remediation.steps import EXECUTORS, Done, StepContext, Wait
 from tests.conftest import steps_queued, token_for
@@ -59,7 +59,7 @@ def cluster(sim_fleet: SimFleet, settings: Any) -> Any:
 
 def open_incident(cluster: Any, d: Diagnosis, capture: Any) -> Incident:
     with capture():  # keep the first step off the broker: the test runs it
-        incident, _ = services.incident_record(cluster.pk, d)
+        incident, _ = lifecycle.incident_record(cluster.pk, d)
     return incident
 
 
@@ -75,7 +75,7 @@ def drive(rem: Remediation, capture: Any, *, rounds: int = 400,
         if step is None:
             return rem
         with capture():
-            services.step_run(step.pk, "poll")
+            engine.step_run(step.pk, "poll")
         if between is not None:
             between()
         time.sleep(0.02)
@@ -137,8 +137,8 @@ def test_a_gpu_memory_fault_back_within_a_week_replaces_the_node_and_marks_it_fo
         settings: Any) -> None:
     settings.FLEETWATCH_COOLDOWN_MINUTES = 0
     first = open_incident(cluster, diag("gpu_memory"), django_capture_on_commit_callbacks)
-    services.remediation_cancel(first.remediations.get().pk, None)  # type: ignore[arg-type]
-    services.incident_resolve(first)
+    transitions.remediation_cancel(first.remediations.get().pk, None)  # type: ignore[arg-type]
+    status.incident_resolve(first)
     # Resolved long enough ago not to be the same incident again (FLEETWATCH_DEDUPE_MINUTES);
     # its remediation acted (a cancelled one that did nothing would not count).
     Incident.objects.filter(pk=first.pk).update(resolved_at=NOW - timedelta(hours=3))
@@ -407,7 +407,7 @@ def test_a_risky_step_in_approve_mode_waits_for_a_click(
     assert step.status == "awaiting_approval" and "needs a person's approval" in rem.hold_reason
     assert not [v for v, _ in calls(rem) if v.startswith("provider.")]
     with django_capture_on_commit_callbacks():
-        services.remediation_approve(rem.pk, operator)
+        transitions.remediation_approve(rem.pk, operator)
     step.refresh_from_db()
     assert step.approved_by == "user:olivia" and step.status == "pending"
     rem = drive(rem, django_capture_on_commit_callbacks,
@@ -431,7 +431,7 @@ def test_a_risky_step_in_observe_mode_records_and_stops_for_a_person(
     assert step.status == "blocked" and "would reboot the node (gpu-003)" in step.detail
     assert ("provider.reboot", "gpu-003") not in calls(rem)
     with django_capture_on_commit_callbacks():
-        services.remediation_continue(rem.pk, operator)
+        transitions.remediation_continue(rem.pk, operator)
     step.refresh_from_db()
     assert step.status == "pending" and step.approved_by == "user:olivia"
 
@@ -463,11 +463,11 @@ def test_one_remediation_per_node_at_a_time(cluster: Any, operator: Any,
     assert rem.status == "awaiting_approval"
     assert "gpu-003 already in remediation" in rem.hold_reason
     # Even a person's click waits while the first one holds the node.
-    with pytest.raises(services.InvalidTransition, match="cannot start yet"):
-        services.remediation_approve(rem.pk, operator)
-    services.remediation_cancel(first.remediations.get().pk, operator)
+    with pytest.raises(status.InvalidTransition, match="cannot start yet"):
+        transitions.remediation_approve(rem.pk, operator)
+    transitions.remediation_cancel(first.remediations.get().pk, operator)
     with django_capture_on_commit_callbacks():
-        services.remediation_approve(rem.pk, operator)
+        transitions.remediation_approve(rem.pk, operator)
     assert Remediation.objects.get(pk=rem.pk).status == "running"
 
 
@@ -512,7 +512,7 @@ def test_cooldown_and_rma_escalation(cluster: Any, settings: Any,
     first = open_incident(cluster, diag("thermal"), django_capture_on_commit_callbacks)
     rem = first.remediations.get()
     Remediation.objects.filter(pk=rem.pk).update(status="succeeded", finished_at=NOW)
-    services.incident_resolve(first)
+    status.incident_resolve(first)
     second = open_incident(cluster, replace(diag("thermal"), explanation="again",
                                             detected_at=NOW + timedelta(hours=2)),
                            django_capture_on_commit_callbacks)
@@ -542,11 +542,11 @@ def test_approving_a_finished_remediation_is_refused(cluster: Any, settings: Any
                                            jobs=("3002",)), django_capture_on_commit_callbacks)
     rem = incident.remediations.get()
     with django_capture_on_commit_callbacks():
-        services.remediation_approve(rem.pk, operator)
+        transitions.remediation_approve(rem.pk, operator)
     rem = drive(rem, django_capture_on_commit_callbacks)
     assert rem.status == "succeeded"
-    with pytest.raises(services.InvalidTransition, match=r"is succeeded by user:olivia; nothing to approve"):
-        services.remediation_approve(rem.pk, operator)
+    with pytest.raises(status.InvalidTransition, match=r"is succeeded by user:olivia; nothing to approve"):
+        transitions.remediation_approve(rem.pk, operator)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -559,7 +559,7 @@ def test_two_people_approving_at_once_run_it_once(sim_fleet: SimFleet, settings:
     settings.FLEETWATCH_POLICY_MODE = "approve"
     settings.CELERY_TASK_ALWAYS_EAGER = False
     cluster = collectors.cluster_default()
-    incident, _ = services.incident_record(cluster.pk, diag("thermal"))
+    incident, _ = lifecycle.incident_record(cluster.pk, diag("thermal"))
     rem = incident.remediations.get()
     second = user_with_role("peter", OPERATOR, "operator-pass-2")[0]
     outcomes: list[str] = []
@@ -568,16 +568,16 @@ def test_two_people_approving_at_once_run_it_once(sim_fleet: SimFleet, settings:
     def approve(user: Any) -> None:
         barrier.wait()
         try:
-            services.remediation_approve(rem.pk, user)
+            transitions.remediation_approve(rem.pk, user)
             outcomes.append("approved")
-        except services.InvalidTransition as exc:
+        except status.InvalidTransition as exc:
             outcomes.append(f"refused: {exc}")
         finally:
             connection.close()
 
     from unittest import mock
 
-    with mock.patch.object(services, "_step_enqueue"):  # no broker here: the steps stay queued
+    with mock.patch.object(engine, "step_enqueue"):  # no broker here: the steps stay queued
         threads = [threading.Thread(target=approve, args=(u,)) for u in (operator, second)]
         for t in threads:
             t.start()
@@ -638,13 +638,13 @@ def test_the_watchdog_requeues_a_step_whose_message_was_lost(
     rem = incident.remediations.get()
     first = rem.steps.get(order=1)
     assert first.next_check_at is not None  # set when it was queued
-    assert services.steps_rescue() == []  # not overdue yet
+    assert engine.steps_rescue() == []  # not overdue yet
     # The message vanished (worker killed, broker restarted) a minute ago.
     Step.objects.filter(pk=first.pk).update(next_check_at=NOW.replace(year=2020))
     Step.objects.filter(pk=rem.steps.get(order=2).pk).update(
         next_check_at=NOW.replace(year=2020), lease_until=NOW.replace(year=2099))
     with django_capture_on_commit_callbacks() as queued:
-        assert services.steps_rescue() == [first.pk]  # the leased one is someone's
+        assert engine.steps_rescue() == [first.pk]  # the leased one is someone's
     assert steps_queued(queued) == 1
     first.refresh_from_db()
     assert first.next_check_at > NOW.replace(year=2020)
@@ -660,7 +660,7 @@ def test_a_node_going_quiet_during_its_own_repair_is_not_a_new_incident(
     again = open_incident(cluster, diag("node_unreachable"), django_capture_on_commit_callbacks)
     assert again.pk == first.pk and Incident.objects.count() == 1
     # Once nothing repairs it, the same symptom is an incident of its own.
-    services.remediation_cancel(first.remediations.get().pk, None)  # type: ignore[arg-type]
+    transitions.remediation_cancel(first.remediations.get().pk, None)  # type: ignore[arg-type]
     other = open_incident(cluster, diag("node_unreachable"), django_capture_on_commit_callbacks)
     assert other.pk != first.pk and other.root_cause == "node_unreachable"
 
@@ -669,16 +669,16 @@ def test_a_failed_step_can_be_retried_once_a_person_fixed_the_cause(
         cluster: Any, operator: Any, django_capture_on_commit_callbacks: Any) -> None:
     incident = open_incident(cluster, diag("gpu_hardware"), django_capture_on_commit_callbacks)
     rem = incident.remediations.get()
-    with pytest.raises(services.InvalidTransition, match="no failed step to retry"):
-        services.remediation_retry(rem.pk, operator)
+    with pytest.raises(status.InvalidTransition, match="no failed step to retry"):
+        transitions.remediation_retry(rem.pk, operator)
     step = rem.steps.get(order=1)
     with django_capture_on_commit_callbacks():
-        services._step_fail(Step.objects.select_related("remediation__incident").get(
+        engine._step_fail(Step.objects.select_related("remediation__incident").get(
             pk=step.pk), "webhook answered 404")
     rem.refresh_from_db()
     assert rem.status == "failed"
     with django_capture_on_commit_callbacks() as queued:
-        services.remediation_retry(rem.pk, operator)
+        transitions.remediation_retry(rem.pk, operator)
     assert steps_queued(queued) == 1
     step.refresh_from_db()
     rem.refresh_from_db()

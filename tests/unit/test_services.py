@@ -11,7 +11,7 @@ from django.db import transaction
 from collectors import services as collectors
 from collectors.models import Node, Signal, SourceHealth
 from collectors.sim.fleet import SimFleet
-from incidents import services
+from incidents import diagnosing, lifecycle, status
 from incidents.diagnosis import Diagnosis
 from incidents.models import (
     AppendOnlyError,
@@ -21,6 +21,7 @@ from incidents.models import (
     Remediation,
     Step,
 )
+from incidents.remediation import engine, transitions
 
 pytestmark = pytest.mark.django_db
 
@@ -65,7 +66,7 @@ def test_collectors_fill_state_and_announce_only_changes(cluster: Any, sim_fleet
     assert collectors.collect_source("telemetry").signal_ids == []  # gauge unchanged
     assert Node.objects.get(name="gpu-003").health == "failed"
     # The queued run diagnoses everything marked, the XID included.
-    [incident] = services.diagnosis_run(cluster.pk)
+    [incident] = diagnosing.diagnosis_run(cluster.pk)
     assert (incident.root_cause, incident.nodes) == ("gpu_hardware", ["gpu-003"])
     state.refresh_from_db()
     assert (state.pending_since, state.queued_at, state.running_since, state.runs) == (
@@ -95,25 +96,25 @@ def test_a_source_that_is_down_is_recorded_and_fails_no_node(cluster: Any) -> No
 def test_an_incident_resolved_by_hand_cannot_be_remediated_or_resolved_again(
         cluster: Any, settings: Any) -> None:
     settings.FLEETWATCH_POLICY_MODE = "approve"
-    incident, _ = services.incident_record(cluster.pk, DIAG)
+    incident, _ = lifecycle.incident_record(cluster.pk, DIAG)
     waiting = incident.remediations.get()
     assert waiting.status == "awaiting_approval"
-    services.incident_resolve_by_hand(incident.pk, actor="user:olivia", note="riser reseated")
+    lifecycle.incident_resolve_by_hand(incident.pk, actor="user:olivia", note="riser reseated")
     incident.refresh_from_db()
     waiting.refresh_from_db()
     # Nobody will approve it now: the waiting remediation is cancelled with the incident.
     assert (incident.status, waiting.status) == ("resolved", "cancelled")
     assert incident.repaired_by == "person"
-    with pytest.raises(services.InvalidTransition, match="already resolved"):
-        services.incident_resolve_by_hand(incident.pk, actor="user:olivia")
-    with pytest.raises(services.InvalidTransition, match="is resolved; nothing to remediate"):
-        services.remediation_open(incident, actor="user:olivia")
+    with pytest.raises(status.InvalidTransition, match="already resolved"):
+        lifecycle.incident_resolve_by_hand(incident.pk, actor="user:olivia")
+    with pytest.raises(status.InvalidTransition, match="is resolved; nothing to remediate"):
+        transitions.remediation_open(incident, actor="user:olivia")
     assert incident.remediations.count() == 1
 
 
 def test_the_same_diagnosis_twice_is_one_incident_and_one_remediation(cluster: Any) -> None:
-    first, created = services.incident_record(cluster.pk, DIAG)
-    again, created_again = services.incident_record(cluster.pk, DIAG)
+    first, created = lifecycle.incident_record(cluster.pk, DIAG)
+    again, created_again = lifecycle.incident_record(cluster.pk, DIAG)
     assert created and not created_again and first.pk == again.pk
     assert Remediation.objects.count() == 1
     rem = Remediation.objects.get()
@@ -122,14 +123,14 @@ def test_the_same_diagnosis_twice_is_one_incident_and_one_remediation(cluster: A
         "notify", "drain_and_cancel", "requeue", "check_no_auto_replace", "cordon_and_drain",
         "replace_node", "resume"]
     # Start pressed while it runs: the running one is returned, nothing new is created.
-    opened = services.remediation_open(first, actor="user:x")
+    opened = transitions.remediation_open(first, actor="user:x")
     assert not opened.created and opened.remediation.pk == rem.pk
 
 
 def test_low_confidence_opens_an_incident_but_no_remediation(cluster: Any) -> None:
     from dataclasses import replace
 
-    incident, _ = services.incident_record(cluster.pk, replace(DIAG, confidence=0.4))
+    incident, _ = lifecycle.incident_record(cluster.pk, replace(DIAG, confidence=0.4))
     assert incident.status == "open" and not incident.remediations.exists()
 
 
@@ -137,7 +138,7 @@ def test_observe_mode_records_what_it_would_do_and_calls_nothing(
     cluster: Any, settings: Any
 ) -> None:
     settings.FLEETWATCH_POLICY_MODE = "observe"
-    incident, _ = services.incident_record(cluster.pk, DIAG)
+    incident, _ = lifecycle.incident_record(cluster.pk, DIAG)
     rem = incident.remediations.get()
     assert rem.status == "observed"
     assert set(rem.steps.values_list("status", flat=True)) == {"skipped"}
@@ -148,12 +149,12 @@ def test_observe_mode_records_what_it_would_do_and_calls_nothing(
 def test_approving_twice_is_refused_the_second_time(cluster: Any, settings: Any,
                                                    operator: Any) -> None:
     settings.FLEETWATCH_POLICY_MODE = "approve"
-    incident, _ = services.incident_record(cluster.pk, DIAG)
+    incident, _ = lifecycle.incident_record(cluster.pk, DIAG)
     rem = incident.remediations.get()
     assert rem.status == "awaiting_approval"
-    services.remediation_approve(rem.pk, operator)
-    with pytest.raises(services.InvalidTransition, match="nothing to approve"):
-        services.remediation_approve(rem.pk, operator)
+    transitions.remediation_approve(rem.pk, operator)
+    with pytest.raises(status.InvalidTransition, match="nothing to approve"):
+        transitions.remediation_approve(rem.pk, operator)
     assert AuditEntry.objects.filter(verb="remediation.approved").count() == 1
 
 
@@ -161,18 +162,18 @@ def test_a_step_runs_its_outside_calls_once(cluster: Any, sim_fleet: SimFleet,
                                             django_capture_on_commit_callbacks: Any) -> None:
     collectors.collect_source("slurm")
     with django_capture_on_commit_callbacks():  # keep the step off the broker: run it here
-        incident, _ = services.incident_record(cluster.pk, DIAG)
+        incident, _ = lifecycle.incident_record(cluster.pk, DIAG)
     notify = incident.remediations.get().steps.get(order=1)
     with django_capture_on_commit_callbacks() as queued:
-        assert services.step_run(notify.pk) == "succeeded"
+        assert engine.step_run(notify.pk) == "succeeded"
     assert len(queued) == 1  # the next step was queued
-    assert services.step_run(notify.pk) == "step already succeeded"  # a duplicate delivery
+    assert engine.step_run(notify.pk) == "step already succeeded"  # a duplicate delivery
     assert AuditEntry.objects.filter(verb="notify").count() == 1
 
     drain = incident.remediations.get().steps.get(order=2)
     with django_capture_on_commit_callbacks():
-        assert services.step_run(drain.pk) == "waiting"  # the hung job is inside its grace
-        assert services.step_run(drain.pk, "poll") in {"waiting", "succeeded"}
+        assert engine.step_run(drain.pk) == "waiting"  # the hung job is inside its grace
+        assert engine.step_run(drain.pk, "poll") in {"waiting", "succeeded"}
     assert AuditEntry.objects.filter(verb="slurm.drain").count() == 1
     assert AuditEntry.objects.filter(verb="slurm.cancel").count() == 1
     drain.refresh_from_db()
@@ -183,19 +184,19 @@ def test_a_cancelled_remediation_runs_no_more_steps(cluster: Any, operator: Any,
                                                     django_capture_on_commit_callbacks: Any
                                                     ) -> None:
     with django_capture_on_commit_callbacks():
-        incident, _ = services.incident_record(cluster.pk, DIAG)
+        incident, _ = lifecycle.incident_record(cluster.pk, DIAG)
     rem = incident.remediations.get()
-    services.remediation_cancel(rem.pk, operator)
-    assert services.step_run(rem.steps.get(order=1).pk) == "step already cancelled"
+    transitions.remediation_cancel(rem.pk, operator)
+    assert engine.step_run(rem.steps.get(order=1).pk) == "step already cancelled"
     assert set(rem.steps.values_list("status", flat=True)) == {Step.Status.CANCELLED}
     incident.refresh_from_db()
     assert incident.status == "needs_attention"
-    with pytest.raises(services.InvalidTransition):
-        services.remediation_cancel(rem.pk, operator)
+    with pytest.raises(status.InvalidTransition):
+        transitions.remediation_cancel(rem.pk, operator)
 
 
 def test_the_audit_trail_is_append_only(cluster: Any) -> None:
-    incident, _ = services.incident_record(cluster.pk, DIAG)
+    incident, _ = lifecycle.incident_record(cluster.pk, DIAG)
     entry = AuditEntry.objects.filter(incident=incident).first()
     entry.result = "rewritten"
     with pytest.raises(AppendOnlyError):
@@ -220,7 +221,7 @@ def test_the_live_pipeline_blames_a_dead_leaf_not_its_nodes(cluster: Any, sim_fl
         ids = [i for source in ("telemetry", "kubernetes", "slurm")
                for i in collectors.collect_source(source).signal_ids]
     assert Signal.objects.filter(pk__in=ids, source="nic").count() >= 8
-    incidents = services.diagnose_signals(ids)
+    incidents = diagnosing.diagnose_signals(ids)
     assert {(i.root_cause, i.switch) for i in incidents} == {("switch_failure", "leaf-a")}
     [incident] = Incident.objects.all()
     assert sorted(incident.nodes) == [f"gpu-{n:03d}" for n in range(1, 9)]
@@ -232,20 +233,20 @@ def test_the_live_pipeline_blames_a_dead_leaf_not_its_nodes(cluster: Any, sim_fl
         "notify", "hold_switch_nodes", "requeue_dead_jobs", "wait_switch_healthy",
         "release_switch_nodes"]
     # Diagnosing the same window again extends the incident; it does not open another.
-    assert [i.pk for i in services.diagnose_signals(ids)] == [incident.pk]
+    assert [i.pk for i in diagnosing.diagnose_signals(ids)] == [incident.pk]
     assert Incident.objects.count() == 1
 
 
 def test_a_failed_remediation_of_a_resolved_incident_cannot_be_retried(
         cluster: Any, settings: Any) -> None:
     settings.FLEETWATCH_POLICY_MODE = "approve"
-    incident, _ = services.incident_record(cluster.pk, DIAG)
+    incident, _ = lifecycle.incident_record(cluster.pk, DIAG)
     rem = incident.remediations.get()
     # It failed at its second step; then a person fixed the node by hand and resolved it.
     Remediation.objects.filter(pk=rem.pk).update(status="failed")
     Step.objects.filter(remediation=rem, order=2).update(status="failed", error="boom")
     Incident.objects.filter(pk=incident.pk).update(status="resolved")
-    with pytest.raises(services.InvalidTransition, match="is resolved; remediation"):
-        services.remediation_retry(rem.pk, None, actor="user:olivia")
+    with pytest.raises(status.InvalidTransition, match="is resolved; remediation"):
+        transitions.remediation_retry(rem.pk, None, actor="user:olivia")
     assert Remediation.objects.get(pk=rem.pk).status == "failed"
     assert Incident.objects.get(pk=incident.pk).status == "resolved"

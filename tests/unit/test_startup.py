@@ -14,8 +14,9 @@ from django.utils import timezone
 
 from collectors import services as collectors
 from collectors.sim.fleet import SimFleet
-from incidents import services
+from incidents import lifecycle
 from incidents.models import AuditEntry, Step
+from incidents.remediation import engine
 from tests.unit.test_services import DIAG
 
 pytestmark = pytest.mark.django_db
@@ -46,7 +47,7 @@ def test_start_up_releases_every_lease_and_resumes_without_repeating_calls(
         sim_fleet: SimFleet, django_capture_on_commit_callbacks: Any) -> None:
     collectors.collect_source("slurm")
     with django_capture_on_commit_callbacks():
-        incident, _ = services.incident_record(collectors.cluster_default().pk, DIAG)
+        incident, _ = lifecycle.incident_record(collectors.cluster_default().pk, DIAG)
     rem = incident.remediations.get()
     notify = rem.steps.get(order=1)
     # The last stop cut the first step off after its call had returned and been recorded;
@@ -55,10 +56,10 @@ def test_start_up_releases_every_lease_and_resumes_without_repeating_calls(
         status=Step.Status.RUNNING, started_at=timezone.now(), attempts=1,
         lease_until=timezone.now() + timezone.timedelta(minutes=2),
         done_calls=["notify on-call"])
-    assert services.steps_rescue() == []
+    assert engine.steps_rescue() == []
 
     with django_capture_on_commit_callbacks() as queued:
-        assert services.steps_resume_all() == [notify.pk]
+        assert engine.steps_resume_all() == [notify.pk]
     assert len(queued) == 1
     notify.refresh_from_db()
     assert notify.lease_until is None
@@ -67,7 +68,7 @@ def test_start_up_releases_every_lease_and_resumes_without_repeating_calls(
 
     # The resumed run does not notify a second time: the call is in done_calls.
     with django_capture_on_commit_callbacks():
-        assert services.step_run(notify.pk, "restart") == "succeeded"
+        assert engine.step_run(notify.pk, "restart") == "succeeded"
     assert not AuditEntry.objects.filter(verb="notify").exists()
 
 

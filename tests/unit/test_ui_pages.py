@@ -15,6 +15,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from collectors import selectors
 from collectors import services as collectors
 from collectors.models import (
     Cluster,
@@ -27,10 +28,11 @@ from collectors.models import (
     SourceHealth,
 )
 from collectors.sim.fleet import SimFleet
-from incidents import selectors, services
+from incidents import lifecycle
 from incidents.audit import audit_record
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, Incident, Remediation, Step
+from incidents.remediation import transitions
 from incidents.templatetags.fleetwatch_ui import duration_text, relative, when
 from tests.conftest import steps_queued
 
@@ -412,7 +414,7 @@ def sim_incident(sim_fleet: SimFleet, settings: Any, django_capture_on_commit_ca
         collectors.collect_source(source)
     cluster = collectors.cluster_default()
     with django_capture_on_commit_callbacks():
-        incident, _ = services.incident_record(cluster.pk, Diagnosis(
+        incident, _ = lifecycle.incident_record(cluster.pk, Diagnosis(
             root_cause="gpu_hardware", nodes=("gpu-003",), confidence=0.97,
             playbook="replace_node", explanation="XID 79 (GPU has fallen off the bus) on gpu-003",
             detected_at=datetime.now(UTC) - timedelta(seconds=20), jobs=("3001",)))
@@ -435,7 +437,7 @@ def test_postmortem_export_in_markdown(ops: Client, sim_incident: Any, operator:
                                        django_capture_on_commit_callbacks: Any) -> None:
     rem = sim_incident.remediations.get()
     with django_capture_on_commit_callbacks(execute=True):
-        services.remediation_approve(rem.pk, operator)
+        transitions.remediation_approve(rem.pk, operator)
     page = ops.get(f"/incidents/{sim_incident.pk}/").content.decode()
     assert f'href="/incidents/{sim_incident.pk}/postmortem.md"' in page
     response = ops.get(f"/incidents/{sim_incident.pk}/postmortem.md")

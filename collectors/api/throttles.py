@@ -24,7 +24,7 @@ from rest_framework.exceptions import Throttled
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
-from incidents.models import ApiToken
+from collectors.api.permissions import token_of
 
 _PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -71,8 +71,9 @@ class TokenRateThrottle(BaseThrottle):
         return "token"
 
     def cache_key(self, request: Request, view: Any, scope: str) -> str:
-        if isinstance(request.auth, ApiToken):
-            ident = f"t:{request.auth.pk[:32]}"  # a prefix of the digest, never the token
+        token = token_of(request)
+        if token is not None:
+            ident = f"t:{str(token.pk)[:32]}"  # a prefix of the digest, never the token
         elif request.user and request.user.is_authenticated:
             ident = f"u:{request.user.pk}"
         else:
@@ -96,7 +97,7 @@ class TokenRateThrottle(BaseThrottle):
             return True
         self._undo(current)  # a refused request does not use the budget up further
         who = ("address" if scope == "anon"
-               else "token" if isinstance(request.auth, ApiToken) else "user")
+               else "token" if token_of(request) is not None else "user")
         what = "signal pushes" if scope == "ingest" else "requests"
         raise Throttled(
             wait=retry_after(count - 1, before, limit, elapsed, duration),

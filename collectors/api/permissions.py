@@ -15,16 +15,34 @@ READ, anything else OPERATE.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
 from collectors.roles import ADMIN_ONLY, INGEST, OPERATE, READ, role_allows, role_of
-from incidents.models import ApiToken
 
 _SCOPE_FOR = {READ: "read", OPERATE: "operate", INGEST: "ingest", ADMIN_ONLY: "operate"}
+# What a view may need in its ``access`` table, for all of one viewset's reads.
+READ_ONLY = {"list": READ, "retrieve": READ}
+
+
+@runtime_checkable
+class ScopedToken(Protocol):
+    """What the API reads of an API token (the incidents app's ``ApiToken``, which its token
+    authentication sets as ``request.auth``; a browser session sets none): its key's digest
+    (``pk``), its name and its scopes."""
+
+    pk: Any
+    name: str
+    scopes: list[str]
+
+
+def token_of(request: Request) -> ScopedToken | None:
+    """The token the call came with, or None (a browser session, or no one)."""
+    auth = request.auth
+    return auth if isinstance(auth, ScopedToken) else None
 
 
 def access_needed(request: Request, view: Any) -> str:
@@ -47,7 +65,7 @@ class FleetWatchAccess(BasePermission):
             raise PermissionDenied(
                 f"this needs the {'admin' if need == ADMIN_ONLY else need} permission, and "
                 f"{'you have no role' if role is None else f'your role is {role}'}")
-        token = request.auth if isinstance(request.auth, ApiToken) else None
+        token = token_of(request)
         if token is not None and _SCOPE_FOR[need] not in (token.scopes or []):
             raise PermissionDenied(
                 f"token {token.name!r} lacks the {_SCOPE_FOR[need]!r} scope "

@@ -1,0 +1,224 @@
+"""The fleet's REST endpoints under /api/v1/: clusters, nodes, GPUs, jobs, signals (read,
+and pushed by node agents and other monitors) and sources. Thin: they validate input, read
+through collectors.selectors and store pushes through collectors.services.
+
+Each view says in ``access`` what each of its calls needs (collectors/api/permissions.py);
+the schema prints it in every operation's description. Nodes are addressed by name and jobs
+by Slurm id (with ``?cluster=`` where several clusters share one), clusters by name, GPUs by
+id.
+
+Answers: 400 with the fields at fault; 404 naming what was not found; 413 for an oversized
+push; 422 for a pushed signal naming a node FleetWatch does not know."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import django.dispatch
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.exceptions import NotFound
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from collectors import filters, selectors
+from collectors import services as collectors
+from collectors.api.pagination import SignalCursor
+from collectors.api.permissions import INGEST, READ, READ_ONLY
+from collectors.api.serializers import (
+    ClusterSerializer,
+    ErrorSerializer,
+    GpuDetailSerializer,
+    JobSerializer,
+    NodeSerializer,
+    SignalBatchSerializer,
+    SignalSerializer,
+    SourceSerializer,
+    StoredSerializer,
+)
+from collectors.models import Cluster, Gpu, Node, Signal
+from collectors.roles import push_rights
+
+CLUSTER_PARAM = OpenApiParameter(
+    "cluster", str, description="the cluster's name, where several clusters share the name")
+
+# Sent when a push is refused (collectors.services.IngestRejected), with ``request``,
+# ``error`` and ``signals`` (how many the batch held), before the answer: the incidents app
+# records it in the audit trail, which collectors do not import.
+push_refused = django.dispatch.Signal()
+
+
+class NamedNotFound:
+    """A 404 that says what was looked for ("no incident 12"), not DRF's generic text."""
+
+    def get_object(self) -> Any:
+        try:
+            return super().get_object()  # type: ignore[misc]
+        except Http404:
+            view: Any = self
+            lookup = view.kwargs.get(view.lookup_url_kwarg or view.lookup_field)
+            name = getattr(view, "not_found_name", "") or \
+                view.get_queryset().model._meta.verbose_name
+            raise NotFound(f"no {name} {lookup}") from None
+
+
+# --- the fleet ------------------------------------------------------------------------------
+
+
+class ClusterViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
+    serializer_class = ClusterSerializer
+    queryset = Cluster.objects.order_by("name")
+    lookup_field = "name"
+    lookup_value_regex = "[^/]+"
+    access = READ_ONLY
+
+
+@extend_schema(parameters=[OpenApiParameter("name", str, OpenApiParameter.PATH,
+                                            description="the node's name")])
+class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+    """Nodes as FleetWatch last saw them, with their GPUs."""
+
+    serializer_class = NodeSerializer
+    queryset = Node.objects.select_related("cluster").prefetch_related("gpus").order_by("name")
+    filterset_class = filters.NodeFilter
+    ordering_fields = ["name", "updated_at", "health", "leaf_switch", "pool"]
+    lookup_field = "name"
+    # Host names may have dots (``node1.rack2``): anything up to the next slash.
+    lookup_value_regex = "[^/]+"
+    access = READ_ONLY
+
+    @extend_schema(parameters=[CLUSTER_PARAM])
+    def retrieve(self, request: Request, name: str = "") -> Response:
+        return super().retrieve(request, name=name)
+
+    def get_object(self) -> Node:
+        name, cluster = self.kwargs["name"], self.request.query_params.get("cluster")
+        node = selectors.node_get(name, cluster)
+        if node is None:
+            raise NotFound(f"no node {name}" + (f" in cluster {cluster}" if cluster else ""))
+        return node
+
+
+class GpuViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
+    serializer_class = GpuDetailSerializer
+    queryset = Gpu.objects.select_related("node").order_by("node__name", "index")
+    filterset_class = filters.GpuFilter
+    ordering_fields = ["index", "temperature", "utilization", "last_xid", "updated_at"]
+    access = READ_ONLY
+
+
+@extend_schema(parameters=[OpenApiParameter("slurm_id", str, OpenApiParameter.PATH,
+                                            description="the Slurm job id")])
+class JobViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = JobSerializer
+    queryset = selectors.jobs_for_list()
+    filterset_class = filters.JobFilter
+    ordering_fields = ["updated_at", "started_at", "slurm_id", "restart_count"]
+    lookup_field = "slurm_id"
+    lookup_value_regex = "[^/]+"
+    access = READ_ONLY
+
+    @extend_schema(parameters=[CLUSTER_PARAM])
+    def retrieve(self, request: Request, slurm_id: str = "") -> Response:
+        return super().retrieve(request, slurm_id=slurm_id)
+
+    def get_object(self) -> Any:
+        slurm_id, cluster = self.kwargs["slurm_id"], self.request.query_params.get("cluster")
+        job = selectors.job_get(slurm_id, cluster)
+        if job is None:
+            raise NotFound(f"no job {slurm_id}" + (f" in cluster {cluster}" if cluster else ""))
+        return job
+
+
+class SignalViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Signals: read them (oldest first, cursor-paged: follow ``next``), or push a batch."""
+
+    serializer_class = SignalSerializer
+    queryset = Signal.objects.select_related("cluster")
+    pagination_class = SignalCursor
+    filter_backends = [DjangoFilterBackend]  # the cursor fixes the order
+    filterset_class = filters.SignalFilter
+    access = {"list": READ, "create": INGEST}
+
+    @property
+    def throttle_scope(self) -> str:
+        # Pushes have their own budget: an agent catching up must not starve its reads.
+        return "ingest" if self.action == "create" else "token"
+
+    @extend_schema(
+        request=SignalBatchSerializer,
+        parameters=[OpenApiParameter(
+            "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+            description="1 to 128 visible ASCII characters, one per batch: the same batch sent "
+                        "again with it (a retry) is stored once, and its answer carries "
+                        "\"replayed\": true and the Idempotent-Replayed header")],
+        responses={201: StoredSerializer,
+                   403: OpenApiResponse(ErrorSerializer, description="A record this caller "
+                                        "may not push (source or node), named"),
+                   413: OpenApiResponse(ErrorSerializer, description="Batch or body over the "
+                                        "limit"),
+                   422: OpenApiResponse(ErrorSerializer, description="Unknown node(s), or an "
+                                        "Idempotency-Key used for another batch")},
+        description="Push a batch of signals (node agents, other monitors), in the replay "
+                    "format. All or nothing: a batch with one bad record stores nothing. What "
+                    "a caller may push follows from who it is: an agent's token, its own "
+                    "node's kernel, dcgm and nic records; any other ingest token, those and "
+                    "job_log records for known nodes; nobody, collector, slurm or kubernetes "
+                    "records (403, audited).")
+    def create(self, request: Request) -> Response:
+        signals = request.data.get("signals") if isinstance(request.data, dict) else None
+        if isinstance(signals, list) and len(signals) > settings.FLEETWATCH_INGEST_MAX_BATCH:
+            return Response({"detail": f"batch of {len(signals)} signals is over the limit of "
+                             f"{settings.FLEETWATCH_INGEST_MAX_BATCH}; split it"},
+                            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        batch = SignalBatchSerializer(data=request.data)
+        batch.is_valid(raise_exception=True)
+        key = request.headers.get("Idempotency-Key")
+        # Keys are per token (its digest, shortened: a token's key is never stored), else
+        # per signed-in person.
+        auth_id = getattr(request.auth, "pk", None)
+        caller = f"token:{str(auth_id)[:48]}" if auth_id is not None else f"user:{request.user.pk}"
+        try:
+            result = collectors.signals_ingest(
+                collectors.cluster_default(), batch.validated_data["signals"],
+                rights=push_rights(request.user),
+                idempotency=(caller, key) if key is not None else None)
+        except collectors.IngestRejected as exc:
+            # The api.call entry says a push was refused; the audit entry this asks for
+            # says why.
+            push_refused.send(sender=type(self), request=request, error=exc,
+                              signals=len(batch.validated_data["signals"]))
+            return Response({"detail": str(exc)}, status=exc.status)
+        if result.replayed:
+            return Response({"stored": result.stored, "replayed": True},
+                            status=status.HTTP_201_CREATED,
+                            headers={"Idempotent-Replayed": "true"})
+        return Response({"stored": result.stored}, status=status.HTTP_201_CREATED)
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, RequestDataTooBig):
+            # Django's own answer would be an HTML 400.
+            return Response(
+                {"detail": f"request body over the limit of {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} "
+                           "bytes (DATA_UPLOAD_MAX_MEMORY_SIZE, room for "
+                           f"FLEETWATCH_INGEST_MAX_BATCH={settings.FLEETWATCH_INGEST_MAX_BATCH} "
+                           "signals of the largest size); split the batch"},
+                status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        return super().handle_exception(exc)
+
+
+# --- sources ------------------------------------------------------------------------------
+
+
+class SourceViewSet(viewsets.ViewSet):
+    """Each collector's health and its recent runs (a handful of rows: not paged)."""
+
+    access = {"list": READ}
+
+    @extend_schema(responses=SourceSerializer(many=True))
+    def list(self, request: Request) -> Response:
+        return Response(SourceSerializer(selectors.sources_overview(), many=True).data)

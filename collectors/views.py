@@ -1,0 +1,100 @@
+"""The fleet's pages: nodes, jobs, the GPU grid and the sources. Thin: they read through
+collectors.selectors and change nothing.
+
+Who may open a page at all (a signed-in person with a role, as for the API) is checked for
+every view by the project's PageAccessMiddleware. The list helpers here (paging, the status
+of a filtered list, JSON that survives stored non-finite readings) serve incidents' pages
+too."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.paginator import Page, Paginator
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+
+from collectors import selectors
+from collectors.filters import JobFilter, NodeFilter
+from collectors.models import Node, json_safe
+
+PAGE_SIZE = 50
+
+
+def list_status(filters: Any) -> int:
+    """A filter value that does not parse (an incident number that is not one) shows the
+    list with the form's error, as a 400, as the API answers: never silently unfiltered."""
+    return 400 if filters.is_bound and not filters.is_valid() else 200
+
+
+def json_answer(data: Any, **kwargs: Any) -> JsonResponse:
+    # A stored non-finite reading (PostgreSQL's float8 keeps Infinity) would be written as the
+    # token Infinity, which browsers' JSON.parse refuses: the chart would break.
+    return JsonResponse(json_safe(data), **kwargs)
+
+
+def paginate(request: HttpRequest, rows: QuerySet[Any], per_page: int = PAGE_SIZE) -> Page:
+    # get_page: a page number out of range shows the last page rather than an error.
+    return Paginator(rows, per_page).get_page(request.GET.get("page"))
+
+
+def grid_group(request: HttpRequest) -> tuple[str | None, bool]:
+    """The grid's group from the query: ``group=*`` all nodes, ``group=`` the nodes with no
+    leaf (or pool), absent: the dashboard chooses."""
+    group = request.GET.get("group")
+    return (None if group == "*" else group), group is not None
+
+
+def gpu_grid(request: HttpRequest) -> JsonResponse:
+    return json_answer(selectors.gpu_grid(request.GET.get("by", "leaf"), grid_group(request)[0]))
+
+
+def node_list(request: HttpRequest) -> HttpResponse:
+    facets = selectors.node_facets()
+    filters = NodeFilter(request.GET, queryset=selectors.nodes_for_list(), facets=facets)
+    page = paginate(request, filters.qs)
+    return render(request, "incidents/node_list.html", {
+        "filter": filters, "page": page, "facets": facets,
+        "rows": selectors.nodes_gpu_summary(list(page))}, status=list_status(filters))
+
+
+def _node_or_404(request: HttpRequest, name: str) -> Node:
+    node = selectors.node_get(name, request.GET.get("cluster"))
+    if node is None:
+        raise Http404(f"no node {name}")
+    return node
+
+
+def node_detail(request: HttpRequest, name: str) -> HttpResponse:
+    node = _node_or_404(request, name)
+    return render(request, "incidents/node_detail.html", selectors.node_detail(node))
+
+
+def node_telemetry(request: HttpRequest, name: str) -> JsonResponse:
+    node = _node_or_404(request, name)
+    try:
+        minutes = min(max(int(request.GET.get("minutes", "60")), 1), 24 * 60)
+    except ValueError:
+        minutes = 60
+    return json_answer(selectors.node_telemetry(node, minutes))
+
+
+def job_list(request: HttpRequest) -> HttpResponse:
+    filters = JobFilter(request.GET, queryset=selectors.jobs_for_list(),
+                        facets=selectors.job_facets())
+    return render(request, "incidents/job_list.html",
+                  {"filter": filters, "page": paginate(request, filters.qs)},
+                  status=list_status(filters))
+
+
+def job_detail(request: HttpRequest, slurm_id: str) -> HttpResponse:
+    job = selectors.job_get(slurm_id, request.GET.get("cluster"))
+    if job is None:
+        raise Http404(f"no job {slurm_id}")
+    return render(request, "incidents/job_detail.html", selectors.job_detail(job))
+
+
+def source_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "incidents/source_list.html",
+                  {"sources": selectors.sources_overview()})

@@ -1,0 +1,194 @@
+"""Diagnosis of stored signals: coalesced per cluster, then incidents opened or extended.
+
+Collectors announce stored signals (collectors.services.signals_stored); ``diagnosis_request``
+marks diagnosis due in that same transaction and queues at most one run per cluster;
+``diagnosis_run`` (the task's body) diagnoses everything marked since the last run and hands
+each diagnosis to the lifecycle (``incident_record``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Min, Q
+from django.utils import timezone
+
+from collectors import queueing
+from collectors.models import Cluster, Signal
+from incidents import selectors
+from incidents.diagnosis import diagnose
+from incidents.lifecycle import incident_record
+from incidents.models import DiagnosisState, Incident
+
+log = logging.getLogger(__name__)
+
+
+def diagnose_signals(signal_ids: list[int]) -> list[Incident]:
+    """Diagnose the window around newly ingested signals; open or extend incidents.
+
+    The live pipeline goes through diagnosis_run (coalesced per cluster); this is for callers
+    holding the ids (tests, the agent's local check)."""
+    fresh = list(Signal.objects.filter(pk__in=signal_ids).select_related("cluster"))
+    if not fresh:
+        return []
+    return _diagnose_from(fresh[0].cluster_id, min(s.observed_at for s in fresh))
+
+
+def _diagnose_from(cluster_id: int, earliest: datetime) -> list[Incident]:
+    """Diagnose the cluster's window from ``earliest`` (less the diagnosis window) to now."""
+    cluster = Cluster.objects.get(pk=cluster_id)
+    window = timedelta(minutes=settings.FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES)
+    observations = selectors.observations_between(cluster, earliest - window, timezone.now())
+    diagnoses = diagnose(observations, selectors.topology(cluster), selectors.jobs_info(cluster))
+    incidents = []
+    for diagnosis in diagnoses:
+        incident, _ = incident_record(cluster.pk, diagnosis)
+        incidents.append(incident)
+    return incidents
+
+
+# --- coalesced diagnosis ----------------------------------------------------------------------
+#
+# One task per push let a burst starve detection: 2,000 batches queued 2,000 diagnoses, each
+# re-reading the same window, and a new fault waited behind all of them. Instead each cluster
+# has one DiagnosisState row, and:
+#
+# - storing signals marks it *in the storing transaction* (diagnosis_request, the listener of
+#   collectors' signals_stored): pending_since = the earliest new observation. Committed with
+#   the signals or not at all, so a stored signal is never left unannounced, whatever happens
+#   to the process or the broker afterwards;
+# - a task is sent only when none is queued and no run holds the row: a burst adds nothing
+#   to the queue, whatever the push rate (at most one queued and one running per cluster);
+# - a run (diagnosis_run) claims everything pending at once, diagnoses the window from the
+#   earliest claimed observation to now (what the per-batch runs did for their earliest
+#   batch: the same verdicts), and on finishing queues the next run if more arrived meanwhile.
+#   A fault stored during a run is diagnosed by the next one.
+#
+# A database row rather than the cache: the mark must commit with the signals (a cache write
+# cannot), and the embedded default's file cache has no atomic operations. Row locks
+# (select_for_update; on SQLite every transaction takes the write lock up front) make the
+# read-and-set steps safe with several workers. Lost messages and killed workers: a run's
+# claim is a lease (the task's hard time limit), given back when the run fails; a beat entry
+# (diagnosis_rescue) and the next announcement re-send a task whose message was lost or whose
+# run died, and claim what the dead run had claimed.
+
+
+def _lease() -> timedelta:
+    """No run outlives the task's hard time limit: past it, a run that holds the row is dead."""
+    return timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT + 10)
+
+
+def _diagnosis_state(cluster_id: int) -> DiagnosisState:
+    """The cluster's row, locked for the rest of the transaction."""
+    state, _ = DiagnosisState.objects.select_for_update().get_or_create(cluster_id=cluster_id)
+    return state
+
+
+def _diagnosis_queue(state: DiagnosisState, now: datetime, *, force: bool = False) -> None:
+    """Send a run for the (locked) state unless one is queued or running. ``force``: the
+    message of the queued one may have been lost (the rescue)."""
+    running = state.running_since is not None and state.running_since > now - _lease()
+    if running or (state.queued_at is not None and not force):
+        return
+    state.queued_at = now
+    queueing.enqueue(queueing.DIAGNOSE_CLUSTER, state.cluster_id)
+
+
+def diagnosis_request(signal_ids: Collection[int]) -> None:
+    """Mark diagnosis due for these (just stored) signals' clusters; queue a run if none is."""
+    if not signal_ids:
+        return
+    # Rows of one bulk insert have neighbouring ids: a range reads no long IN list. Rows of
+    # other pushes in the range only make the window start earlier, never later.
+    earliest = (Signal.objects.filter(pk__range=(min(signal_ids), max(signal_ids)))
+                .values("cluster_id").annotate(at=Min("observed_at")).order_by("cluster_id"))
+    now = timezone.now()
+    with transaction.atomic():
+        for row in earliest:
+            state = _diagnosis_state(row["cluster_id"])
+            if state.pending_since is None or row["at"] < state.pending_since:
+                state.pending_since = row["at"]
+            _diagnosis_queue(state, now, force=state.queued_at is not None
+                             and state.queued_at < now - _lease())
+            state.save()
+
+
+def signals_stored_received(sender: object, signal_ids: list[int], **_: object) -> None:
+    """collectors.services.signals_stored's listener (connected in apps.py)."""
+    diagnosis_request(signal_ids)
+
+
+def diagnosis_run(cluster_id: int) -> list[Incident]:
+    """Diagnose everything stored for the cluster since the last run (the task's body)."""
+    now = timezone.now()
+    with transaction.atomic():
+        state = _diagnosis_state(cluster_id)
+        state.queued_at = None  # this is the queued run: announcements may queue the next
+        if state.running_since is not None and state.running_since > now - _lease():
+            state.save()  # another worker's run holds it and will look again when done
+            return []
+        # A run that died (lease expired) gives back what it claimed.
+        earliest = min((t for t in (state.pending_since, state.running_from) if t is not None),
+                       default=None)
+        state.pending_since = None
+        state.running_from = earliest
+        state.running_since = now if earliest is not None else None
+        state.save()
+    if earliest is None:
+        return []
+    started = time.monotonic()
+    try:
+        incidents = _diagnose_from(cluster_id, earliest)
+    except BaseException:
+        _diagnosis_release(cluster_id, now, started, failed=True)
+        raise
+    _diagnosis_release(cluster_id, now, started)
+    return incidents
+
+
+def _diagnosis_release(cluster_id: int, claimed_at: datetime, started: float, *,
+                       failed: bool = False) -> None:
+    with transaction.atomic():
+        state = _diagnosis_state(cluster_id)
+        if state.running_since != claimed_at:
+            return  # our lease expired and another run took the claim over
+        if failed and state.running_from is not None:
+            # Not diagnosed: pending again, for the retry or the next announcement.
+            state.pending_since = min(t for t in (state.pending_since, state.running_from) if t)
+        else:
+            state.runs += 1
+            state.last_run_at = timezone.now()
+            state.last_run_ms = (time.monotonic() - started) * 1000
+        state.running_since = state.running_from = None
+        if state.pending_since is not None and not failed:
+            _diagnosis_queue(state, timezone.now())  # what arrived during this run
+        state.save()
+
+
+def diagnosis_rescue() -> int:
+    """Re-send runs whose message was lost (queued too long) or whose worker died (lease
+    expired) while diagnosis is due; the beat runs this. Returns how many were sent."""
+    now = timezone.now()
+    stale = now - _lease()
+    due = DiagnosisState.objects.filter(
+        Q(pending_since__isnull=False) | Q(running_from__isnull=False)).filter(
+        Q(queued_at__isnull=True) | Q(queued_at__lt=stale)).filter(
+        Q(running_since__isnull=True) | Q(running_since__lt=stale))
+    sent = 0
+    for cluster_id in due.values_list("cluster_id", flat=True):
+        with transaction.atomic():
+            state = _diagnosis_state(cluster_id)
+            if state.queued_at is None or state.queued_at < stale:
+                before = state.queued_at
+                _diagnosis_queue(state, now, force=True)
+                if state.queued_at != before:
+                    sent += 1
+                    log.warning("diagnosis of cluster %s was due and nothing was queued (a lost "
+                                "message or a dead worker): queued a run", cluster_id)
+                state.save()
+    return sent

@@ -1,0 +1,138 @@
+"""An incident's lifecycle: opened (or extended) for a diagnosis, acknowledged by a person,
+resolved by hand. A confident diagnosis with a playbook opens its remediation at once.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from collectors.knowledge import RootCause
+from collectors.roles import SYSTEM
+from incidents.audit import audit_lock, audit_record
+from incidents.diagnosis import Diagnosis
+from incidents.models import Evidence, Incident, Remediation
+from incidents.remediation import policy
+from incidents.remediation.transitions import remediation_open, remediation_stop
+from incidents.retry import retry_transient
+from incidents.status import InvalidTransition, incident_event, incident_resolve
+
+# Below this a diagnosis opens an incident for a person to read, but no remediation.
+AUTO_REMEDIATION_MIN_CONFIDENCE = 0.8
+
+
+@retry_transient
+def incident_record(cluster_id: int, diagnosis: Diagnosis) -> tuple[Incident, bool]:
+    """Open an incident for a diagnosis, or extend the one already open for the same fault.
+
+    A fault that keeps showing (a gauge re-read, the same XID injected twice, a second
+    diagnosis run) is one incident with more evidence, never a second remediation.
+    """
+    for _ in range(3):
+        try:
+            with transaction.atomic():
+                audit_lock()  # before the incident's row lock: see incidents/audit.py
+                return _incident_record(cluster_id, diagnosis)
+        except IntegrityError:
+            continue  # another worker opened it between our lookup and insert: extend that
+    raise RuntimeError(f"could not record incident {diagnosis.fingerprint}")
+
+
+def _incident_record(cluster_id: int, diagnosis: Diagnosis) -> tuple[Incident, bool]:
+    now = timezone.now()
+    recent = now - timedelta(minutes=settings.FLEETWATCH_DEDUPE_MINUTES)
+    existing = (
+        Incident.objects.select_for_update()
+        .filter(cluster_id=cluster_id, fingerprint=diagnosis.fingerprint)
+        .filter(~Q(status=Incident.Status.RESOLVED) | Q(resolved_at__gte=recent))
+        .order_by("-opened_at")
+        .first()
+    )
+    if existing is None and diagnosis.root_cause == RootCause.NODE_UNREACHABLE:
+        # A node FleetWatch is repairing (draining, rebooting, replacing) stops answering
+        # because of the repair: that is the repair's evidence, not a new incident.
+        holding = policy.remediation_holding(diagnosis.nodes)
+        if holding is not None:
+            existing = Incident.objects.select_for_update().get(pk=holding.incident_id)
+    if existing is not None:
+        added = _evidence_add(existing, diagnosis.evidence)
+        if added:
+            audit_record("incident.extended", f"incident {existing.pk}", incident=existing,
+                         result=f"{added} more signal(s) for the same fault")
+        return existing, False
+    incident = Incident.objects.create(
+        cluster_id=cluster_id, root_cause=diagnosis.root_cause, confidence=diagnosis.confidence,
+        explanation=diagnosis.explanation, playbook=diagnosis.playbook,
+        fingerprint=diagnosis.fingerprint, nodes=list(diagnosis.nodes),
+        jobs=list(diagnosis.jobs), switch=diagnosis.switch or "",
+        detected_at=diagnosis.detected_at, opened_at=now,
+    )
+    _evidence_add(incident, diagnosis.evidence)
+    audit_record("incident.opened", f"incident {incident.pk}", incident=incident,
+                 result=diagnosis.explanation,
+                 data={"root_cause": diagnosis.root_cause, "confidence": diagnosis.confidence})
+    incident_event("incident.opened", incident)
+    if diagnosis.confidence >= AUTO_REMEDIATION_MIN_CONFIDENCE and policy.playbook_choose(
+            incident)[0] is not None:
+        remediation_open(incident, actor=SYSTEM, automatic=True)
+    return incident, True
+
+
+def _evidence_add(incident: Incident, signal_ids: tuple[int, ...]) -> int:
+    have = set(incident.evidence.values_list("signal_id", flat=True))
+    new = [Evidence(incident=incident, signal_id=sid) for sid in signal_ids if sid not in have]
+    Evidence.objects.bulk_create(new, ignore_conflicts=True)
+    return len(new)
+
+
+@retry_transient
+def incident_acknowledge(incident_id: int, *, actor: str) -> Incident:
+    """Someone has it. Once per incident: a second acknowledgement says who was first."""
+    with transaction.atomic():
+        audit_lock()  # before any row lock: see incidents/audit.py
+        incident = Incident.objects.select_for_update().get(pk=incident_id)
+        if incident.status == Incident.Status.RESOLVED:
+            raise InvalidTransition(f"incident {incident.pk} is resolved; nothing to "
+                                    "acknowledge")
+        if incident.acknowledged_at is not None:
+            raise InvalidTransition(
+                f"incident {incident.pk} was acknowledged by {incident.acknowledged_by} at "
+                f"{incident.acknowledged_at.isoformat()}")
+        incident.acknowledged_by, incident.acknowledged_at = actor, timezone.now()
+        incident.save(update_fields=["acknowledged_by", "acknowledged_at"])
+        audit_record("incident.acknowledged", f"incident {incident.pk}", actor=actor,
+                     incident=incident)
+        incident_event("incident.updated", incident)
+    return incident
+
+
+@retry_transient
+def incident_resolve_by_hand(incident_id: int, *, actor: str, note: str = "") -> Incident:
+    """A person says it is over (fixed by hand, or not a fault after all). Refused while a
+    remediation is still acting: cancel it first, so nothing acts on a resolved incident. One
+    that only waits for a person is cancelled with it.
+
+    Locks in the order the remediation actions take them (policy, remediation, incident), so
+    a resolve and an approve at the same moment queue rather than deadlock: whichever is
+    second sees what the first did."""
+    with transaction.atomic():
+        policy.decisions_serialized()
+        live = list(Remediation.objects.select_for_update().filter(
+            incident_id=incident_id, status__in=Remediation.ACTIVE))
+        incident = Incident.objects.select_for_update().get(pk=incident_id)
+        if incident.status == Incident.Status.RESOLVED:
+            raise InvalidTransition(f"incident {incident.pk} is already resolved")
+        acting = [r for r in live if r.status != Remediation.Status.AWAITING_APPROVAL]
+        if acting:
+            raise InvalidTransition(
+                f"remediation {acting[0].pk} is {acting[0].status}; cancel it before resolving")
+        for rem in live:  # nobody approved it and nobody will now
+            remediation_stop(rem, actor, "the incident was resolved by hand")
+        audit_record("incident.resolved_by_hand", f"incident {incident.pk}", actor=actor,
+                     incident=incident, result=note[:500])
+        incident_resolve(incident)
+    return incident
