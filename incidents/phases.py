@@ -7,18 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from incidents.models import Incident, Remediation
-
-# Step kinds by the phase of a repair they belong to.
-PHASE_OF_STEP = {
-    "drain_and_cancel": "drain", "drain": "drain", "down_node": "drain",
-    "hold_switch_nodes": "drain", "cordon_and_drain": "drain",
-    "requeue": "requeue", "requeue_dead_jobs": "requeue",
-    "replace_node": "replace", "replace_if_not_back": "replace", "reboot": "replace",
-    "reset_or_reboot": "replace", "mark_rma": "replace",
-    "resume": "resume", "resume_node": "resume", "release_switch_nodes": "resume",
-    "verify_fault_cleared": "resume", "wait_link_stable": "resume",
-    "wait_switch_healthy": "resume", "wait_cool": "resume", "wait_node_back": "resume",
-}
+from incidents.remediation.steps import phase_of
 
 
 def phase_durations(
@@ -41,7 +30,7 @@ def phase_durations(
         for step in steps:
             if step.started_at and step.finished_at:
                 phases[step.kind] = secs(step.started_at, step.finished_at)
-                phase = PHASE_OF_STEP.get(step.kind)
+                phase = phase_of(step.kind)  # declared with the step kind (steps.STEP_KINDS)
                 if phase:
                     grouped[phase] = round(grouped.get(phase, 0.0) + phases[step.kind], 3)
         # The repair's phases (drain, requeue, replace, resume) sum their steps; a step

@@ -35,6 +35,7 @@ from incidents.remediation.steps import (
     Outcome,
     StepContext,
     Wait,
+    step_timeout,
 )
 from incidents.retry import retry_transient
 from incidents.status import incident_event, incident_resolve, incident_status
@@ -159,7 +160,7 @@ def _step_take(step_id: int, reason: str) -> Step | str:
                 return gate
         if step.status == Step.Status.PENDING:
             step.status, step.started_at, step.attempts = Step.Status.RUNNING, now, 1
-            step.deadline = now + timedelta(seconds=_step_timeout(step.kind))
+            step.deadline = now + timedelta(seconds=step_timeout(step.kind))
             audit_record("step.started", step.kind, remediation=rem, step=step,
                          result=step.title)
         elif reason == "retry":
@@ -229,18 +230,6 @@ def _step_gate(step: Step, rem: Remediation) -> str:
         incident_event("remediation.awaiting_approval", rem.incident, rem)
         return "observed"
     return ""
-
-
-# Steps that wait on the physical world (a job to end and the GPUs to cool, a link to stay
-# up, a switch to be fixed, a node to come back) get longer than the others before they fail.
-LONG_WAITS = {"wait_cool": 24 * 3600.0, "wait_link_stable": 24 * 3600.0,
-              "wait_switch_healthy": 24 * 3600.0}
-
-
-def _step_timeout(kind: str) -> float:
-    if kind == "wait_node_back":
-        return settings.FLEETWATCH_NODE_BACK_MINUTES * 60.0 + settings.FLEETWATCH_STEP_TIMEOUT_SECONDS
-    return max(LONG_WAITS.get(kind, 0.0), float(settings.FLEETWATCH_STEP_TIMEOUT_SECONDS))
 
 
 def _step_context(step: Step) -> StepContext:

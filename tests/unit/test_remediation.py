@@ -726,3 +726,23 @@ def test_a_notification_outage_does_not_hold_back_the_repair() -> None:
     out = EXECUTORS["notify"](ctx)
     assert isinstance(out, Done) and out.result["sent"] is False
     assert "notification failed, repair goes on" in out.detail
+
+
+def test_a_reboot_requests_time_counts_towards_the_replace_phase(cluster: Any) -> None:
+    """Each step kind declares its repair phase where it is defined (steps.STEP_KINDS): a
+    reboot asked of the provider is replace time, as a reboot is (it used to count nowhere)."""
+    from incidents.phases import phase_durations
+
+    incident = Incident.objects.create(
+        cluster=cluster, root_cause="node_unreachable", confidence=1, explanation="x",
+        fingerprint="u:reboot", nodes=["gpu-003"], detected_at=NOW,
+        opened_at=NOW + timedelta(seconds=5))
+    rem = Remediation.objects.create(incident=incident, playbook="node_unreachable",
+                                     mode="auto", status="succeeded", requested_by="system")
+    for order, kind, start, end in ((1, "down_node", 10, 20), (2, "reboot_request", 20, 80)):
+        Step.objects.create(remediation=rem, order=order, kind=kind, title=kind,
+                            status="succeeded", started_at=NOW + timedelta(seconds=start),
+                            finished_at=NOW + timedelta(seconds=end))
+    phases = phase_durations(incident, rem, NOW + timedelta(minutes=2))
+    assert phases["reboot_request"] == phases["replace"] == 60.0
+    assert phases["drain"] == 10.0
