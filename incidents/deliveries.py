@@ -26,7 +26,6 @@ Either way:
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -39,6 +38,7 @@ from django.utils import timezone
 
 from collectors import queueing
 from collectors.clients import notify
+from collectors.clock import SYSTEM_CLOCK, Clock
 from incidents.models import Delivery
 
 log = logging.getLogger(__name__)
@@ -192,8 +192,10 @@ class StepDeliveries:
     """``collectors.clients.notify.DeliveryLog``: a step's notification to one channel, as a
     Delivery row, its attempts made here and now (see the module's docstring)."""
 
-    def __init__(self, sleep: Callable[[float], None] = time.sleep) -> None:
-        self.sleep = sleep  # injectable: tests pace the retries without waiting
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        # Paces the attempts. The row's due time is the database's clock, so a clock that
+        # does not really wait suits back-offs shorter than DUE_SLACK_S only.
+        self.clock = clock
 
     def deliver(self, channel: notify.Channel, message: notify.Message) -> notify.Outcome:
         call, target = channel.call_text(), channel.target[:300]
@@ -236,7 +238,7 @@ class StepDeliveries:
             last = done_now.answer
             if done_now.wait is None:
                 break
-            self.sleep(done_now.wait)
+            self.clock.sleep(done_now.wait)
         if last is None:  # not claimable: nothing of ours was sent
             return notify.Outcome(channel.channel, call, "failed", "not sent", row.pk)
         if last.ok:
