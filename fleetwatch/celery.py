@@ -96,11 +96,13 @@ app.autodiscover_tasks()
 def _beat_schedule(sender: Celery, **_: object) -> None:
     from django.conf import settings
 
+    from collectors import queueing  # the task names: the wire contract, written once
+
     interval = settings.FLEETWATCH_COLLECT_INTERVAL
     # One entry per source, so a slow source never delays the others.
     schedule = {
         f"collect-{source}": {
-            "task": "collectors.tasks.collect_source",
+            "task": queueing.COLLECT_SOURCE,
             "schedule": interval,
             "args": [source],
             # A collection that waited longer than this is dropped (the next one reads the
@@ -111,24 +113,24 @@ def _beat_schedule(sender: Celery, **_: object) -> None:
         }
         for source in settings.FLEETWATCH_SOURCES
     }
-    schedule["prune-telemetry"] = {"task": "collectors.tasks.prune_telemetry", "schedule": 600.0}
+    schedule["prune-telemetry"] = {"task": queueing.PRUNE_TELEMETRY, "schedule": 600.0}
     # Steps whose message a killed worker or a restarted broker lost.
-    schedule["steps-rescue"] = {"task": "incidents.tasks.steps_rescue",
+    schedule["steps-rescue"] = {"task": queueing.STEPS_RESCUE,
                                 "schedule": settings.FLEETWATCH_WATCHDOG_SECONDS,
                                 "options": {"expires": settings.FLEETWATCH_WATCHDOG_SECONDS}}
     # Webhook deliveries whose message was lost the same way.
-    schedule["webhooks-rescue"] = {"task": "incidents.tasks.webhooks_rescue",
+    schedule["webhooks-rescue"] = {"task": queueing.WEBHOOKS_RESCUE,
                                    "schedule": settings.FLEETWATCH_WATCHDOG_SECONDS,
                                    "options": {"expires": settings.FLEETWATCH_WATCHDOG_SECONDS}}
     # Diagnosis due with no run queued or alive (a lost message, a killed worker): coalesced
     # runs are sent only when none is queued, so a lost one would otherwise wait for a push.
-    schedule["diagnosis-rescue"] = {"task": "incidents.tasks.diagnosis_rescue",
+    schedule["diagnosis-rescue"] = {"task": queueing.DIAGNOSIS_RESCUE,
                                     "schedule": settings.FLEETWATCH_WATCHDOG_SECONDS,
                                     "options": {"expires": settings.FLEETWATCH_WATCHDOG_SECONDS}}
     if settings.FLEETWATCH_AUDIT_CHECKPOINT_MINUTES > 0:
         # The audit trail's signed head, into the log (see incidents/audit.py).
         schedule["audit-checkpoint"] = {
-            "task": "incidents.audit.checkpoint",
+            "task": queueing.AUDIT_CHECKPOINT,
             "schedule": settings.FLEETWATCH_AUDIT_CHECKPOINT_MINUTES * 60,
             "options": {"expires": settings.FLEETWATCH_AUDIT_CHECKPOINT_MINUTES * 60}}
     sender.conf.beat_schedule = schedule

@@ -64,10 +64,6 @@ class Incident(models.Model):
     def __str__(self) -> str:
         return f"#{self.pk} {self.root_cause} {', '.join(self.nodes) or self.switch}"
 
-    @property
-    def is_open(self) -> bool:
-        return self.status != self.Status.RESOLVED
-
 
 class Evidence(models.Model):
     incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="evidence")

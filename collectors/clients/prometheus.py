@@ -95,12 +95,16 @@ from collectors.clients.exposition import (
     IB_STATES,
 )
 from collectors.knowledge import dcgm
-from collectors.knowledge.dcgm import CLOCK_THROTTLE_REASONS, CLOCKS_EVENT_REASONS, NVLINK_ERROR_COUNTERS
+from collectors.knowledge.dcgm import (
+    CLOCK_THROTTLE_REASONS,
+    CLOCKS_EVENT_REASONS,
+    FIRST_SLOWDOWN_BIT,
+    NVLINK_ERROR_COUNTERS,
+)
 
 # Labels that name a GPU's node, most specific first. dcgm-exporter prints Hostname (the node's
 # name, or NODE_NAME in Kubernetes); instance is the scrape target and the last resort.
 NODE_LABELS = ("Hostname", "hostname")
-UUID_LABELS = ("UUID", "uuid")
 GPU_GROUP = ("Hostname", "hostname", "instance", "gpu", "UUID", "uuid", "modelName")
 GPU_LEAN_GROUP = ("Hostname", "hostname", "instance", "gpu")
 NIC_GROUP = ("Hostname", "hostname", "instance", "device", "port")
@@ -127,16 +131,12 @@ GPU_QUERIES = (
     _Query("temperature", (dcgm.GPU_TEMP,)),
     # Renamed in DCGM 3.2; an older exporter prints the throttle name. Below 0x8 the bits are
     # idle, application clocks and the software power cap, none of which diagnosis reads.
-    _Query("clock_event_reasons", (CLOCKS_EVENT_REASONS, CLOCK_THROTTLE_REASONS), keep=">= 8"),
+    _Query("clock_event_reasons", (CLOCKS_EVENT_REASONS, CLOCK_THROTTLE_REASONS),
+           keep=f">= {FIRST_SLOWDOWN_BIT}"),
     _Query("dbe_total", (dcgm.ECC_DBE_VOL_TOTAL,), keep="> 0"),
     _Query("row_remap_failure", (dcgm.ROW_REMAP_FAILURE,), keep="> 0"),
     _Query("nvlink_errors", NVLINK_ERROR_COUNTERS, "sum", keep="> 0"),
     _Query("pcie_replays", (dcgm.PCIE_REPLAY_COUNTER,), keep="> 0"),
-)
-# Read for a node's page, not on every poll (nothing in change detection uses them).
-GPU_DETAIL_QUERIES = (
-    _Query("memory_temperature", (dcgm.MEMORY_TEMP,)),
-    _Query("power_w", (dcgm.POWER_USAGE,)),
 )
 NIC_QUERIES = (
     _Query("state", ("node_infiniband_state_id",)),

@@ -42,7 +42,7 @@ from incidents.diagnosis.facts import (
 from incidents.diagnosis.types import Diagnosis, JobInfo, Note
 
 # Short names for the root-cause labels (collectors.knowledge.causes, with their playbooks).
-GPU_HARDWARE, GPU_MEMORY, NVLINK = RootCause.GPU_HARDWARE, RootCause.GPU_MEMORY, RootCause.NVLINK
+GPU_HARDWARE, GPU_MEMORY = RootCause.GPU_HARDWARE, RootCause.GPU_MEMORY
 NETWORK_FLAP, SWITCH_FAILURE = RootCause.NETWORK_FLAP, RootCause.SWITCH_FAILURE
 THERMAL, NODE_UNREACHABLE = RootCause.THERMAL, RootCause.NODE_UNREACHABLE
 APPLICATION_ERROR = RootCause.APPLICATION_ERROR
