@@ -1,17 +1,20 @@
-"""Thin Celery tasks: each takes plain ids/names and calls one service."""
+"""Thin Celery tasks: each takes plain ids/names and calls one service.
+
+Their names come from collectors.queueing (the beat's schedule names them there too).
+"""
 
 from __future__ import annotations
 
 from celery import shared_task
 
-from collectors import services
+from collectors import queueing, services
 
 
-@shared_task(name="collectors.tasks.collect_source", ignore_result=True)
+@shared_task(name=queueing.COLLECT_SOURCE, ignore_result=True)
 def collect_source(source: str) -> None:
     services.collect_source(source)
 
 
-@shared_task(name="collectors.tasks.prune_telemetry", ignore_result=True)
+@shared_task(name=queueing.PRUNE_TELEMETRY, ignore_result=True)
 def prune_telemetry() -> None:
     services.telemetry_prune()
