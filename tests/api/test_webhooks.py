@@ -518,6 +518,45 @@ def test_deliveries_are_listed_filtered_and_redelivered(
     assert SECRET not in caplog.text
 
 
+def test_a_step_notification_is_a_delivery_on_the_page_but_not_a_webhook_delivery(
+        cluster: Any, admin: APIClient, receiver: Receiver, sent: list[int],
+        django_capture_on_commit_callbacks: Any) -> None:
+    # One model for both kinds: the step's notification (through collectors' notifier) and the
+    # subscription's event are Delivery rows; the webhook API lists the subscriptions' only.
+    from collectors.clients.notify import WebhookNotifier
+
+    subscribe("pager", f"{receiver.url}/hook", events=["incident.opened"])
+    incident = emit(cluster, django_capture_on_commit_callbacks)
+    result = WebhookNotifier(f"{receiver.url}/oncall", backoff=0.0).notify(
+        "gpu-003 down", "XID 79", {"incident": incident.pk, "delivery_key": "k-1"})
+    assert result.changed
+    channels = sorted(Delivery.objects.filter(incident=incident).values_list("channel", "status"))
+    assert channels == [("subscription", "delivered"), ("webhook", "delivered")]
+    listed = admin.get("/api/v1/webhook-deliveries/").json()
+    assert [d["subscription_name"] for d in listed["results"]] == ["pager"]
+    step_row = Delivery.objects.get(channel="webhook")
+    assert admin.get(f"/api/v1/webhook-deliveries/{step_row.pk}/").status_code == 404
+    assert admin.post(f"/api/v1/webhook-deliveries/{step_row.pk}/redeliver/").status_code == 404
+    # The incident's page lists both, oldest first.
+    page = Client()
+    page.force_login(user_with_role("vera", "viewer")[0])
+    html = page.get(f"/incidents/{incident.pk}/").content.decode()
+    section = html[html.index('data-testid="deliveries"'):]
+    assert section.index("webhook pager") < section.index(f"webhook {receiver.url}/oncall")
+    # The rescue re-queues subscription deliveries only: a step's has no transport to rebuild.
+    Delivery.objects.filter(pk=step_row.pk).update(
+        status="pending", next_attempt_at=timezone.now() - timedelta(hours=1))
+    assert deliveries.rescue() == []
+
+
+def test_the_backoff_honours_retry_after_within_its_ceiling() -> None:
+    backoff = deliveries.Backoff(max_attempts=8, base=5, factor=5, ceiling=3600)
+    assert backoff.wait(2) == 25
+    assert backoff.wait(2, retry_after=120) == 120  # the receiver asked for longer
+    assert backoff.wait(2, retry_after=1) == 25  # never sooner than the back-off
+    assert backoff.wait(2, retry_after=86400) == 3600  # never past the ceiling
+
+
 def test_redeliver_pressed_twice_sends_once(cluster: Any, admin: APIClient,
                                             receiver: Receiver, sent: list[int],
                                             django_capture_on_commit_callbacks: Any) -> None:
