@@ -16,13 +16,13 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import django.dispatch
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
+from django.db.models import Field, Q
 from django.utils import timezone
 
 from collectors import normalize
@@ -494,7 +494,9 @@ def _gpu_rows(cluster: Cluster, node_ids: Collection[int] | None
     elif connection.vendor == "postgresql":
         # One array parameter: a few thousand ids as IN (%s, ...) cost more to send than
         # the rows they select.
-        columns = ", ".join(f'"{Gpu._meta.get_field(name).column}"' for name in GPU_STORED)
+        # Concrete fields, each with a column (the cast tells mypy it is no reverse relation).
+        fields = [cast("Field[Any, Any]", Gpu._meta.get_field(name)) for name in GPU_STORED]
+        columns = ", ".join(f'"{f.column}"' for f in fields)
         with connection.cursor() as cursor:
             cursor.execute(f'SELECT {columns} FROM "{Gpu._meta.db_table}" '
                            'WHERE "node_id" = ANY(%s)', [sorted(node_ids)])

@@ -16,7 +16,7 @@ from collectors.models import Cluster, Signal
 
 # The root causes an incident can have, derived from collectors.knowledge (values and labels
 # are the migration's: adding a cause there is a migration here).
-RootCause = models.TextChoices(  # type: ignore[misc]
+RootCause = models.TextChoices(  # type: ignore[call-overload]  # stubs lack the (value, label) form
     "RootCause", [(name, (value, label)) for name, value, label in causes.choices()])
 
 

@@ -126,7 +126,7 @@ def decide(incident: Incident, *, automatic: bool) -> Decision:
     if playbook is None:
         raise LookupError(f"no playbook for {incident.root_cause}")
     mode = playbook_mode(incident.root_cause) if automatic else Remediation.Mode.AUTO
-    step_modes = {risk: step_mode(risk, mode) for risk in RISKS}
+    step_modes: dict[str, str] = {risk: step_mode(risk, mode) for risk in RISKS}
     decision = Decision(playbook, mode, step_modes=step_modes, escalation=escalation)
     if not playbook.touches_nodes or mode == Remediation.Mode.OBSERVE:
         return decision
@@ -141,7 +141,7 @@ def remediation_holding(nodes: Iterable[str],
     """The live remediation acting on any of ``nodes``, if one is."""
     wanted = set(nodes)
     live = (Remediation.objects.filter(status__in=HOLDING).select_related("incident")
-            .exclude(incident_id=exclude_incident))
+            .exclude(incident_id=exclude_incident))  # type: ignore[misc]  # None: IS NULL, excludes none
     for rem in live:
         # A remediation held before it acted (approve mode, a rail) holds no node yet.
         if rem.status == Remediation.Status.AWAITING_APPROVAL and rem.started_at is None:
@@ -191,7 +191,8 @@ def hold_reason(incident: Incident, nodes: list[str], *, automatic: bool,
 
 def storm_count(exclude: int | None = None) -> int:
     since = timezone.now() - timedelta(minutes=settings.FLEETWATCH_STORM_MINUTES)
-    return Incident.objects.filter(opened_at__gte=since).exclude(pk=exclude).exclude(
+    # exclude=None: pk IS NULL, which excludes nothing (the stubs want an id).
+    return Incident.objects.filter(opened_at__gte=since).exclude(pk=exclude).exclude(  # type: ignore[misc]
         root_cause=RootCause.APPLICATION_ERROR).count()
 
 
