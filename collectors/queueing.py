@@ -53,7 +53,9 @@ class Send:
             # tasks as a worker does at start. Through the registered task, not send_task,
             # so CELERY_TASK_ALWAYS_EAGER runs it inline, and tests may patch its apply_async.
             app.loader.import_default_modules()
-        app.tasks[self.task].apply_async(args=list(self.args), countdown=self.countdown)
+        # Celery takes a list and countdown=None (no delay); the stubs want a tuple and a float.
+        app.tasks[self.task].apply_async(
+            args=list(self.args), countdown=self.countdown)  # type: ignore[arg-type]
 
 
 def enqueue(task: str, *args: Any, countdown: float | None = None,
