@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import cast
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
@@ -89,8 +90,9 @@ def steps_resume_all() -> list[int]:
         cut_off = list(Step.objects.exclude(lease_until=None)
                        .select_related("remediation__incident").order_by("pk"))
         for step in cut_off:
+            held = cast(datetime, step.lease_until)  # the query left out steps without one
             audit_record("step.lease_released", step.kind, remediation=step.remediation, step=step,
-                         result=f"held until {step.lease_until.isoformat()} by a worker that has "
+                         result=f"held until {held.isoformat()} by a worker that has "
                                 "stopped; the step resumes, skipping the calls it completed")
         Step.objects.exclude(lease_until=None).update(lease_until=None)
         # Only steps that were queued (next_check_at is set then): a later step of the
@@ -100,7 +102,9 @@ def steps_resume_all() -> list[int]:
                 status__in=[Step.Status.PENDING, Step.Status.RUNNING, Step.Status.WAITING],
                 next_check_at__isnull=False).order_by("pk").values_list("pk", "next_check_at"):
             # A waiting step keeps its next poll time; a cut-off or lost one runs now.
-            step_enqueue(step_id, "restart", max(0.0, (due - now).total_seconds()))
+            # due is set: the query takes only steps with next_check_at.
+            step_enqueue(step_id, "restart",
+                         max(0.0, (cast(datetime, due) - now).total_seconds()))
             resumed.append(step_id)
     if resumed:
         log.warning("start-up: released %d step lease(s), queued step(s) %s", len(cut_off), resumed)
@@ -269,7 +273,7 @@ def _step_call_done(step_id: int, key: str) -> None:
 
 
 def _incident_gpus(incident: Incident) -> list[int]:
-    return sorted({g for g in incident.signals.exclude(gpu_index=None).values_list(
+    return sorted({cast(int, g) for g in incident.signals.exclude(gpu_index=None).values_list(
         "gpu_index", flat=True)})
 
 
