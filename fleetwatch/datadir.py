@@ -75,7 +75,3 @@ def data_dir_prepare() -> Path:
         finally:
             temporary.unlink()
     return base
-
-
-if __name__ == "__main__":  # deploy/run-local.sh: python -m fleetwatch.datadir
-    print(data_dir_prepare())

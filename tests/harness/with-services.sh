@@ -68,5 +68,6 @@ export FLEETWATCH_DATA_DIR=${FLEETWATCH_DATA_DIR:-$tmp/data}
 export FLEETWATCH_FLEET=${FLEETWATCH_FLEET:-sim}
 # The data folder and its saved secret key, made as make run makes them, before any process
 # reads the settings: the suite's own process and the workers it starts share that key.
-(cd "$(dirname "$0")/../.." && "${VENV:-.venv}/bin/python" -m fleetwatch.datadir >/dev/null)
+(cd "$(dirname "$0")/../.." &&
+   "${VENV:-.venv}/bin/python" -c 'from fleetwatch.datadir import data_dir_prepare; data_dir_prepare()')
 "$@"
