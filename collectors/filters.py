@@ -19,6 +19,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 from django.utils import timezone
+from django.utils.choices import CallableChoiceIterator
 from django_filters import rest_framework as django_filters
 from django_filters.fields import IsoDateTimeField
 
@@ -84,7 +85,7 @@ class FilterSet(django_filters.FilterSet):
         without making the parameter refuse other values: the API takes any."""
         def options() -> list[tuple[str, str]]:
             return [("", empty_label), *(choices() if callable(choices) else choices)]
-        self.filters[name].extra["widget"] = forms.Select(choices=options)
+        self.filters[name].extra["widget"] = forms.Select(choices=CallableChoiceIterator(options))
         _refresh(self.filters[name])
 
 
@@ -100,7 +101,7 @@ class IntegerFilter(django_filters.NumberFilter):
     400, the pages show the error. django-filter's NumberFilter takes decimals of any size,
     and SQLite cannot even compare one beyond 64 bits with a key (OverflowError: a 500)."""
 
-    field_class = forms.IntegerField
+    field_class = forms.IntegerField  # type: ignore[assignment]  # whole numbers, not decimals
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("min_value", -INT64_MAX - 1)
@@ -148,7 +149,7 @@ class YesNoField(forms.Field):
 class YesNoFilter(django_filters.BooleanFilter):
     """A yes/no parameter (documented as a boolean): see YesNoField."""
 
-    field_class = YesNoField
+    field_class = YesNoField  # type: ignore[assignment]  # a bool or None, as NullBooleanField
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Not django-filter's BooleanWidget, which reads "yes" (or any typo) as no value.
@@ -157,7 +158,7 @@ class YesNoFilter(django_filters.BooleanFilter):
 
 
 class UtcDateTimeField(IsoDateTimeField):
-    def to_python(self, value: object) -> datetime | None:
+    def to_python(self, value: Any) -> datetime | None:
         parsed = super().to_python(value)
         if parsed is None:
             return None
@@ -211,7 +212,7 @@ def _drained_q() -> Q:
 class NodeFilter(FilterSet):
     cluster = django_filters.CharFilter(field_name="cluster__name", help_text="cluster name")
     q = django_filters.CharFilter(field_name="name", lookup_expr="icontains",
-                                  help_text="part of the name (as name)")
+                                  help_text="part of the name (the page's search box; as name)")
     name = django_filters.CharFilter(lookup_expr="icontains", help_text="part of the name")
     # The page offers the states the fleet has; any state is taken, in any case.
     slurm_state = django_filters.CharFilter(lookup_expr="iexact")

@@ -4,6 +4,8 @@ filter sets)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import Q, QuerySet
 from django_filters import rest_framework as django_filters
 
@@ -46,7 +48,7 @@ class IncidentFilter(FilterSet):
         fields = ["cluster", "status", "open", "root_cause", "node", "job", "range", "since",
                   "until"]
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # The page offers the clusters there are (read only when the form is drawn).
         self.page_choices("cluster", cluster_choices)

@@ -43,7 +43,8 @@ class GpuSerializer(serializers.ModelSerializer):
 
 
 class GpuDetailSerializer(serializers.ModelSerializer):
-    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    node: serializers.SlugRelatedField[Node] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True)
 
     class Meta:
         model = Gpu
@@ -53,7 +54,8 @@ class GpuDetailSerializer(serializers.ModelSerializer):
 
 class NodeSerializer(serializers.ModelSerializer):
     gpus = GpuSerializer(many=True, read_only=True)
-    cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    cluster: serializers.SlugRelatedField[Cluster] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True)
 
     class Meta:
         model = Node
@@ -63,7 +65,8 @@ class NodeSerializer(serializers.ModelSerializer):
 
 
 class JobSerializer(serializers.ModelSerializer):
-    cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    cluster: serializers.SlugRelatedField[Cluster] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True)
 
     class Meta:
         model = Job
@@ -73,7 +76,8 @@ class JobSerializer(serializers.ModelSerializer):
 
 
 class SignalSerializer(serializers.ModelSerializer):
-    cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    cluster: serializers.SlugRelatedField[Cluster] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True)
     node = serializers.CharField(source="node_name", read_only=True)
     gpu = serializers.IntegerField(source="gpu_index", read_only=True, allow_null=True)
     job = serializers.CharField(source="job_id", read_only=True)
@@ -90,7 +94,8 @@ class SignalInSerializer(serializers.Serializer):
 
     SOURCES = ["kernel", "dcgm", "nic", "slurm", "kubernetes", "job_log", "collector"]
     at = serializers.DateTimeField(help_text="RFC 3339 with an offset: 2026-12-03T10:00:00Z")
-    source = serializers.ChoiceField(choices=SOURCES)
+    # A field named like DRF's Field.source attribute (a string): the stubs see a clash.
+    source = serializers.ChoiceField(choices=SOURCES)  # type: ignore[assignment]
     node = serializers.CharField(max_length=128, required=False, allow_blank=True)
     gpu = serializers.IntegerField(min_value=0, max_value=255, required=False, allow_null=True)
     job = serializers.CharField(max_length=32, required=False, allow_blank=True)

@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
 from rest_framework import serializers
 
 from collectors.api.serializers import SignalSerializer
+from collectors.models import Cluster
 from incidents.models import ApiToken, AuditEntry, Incident, Remediation, RootCause, Step
 from incidents.tokens import SCOPES
 
@@ -39,7 +41,8 @@ class RemediationSerializer(serializers.ModelSerializer):
 
 class IncidentSerializer(serializers.ModelSerializer):
     remediations = RemediationSerializer(many=True, read_only=True)
-    cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    cluster: serializers.SlugRelatedField[Cluster] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True)
     root_cause = serializers.ChoiceField(choices=RootCause.choices, read_only=True)
 
     class Meta:
@@ -99,7 +102,8 @@ class StepModesSerializer(serializers.Serializer):
 
 class RootCausePolicySerializer(serializers.Serializer):
     value = serializers.CharField()
-    label = serializers.CharField()
+    # A field named like DRF's Field.label attribute (a string): the stubs see a clash.
+    label = serializers.CharField()  # type: ignore[assignment]
     playbook = serializers.CharField(allow_null=True)
     mode = serializers.CharField(help_text="auto, approve or observe")
     step_modes = StepModesSerializer(help_text="the mode of each risky step class")
@@ -172,7 +176,8 @@ class PolicySerializer(serializers.Serializer):
 class TokenSerializer(serializers.ModelSerializer):
     """A token as listed: never the key (it is not stored), never the digest."""
 
-    user = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    user: serializers.SlugRelatedField[AbstractBaseUser] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True)
     state = serializers.ChoiceField(choices=["active", "expired", "revoked"], read_only=True)
     scopes = serializers.ListField(child=serializers.ChoiceField(choices=SCOPES), read_only=True)
 
