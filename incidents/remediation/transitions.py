@@ -74,15 +74,7 @@ def remediation_open(
             finished_at=now if status == Remediation.Status.OBSERVED else None,
         )
         observe = status == Remediation.Status.OBSERVED
-        Step.objects.bulk_create([
-            Step(remediation=remediation, order=i, kind=spec.kind, title=spec.title,
-                 mode=decision.step_modes.get(spec.risk, mode) if spec.risk else
-                 (Remediation.Mode.OBSERVE if observe else Remediation.Mode.AUTO),
-                 status=Step.Status.SKIPPED if observe else Step.Status.PENDING,
-                 detail=f"observe mode: would {spec.title[0].lower()}{spec.title[1:]}"
-                 if observe else "")
-            for i, spec in enumerate(playbook.steps, start=1)
-        ])
+        _steps_create(remediation, decision, observe=observe)
         if playbook.name != incident.playbook:
             incident.playbook = playbook.name
             incident.save(update_fields=["playbook"])
@@ -104,6 +96,21 @@ def remediation_open(
         elif status == Remediation.Status.AWAITING_APPROVAL:
             incident_event("remediation.awaiting_approval", incident, remediation)
         return Opened(remediation, True)
+
+
+def _steps_create(remediation: Remediation, decision: policy.Decision, *, observe: bool) -> None:
+    """The playbook's steps, in order: each risky one in its own mode, the rest in auto (or
+    skipped, saying what they would do, when the remediation only observes)."""
+    mode = decision.mode
+    Step.objects.bulk_create([
+        Step(remediation=remediation, order=i, kind=spec.kind, title=spec.title,
+             mode=decision.step_modes.get(spec.risk, mode) if spec.risk else
+             (Remediation.Mode.OBSERVE if observe else Remediation.Mode.AUTO),
+             status=Step.Status.SKIPPED if observe else Step.Status.PENDING,
+             detail=f"observe mode: would {spec.title[0].lower()}{spec.title[1:]}"
+             if observe else "")
+        for i, spec in enumerate(decision.playbook.steps, start=1)
+    ])
 
 
 @retry_transient
