@@ -31,8 +31,8 @@ log = logging.getLogger(__name__)
 def diagnose_signals(signal_ids: list[int]) -> list[Incident]:
     """Diagnose the window around newly ingested signals; open or extend incidents.
 
-    The live pipeline goes through diagnosis_run (coalesced per cluster); this is for callers
-    holding the ids (tests, the agent's local check)."""
+    The live pipeline goes through diagnosis_run (coalesced per cluster): this is the same
+    window and the same verdicts for a caller holding the ids (the tests), without the queue."""
     fresh = list(Signal.objects.filter(pk__in=signal_ids).select_related("cluster"))
     if not fresh:
         return []
