@@ -31,10 +31,10 @@ DETECT_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 180
 REPAIR_BUCKETS: tuple[float, ...] = (60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 28800,
                                      86400, 259200)
 
-# Step outcomes. A retry sends a failed step back to pending, so these counts can fall: they
-# are gauges of the steps in each outcome now, not counters (a counter that drops reads as a
-# reset to Prometheus, and rate() would spike).
-STEP_OUTCOMES = ("succeeded", "failed", "skipped", "cancelled")
+# Step outcomes: the statuses a step ends in. A retry sends a failed step back to pending, so
+# these counts can fall: they are gauges of the steps in each outcome now, not counters (a
+# counter that drops reads as a reset to Prometheus, and rate() would spike).
+STEP_OUTCOMES: tuple[str, ...] = tuple(str(status) for status in Step.DONE)
 
 
 def _seconds(value: Any) -> float:
