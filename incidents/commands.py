@@ -130,7 +130,12 @@ def _audit(command: BaseCommand, opts: dict[str, Any]) -> None:
     )
 
     if opts["audit_action"] == "checkpoint":
-        command.stdout.write(json.dumps(checkpoint_log(), sort_keys=True, separators=(",", ":")))
+        from incidents.webhooks import checkpoint_emit
+
+        # As the beat's checkpoint does: into the log, then to the subscriptions that list it.
+        checkpoint = checkpoint_log()
+        checkpoint_emit(checkpoint)
+        command.stdout.write(json.dumps(checkpoint, sort_keys=True, separators=(",", ":")))
         return
     if opts["audit_action"] == "verify":
         if opts.get("checkpoint"):

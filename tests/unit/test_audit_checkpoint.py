@@ -164,7 +164,9 @@ def test_checkpoints_are_logged_whatever_the_log_level(capsys: pytest.CaptureFix
     assert checkpoint_parse(json.dumps(lines[0])) == checkpoint
 
 
-def test_subscriptions_that_list_it_get_the_checkpoint(receiver: Any, settings: Any) -> None:  # noqa: F811
+@pytest.mark.parametrize("by", ["beat", "command"])
+def test_subscriptions_that_list_it_get_the_checkpoint(receiver: Any, settings: Any,  # noqa: F811
+                                                       by: str) -> None:
     from unittest import mock
 
     from collectors.clients.notify import verify_signature
@@ -180,7 +182,12 @@ def test_subscriptions_that_list_it_get_the_checkpoint(receiver: Any, settings: 
     _write(3)
     with mock.patch.object(tasks.webhook_deliver, "apply_async",
                            side_effect=lambda args, **_: tasks.webhook_deliver.apply(args=args)):
-        checkpoint = tasks.audit_checkpoint()  # the beat's task: into the log, then to them
+        if by == "beat":
+            checkpoint = tasks.audit_checkpoint()  # the beat's task: into the log, then to them
+        else:  # `manage.py fleetwatch audit checkpoint` does the same
+            out = StringIO()
+            call_command("fleetwatch", "audit", "checkpoint", stdout=out)
+            checkpoint = json.loads(out.getvalue())
     [hit] = receiver.hits
     assert hit.path == "/audit" and hit.headers["X-FleetWatch-Event"] == "audit.checkpoint"
     assert verify_signature(secret, hit.headers["X-FleetWatch-Timestamp"], hit.raw,
