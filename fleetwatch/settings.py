@@ -14,7 +14,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from collectors.knowledge.causes import INCIDENT_CAUSES, RISKS
+from collectors.knowledge import causes as _causes  # lower case: not a setting itself
 from fleetwatch.datadir import broker_dir, data_dir, secret_key_saved
 from fleetwatch.env import (
     env_bool,
@@ -273,8 +273,8 @@ FLEETWATCH_DEDUPE_MINUTES = env_int("FLEETWATCH_DEDUPE_MINUTES", 30, minimum=0)
 _MODES = ["auto", "approve", "observe"]
 FLEETWATCH_PLAYBOOK_MODES = env_map(
     "FLEETWATCH_PLAYBOOK_MODES",
-    [cause.value for cause in INCIDENT_CAUSES], _MODES)
-FLEETWATCH_STEP_MODES = env_map("FLEETWATCH_STEP_MODES", [risk.value for risk in RISKS], _MODES)
+    [cause.value for cause in _causes.INCIDENT_CAUSES], _MODES)
+FLEETWATCH_STEP_MODES = env_map("FLEETWATCH_STEP_MODES", [risk.value for risk in _causes.RISKS], _MODES)
 # The fleet budget: at most this many nodes, and this share of a pool, partition or leaf
 # switch, in remediation at once; beyond it a new remediation waits for a person.
 FLEETWATCH_BUDGET_MAX_NODES = env_int("FLEETWATCH_BUDGET_MAX_NODES", 8, minimum=1)
