@@ -13,7 +13,6 @@ from knox.models import AbstractAuthToken
 from collectors.knowledge import causes
 from collectors.models import Cluster, Signal
 
-
 # The root causes an incident can have, derived from collectors.knowledge (values and labels
 # are the migration's: adding a cause there is a migration here).
 RootCause = models.TextChoices(  # type: ignore[call-overload]  # stubs lack the (value, label) form

@@ -15,8 +15,8 @@ from unittest import mock
 import pytest
 from django.conf import settings as django_settings
 
-from fleetwatch.logs import logging_config, query_for_log, redact
 from collectors.request_id import request_id_scope
+from fleetwatch.logs import logging_config, query_for_log, redact
 from tests.conftest import token_for
 
 WEBHOOK_SECRET = "whsec-Zt9xQ2mP4vL8"

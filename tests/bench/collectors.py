@@ -474,8 +474,8 @@ def _check(fleet: Fleet, read_at: float) -> None:
     """The stored state is what Prometheus holds: the readings as at ``read_at`` (the poll
     reads them a moment in the past), the rest as now; a GPU whose series has ended is
     silent."""
-    from collectors.models import Gpu, Node
     from collectors.knowledge.xid import GPU_OUT_XIDS as FAILING_XIDS_FOR_HEALTH
+    from collectors.models import Gpu, Node
 
     index = {name: i for i, name in enumerate(fleet.names)}
     readings = fleet.readings_at(read_at)
