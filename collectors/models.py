@@ -77,7 +77,12 @@ class Node(models.Model):
         UNKNOWN = "unknown", "unknown"
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    # The machine's name: the Kubernetes node's and the host's, which kernel, NVML and
+    # dcgm-exporter records carry.
     name = models.CharField(max_length=128)
+    # Slurm's name for this machine where it differs (Slinky: the slurmd pod's NodeName, e.g.
+    # "slinky-0", runs on Kubernetes node "gpu-node-a"); blank means the same as ``name``.
+    slurm_name = models.CharField(max_length=128, blank=True, db_index=True)
     pool = models.CharField(max_length=64, blank=True, help_text="node pool (gpu, spare, rma)")
     leaf_switch = models.CharField(max_length=64, blank=True)
     in_service = models.BooleanField(default=True)
@@ -161,6 +166,9 @@ class Job(models.Model):
     user = models.CharField(max_length=64, blank=True)
     state = models.CharField(max_length=32, blank=True)
     nodes = models.JSONField(default=list, blank=True)
+    # Which GPUs the job holds on each of its nodes, from Slurm's gres_detail:
+    # {"gpu-003": [4, 5]}. A node missing here means Slurm did not say (not "no GPU").
+    gpus = models.JSONField(default=dict, blank=True)
     restart_count = models.PositiveIntegerField(default=0)
     step = models.PositiveIntegerField(null=True, help_text="last training step reported")
     checkpoint_step = models.PositiveIntegerField(null=True)

@@ -60,6 +60,9 @@ class SlurmJob:
     started_at: float | None = None
     exit_code: int | None = None  # the return code, once the job has ended
     state_reason: str = ""  # Slurm's reason: NodeDown, Resources, JobHeldUser, ...
+    # The GPU indices the job holds per node (Slurm's gres_detail "gpu:2(IDX:4-5)"); a node
+    # missing here means the source did not say, never "no GPU".
+    gpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
