@@ -3,23 +3,27 @@
 Reads
     nodes()    ``sinfo --json`` on 22.05 and older (``scontrol`` has no ``--json`` there), and
                ``scontrol show nodes --json`` from 23.02 on (where ``sinfo --json`` groups nodes
-               by partition instead of listing them).
-    jobs()     ``squeue --all --json``.
+               into summary records; those are expanded per node if met).
+    jobs()     ``squeue --all --states=all --json`` (finished jobs too; from 23.02 squeue's
+               default state filter applies to ``--json`` as well).
     topology() ``scontrol show topology``: the leaf switches (level 0) and their nodes.
 
-The JSON comes in two families, told apart by ``meta`` (never guessed from the records):
+The JSON is read by the fields FleetWatch uses, never by its version. Every form seen from
+Slurm 21.08 (openapi/v0.0.37) to 25.11 (data_parser/v0.0.44), CLI and slurmrestd, is read:
 
-* the openapi/v0.0.37-v0.0.38 shape (Slurm 21.08, 22.05): a node's ``state`` is a string
-  (``"idle"``) with ``state_flags`` beside it, a job's ``job_state`` a string, ``exit_code`` the
-  raw wait status as an integer, numbers plain integers;
-* the data_parser/v0.0.39+ shape (23.02 and later): a node's ``state`` a list
-  (``["IDLE", "DRAIN"]``), numbers as ``{"set": true, "infinite": false, "number": N}``; from
-  v0.0.40 (23.11) ``job_state`` is a list too and ``exit_code`` an object with ``status``,
-  ``return_code`` and ``signal``.
+* a node's ``state`` a string (``"idle"``) with ``state_flags`` beside it (22.05), or a list
+  (``["IDLE", "DRAIN"]``, 23.02+); its ``reason`` a string or, in 25.11's grouped sinfo,
+  ``{"description": ...}``;
+* a job's ``job_state`` a string or a list, ``exit_code`` the raw wait status or an object
+  with ``status``, ``return_code`` and ``signal`` (23.11+), numbers plain or
+  ``{"set": true, "infinite": false, "number": N}``; ``gres_detail`` (``"gpu:2(IDX:4-5)"``, one
+  entry per allocated node) gives the GPUs the job holds on each node.
 
-A payload whose version is not one of these is refused (``ClientError(permanent=True)``), and
-a single record that does not parse is skipped and reported in ``last_warnings`` while the rest
-of the payload is kept.
+A version FleetWatch was never tested with is read all the same and reported in
+``last_warnings`` (so on the Slurm source's collector run). A record that does not parse is
+skipped and reported while the rest of the answer is kept; an answer of which no record can be
+read is refused (``ClientError(permanent=True)``) naming the field that did not fit, never taken
+for an empty cluster.
 
 Actions read the current state first, so a retried step does nothing twice, and only undo what
 FleetWatch did: every reason FleetWatch sets starts with ``fleetwatch:``, and resume() refuses a
@@ -60,23 +64,17 @@ import hostlist
 
 from collectors.clients.base import SLURM_REASON_PREFIX, ActionResult, ClientError, SlurmJob, SlurmNode
 
-# --- payload shapes ----------------------------------------------------------------------------
+# --- versions ------------------------------------------------------------------------------------
 
-LEGACY = "openapi/v0.0.38"  # 21.08 (v0.0.37) and 22.05 (v0.0.38)
-V39 = "data_parser/v0.0.39"  # 23.02
-V40 = "data_parser/v0.0.40+"  # 23.11 (v0.0.40), 24.05 (v0.0.41), 24.11 (v0.0.42)
-
-PLUGIN_SHAPES = {
-    "v0.0.37": LEGACY, "v0.0.38": LEGACY,
-    "v0.0.39": V39,
-    "v0.0.40": V40, "v0.0.41": V40, "v0.0.42": V40,
+# The JSON each Slurm release writes by default, and the releases FleetWatch was tested with
+# (fixtures in tests/fixtures/slurm/, real 22.05 and 25.11 clusters in the integration tests).
+# The answer is read by its fields, never by its version: a version missing here is read all
+# the same, with a warning that it was never tested.
+TESTED_PARSERS = {
+    "v0.0.37": "21.08", "v0.0.38": "22.05", "v0.0.39": "23.02", "v0.0.40": "23.11",
+    "v0.0.41": "24.05", "v0.0.42": "24.11", "v0.0.43": "25.05", "v0.0.44": "25.11",
 }
-# The data parser each Slurm release writes by default, for payloads that name only a version.
-RELEASE_SHAPES = {
-    (21, 8): LEGACY, (22, 5): LEGACY,
-    (23, 2): V39,
-    (23, 11): V40, (24, 5): V40, (24, 11): V40,
-}
+TESTED_RELEASES = frozenset(tuple(int(p) for p in r.split(".")) for r in TESTED_PARSERS.values())
 
 NODE_BASE_STATES = frozenset({"UNKNOWN", "DOWN", "IDLE", "ALLOCATED", "ERROR", "MIXED", "FUTURE",
                               "END"})
@@ -90,29 +88,28 @@ ACTIVE_JOB_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED", "SIGNALING
 _VERSION_RE = re.compile(r"v0\.0\.\d+")
 
 
-def payload_shape(payload: Any) -> str:
-    """Which JSON family ``payload`` is, from its ``meta``; refuses anything else.
+def payload_version(payload: Any) -> tuple[str, str | None]:
+    """What ``payload`` says it is ("data_parser/v0.0.44", "Slurm 22.05") and, when that is
+    a version FleetWatch was never tested with, a warning saying so.
 
-    Raises ClientError(permanent=True) naming what it saw: a new Slurm release must be looked
-    at (and a fixture added) before FleetWatch reads it, rather than half-understood.
+    Only a payload that is not a JSON object is refused here: whether the answer can be read
+    is decided by its fields (``parse_nodes``/``parse_jobs``), so a new Slurm release whose
+    fields did not change keeps working, and one whose fields did is refused naming the field.
     """
     if not isinstance(payload, Mapping):
         raise ClientError(f"Slurm JSON is a {type(payload).__name__}, not an object", permanent=True)
     meta = payload.get("meta")
     if not isinstance(meta, Mapping):
-        raise ClientError(f"Slurm JSON has no meta object (keys: {sorted(payload)[:12]})",
-                          permanent=True)
+        return "no meta", "Slurm JSON has no meta object: its version is unknown; read by its fields"
     plugin = found if isinstance(found := meta.get("plugin"), Mapping) else {}
-    seen: list[str] = []
     for key in ("data_parser", "type"):
         value = plugin.get(key)
-        if isinstance(value, str) and value:
-            seen.append(f"plugin.{key}={value!r}")
-            match = _VERSION_RE.search(value)
-            if match:
-                if match.group(0) in PLUGIN_SHAPES:
-                    return PLUGIN_SHAPES[match.group(0)]
-                raise ClientError(f"unknown Slurm JSON shape: {', '.join(seen)}", permanent=True)
+        match = _VERSION_RE.search(value) if isinstance(value, str) else None
+        if match:
+            if match.group(0) in TESTED_PARSERS:
+                return str(value), None
+            return str(value), (f"Slurm JSON {value} was never tested with FleetWatch (tested: "
+                                f"v0.0.37 to v0.0.44, Slurm 21.08 to 25.11); read by its fields")
     slurm = meta.get("slurm") if isinstance(meta.get("slurm"), Mapping) else meta.get("Slurm")
     version = slurm.get("version") if isinstance(slurm, Mapping) else None
     if isinstance(version, Mapping):
@@ -120,11 +117,12 @@ def payload_shape(payload: Any) -> str:
             release = (int(version["major"]), int(version["minor"]))
         except (KeyError, TypeError, ValueError):
             release = None
-        seen.append(f"slurm.version={dict(version)}")
-        if release in RELEASE_SHAPES:
-            return RELEASE_SHAPES[release]
-    raise ClientError(f"unknown Slurm JSON shape: {', '.join(seen) or 'meta without plugin or version'}",
-                      permanent=True)
+        if release is not None:
+            label = f"Slurm {release[0]}.{release[1]:02d}"
+            if release in TESTED_RELEASES:
+                return label, None
+            return label, f"{label} was never tested with FleetWatch; read by its fields"
+    return "unknown", "Slurm JSON names no version in its meta; read by its fields"
 
 
 # --- field helpers -------------------------------------------------------------------------------
@@ -232,53 +230,100 @@ def _payload_errors(payload: Mapping[str, Any]) -> None:
 # --- pure parsers --------------------------------------------------------------------------------
 
 
-def parse_node(record: Any, shape: str) -> SlurmNode:
+def _reason(value: Any) -> str:
+    """A node's reason: a string, or 25.11 sinfo's ``{"description", "time", "user"}``."""
+    if isinstance(value, Mapping):
+        return _text(value.get("description"), "reason.description")
+    return _text(value, "reason")
+
+
+def _node_state(record: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """The base state and flags, from whichever form the record has: 22.05's string
+    ("idle", sometimes "IDLE+DRAIN") with ``state_flags`` beside it, or 23.02+'s list
+    (``["IDLE", "DRAIN"]``: the base state first, flags after)."""
+    raw = record.get("state")
+    if isinstance(raw, str) and raw:
+        parts = [p.upper() for p in raw.split("+") if p]
+        extra = record.get("state_flags") or []
+        if not isinstance(extra, list):
+            raise ValueError(f"state_flags is {extra!r}")
+        return parts[0], tuple(parts[1:] + [str(f).upper() for f in extra])
+    states = _names(raw, "state")
+    bases = [s for s in states if s in NODE_BASE_STATES]
+    base = bases[0] if bases else states[0]
+    return base, tuple(s for s in states if s != base)
+
+
+def parse_node(record: Any) -> SlurmNode:
     if not isinstance(record, Mapping):
         raise ValueError(f"node record is a {type(record).__name__}")
     name = record.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError("node record has no name")
-    states = _names(record.get("state"), "state")
-    if shape == LEGACY:
-        base = states[0]
-        raw_flags = record.get("state_flags") or []
-        if not isinstance(raw_flags, list):
-            raise ValueError(f"state_flags is {raw_flags!r}")
-        flags = [str(f).upper() for f in raw_flags]
-    else:
-        bases = [s for s in states if s in NODE_BASE_STATES]
-        base = bases[0] if bases else states[0]
-        flags = [s for s in states if s != base]
+    base, flags = _node_state(record)
     partitions = record.get("partitions") or []
     if isinstance(partitions, str):
         partitions = [partitions]
-    return SlurmNode(name=name, state=base, flags=tuple(flags),
-                     reason=_text(record.get("reason"), "reason"),
+    return SlurmNode(name=name, state=base, flags=flags, reason=_reason(record.get("reason")),
                      partition=",".join(str(p) for p in partitions))
+
+
+def parse_sinfo_group(record: Any) -> list[SlurmNode]:
+    """One record of 23.02+'s plain ``sinfo --json``: sinfo's summary line, every node with
+    the same state and usage in one record (``nodes.nodes``), expanded to a record per node."""
+    if not isinstance(record, Mapping):
+        raise ValueError(f"sinfo record is a {type(record).__name__}")
+    group = record.get("nodes")
+    names = group.get("nodes") if isinstance(group, Mapping) else None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"nodes.nodes is {names!r}")
+    node = record.get("node")
+    if not isinstance(node, Mapping):
+        raise ValueError(f"node is {node!r}")
+    base, flags = _node_state(node)
+    partition = record.get("partition")
+    part_name = partition.get("name") if isinstance(partition, Mapping) else partition
+    return [SlurmNode(name=n, state=base, flags=flags, reason=_reason(record.get("reason")),
+                      partition=_text(part_name, "partition.name"))
+            for n in hostlist.expand_hostlist(",".join(names))]
 
 
 T = TypeVar("T")
 
 
 def _parse_all(payload: Any, key: str,
-               parse: Callable[[Any, str], T]) -> tuple[list[T], list[str]]:
-    """Every record under ``key``, parsed; a malformed one is skipped with a warning (the
-    error and an excerpt) and the rest are kept. An unknown shape or a payload reporting
-    errors is refused whole."""
-    shape = payload_shape(payload)
+               parse: Callable[[Any], list[T]]) -> tuple[list[T], list[str]]:
+    """Every record under ``key``, parsed by its fields.
+
+    A malformed record is skipped with a warning (the error and an excerpt) and the rest are
+    kept. When no record at all can be read, the answer does not fit what FleetWatch reads (a
+    field renamed in a new release, say): it is refused whole, naming the field, rather than
+    taken for an empty cluster. A payload reporting errors is refused too.
+    """
+    version, warning = payload_version(payload)
     _payload_errors(payload)
-    out, warnings = [], []
-    for i, record in enumerate(_records(payload, key)):
+    out: list[T] = []
+    warnings = [warning] if warning else []
+    records = _records(payload, key)
+    failures: list[str] = []
+    for i, record in enumerate(records):
         try:
-            out.append(parse(record, shape))
-        except (KeyError, TypeError, ValueError) as exc:
-            warnings.append(f"skipped {key[:-1]} record {i}: {exc}: {_excerpt(record)}")
+            out.extend(parse(record))
+        except (KeyError, TypeError, ValueError, hostlist.BadHostlist) as exc:
+            failures.append(str(exc))
+            warnings.append(f"skipped {key.rstrip('s')} record {i}: {exc}: {_excerpt(record)}")
+    if records and not out:
+        raise ClientError(f"Slurm JSON ({version}) does not fit: no {key} record could be read "
+                          f"({failures[0]})", permanent=True)
     return out, warnings
 
 
 def parse_nodes(payload: Any) -> tuple[list[SlurmNode], list[str]]:
-    """Nodes from ``sinfo --json`` (22.05) or ``scontrol show nodes --json`` (23.02+)."""
-    return _parse_all(payload, "nodes", parse_node)
+    """Nodes from ``sinfo --json`` (22.05), ``scontrol show nodes --json``, ``sinfo -N --json``
+    or slurmrestd's ``nodes``; 23.02+'s grouped ``sinfo --json`` is expanded per node."""
+    if isinstance(payload, Mapping) and "nodes" not in payload and "sinfo" in payload:
+        return _parse_all(payload, "sinfo", parse_sinfo_group)
+    return _parse_all(payload, "nodes", lambda record: [parse_node(record)])
 
 
 def job_state(value: Any) -> str:
@@ -291,7 +336,49 @@ def job_state(value: Any) -> str:
     return states[0]
 
 
-def parse_job(record: Any, shape: str) -> SlurmJob:
+# A node's GPUs in gres_detail: "gpu:2(IDX:4-5)", "gpu:a100:2(IDX:0,3)", "gpu(IDX:N/A)", next
+# to other GRES ("gpu:4(IDX:0-3),nic:1(IDX:0)"); the index list may itself hold commas.
+_GRES_GPU_RE = re.compile(r"(?:^|,)gpu(?::[^,(]*)*\(IDX:([^)]*)\)")
+
+
+def gpu_indices(detail: str) -> tuple[int, ...] | None:
+    """The GPU indices in one node's gres_detail entry; None when it names none (N/A, no GPU
+    GRES), which means "not said", never "no GPU"."""
+    found: list[int] = []
+    matched = False
+    for match in _GRES_GPU_RE.finditer(detail):
+        text = match.group(1).strip()
+        if not text or text.upper() == "N/A":
+            continue
+        matched = True
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            if not lo.strip().isdigit() or (hi and not hi.strip().isdigit()):
+                raise ValueError(f"gres_detail index {part!r} in {detail!r}")
+            found.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(sorted(set(found))) if matched else None
+
+
+def job_gpus(nodes: tuple[str, ...], details: Any) -> dict[str, tuple[int, ...]]:
+    """{node: GPU indices} from ``gres_detail``, one entry per allocated node, in the order of
+    the job's node list (Slurm writes them so, 22.05 through 25.11)."""
+    if not details:
+        return {}
+    if not isinstance(details, list) or not all(isinstance(d, str) for d in details):
+        raise ValueError(f"gres_detail is {details!r}")
+    if len(details) != len(nodes):
+        # Which entry is which node cannot be told: the GPUs are unknown (never "none"), and
+        # the job itself is still read.
+        return {}
+    out = {}
+    for node, detail in zip(nodes, details, strict=True):
+        indices = gpu_indices(detail)
+        if indices is not None:
+            out[node] = indices
+    return out
+
+
+def parse_job(record: Any) -> SlurmJob:
     if not isinstance(record, Mapping):
         raise ValueError(f"job record is a {type(record).__name__}")
     job_id = number(record.get("job_id"))
@@ -317,12 +404,14 @@ def parse_job(record: Any, shape: str) -> SlurmJob:
         started_at=float(start) if start and state != "PENDING" else None,
         exit_code=exit_return_code(record.get("exit_code")) if ended else None,
         state_reason="" if reason == "None" else reason,
+        # A pending job holds no GPU; its gres_detail (if any) is stale.
+        gpus=job_gpus(nodes, record.get("gres_detail")) if state != "PENDING" else {},
     )
 
 
 def parse_jobs(payload: Any) -> tuple[list[SlurmJob], list[str]]:
-    """Jobs from ``squeue --json`` (any supported version)."""
-    return _parse_all(payload, "jobs", parse_job)
+    """Jobs from ``squeue --json``, ``scontrol show jobs --json`` or slurmrestd's ``jobs``."""
+    return _parse_all(payload, "jobs", lambda record: [parse_job(record)])
 
 
 def parse_topology(text: str) -> dict[str, list[str]]:
@@ -529,7 +618,9 @@ class SlurmCli:
 
     def jobs(self) -> list[SlurmJob]:
         # 22.05 ignores squeue's filters with --json: every job slurmctld still holds comes back.
-        payload = self._json("squeue", "--all", "--json")
+        # --states=all: 23.02+ apply squeue's default filter to --json too and leave out the
+        # jobs that ended (22.05 ignores filters with --json and lists them anyway).
+        payload = self._json("squeue", "--all", "--states=all", "--json")
         jobs, self.last_warnings = parse_jobs(payload)
         return jobs
 

@@ -12,18 +12,16 @@ import pytest
 
 from collectors.clients.base import ClientError, SlurmJob, SlurmNode
 from collectors.clients.slurm import (
-    LEGACY,
-    V39,
-    V40,
     SlurmCli,
     classify,
     exit_return_code,
+    gpu_indices,
     job_state,
     owned_reason,
     parse_jobs,
     parse_nodes,
     parse_topology,
-    payload_shape,
+    payload_version,
     signal_name,
     slurm_release,
 )
@@ -31,11 +29,11 @@ from collectors.clients.slurm import (
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
 
 VERSIONS = {
-    # release: (nodes payload, jobs payload, shape)
-    "22.05": ("22.05-sinfo.json", "22.05-squeue.json", LEGACY),
-    "23.02": ("23.02-scontrol-show-nodes.json", "23.02-squeue.json", V39),
-    "23.11": ("23.11-scontrol-show-nodes.json", "23.11-squeue.json", V40),
-    "24.05": ("24.05-scontrol-show-nodes.json", "24.05-squeue.json", V40),
+    # release: (nodes payload, jobs payload)
+    "22.05": ("22.05-sinfo.json", "22.05-squeue.json"),
+    "23.02": ("23.02-scontrol-show-nodes.json", "23.02-squeue.json"),
+    "23.11": ("23.11-scontrol-show-nodes.json", "23.11-squeue.json"),
+    "24.05": ("24.05-scontrol-show-nodes.json", "24.05-squeue.json"),
 }
 
 EXPECTED_NODES = [
@@ -56,8 +54,10 @@ def by_id(jobs: list[SlurmJob]) -> dict[str, SlurmJob]:
 
 @pytest.mark.parametrize("release", sorted(VERSIONS))
 def test_every_release_reads_as_the_same_fleet(release: str) -> None:
-    nodes_file, jobs_file, shape = VERSIONS[release]
-    assert payload_shape(load(nodes_file)) == payload_shape(load(jobs_file)) == shape
+    nodes_file, jobs_file = VERSIONS[release]
+    # A tested version: no warning about it.
+    assert payload_version(load(nodes_file))[1] is None
+    assert payload_version(load(jobs_file))[1] is None
 
     nodes, warnings = parse_nodes(load(nodes_file))
     assert warnings == []
@@ -95,7 +95,7 @@ def test_every_release_reads_as_the_same_fleet(release: str) -> None:
 
 def test_all_releases_agree_exactly() -> None:
     parsed = {r: (parse_nodes(load(n))[0], parse_jobs(load(j))[0])
-              for r, (n, j, _) in VERSIONS.items()}
+              for r, (n, j) in VERSIONS.items()}
     assert len({json.dumps(repr(v)) for v in parsed.values()}) == 1
 
 
@@ -103,32 +103,107 @@ def test_all_releases_agree_exactly() -> None:
     ({"plugin": {"type": "", "name": "", "data_parser": "data_parser/v0.0.99"},
       "slurm": {"version": {"major": "29", "minor": "11", "micro": "0"}}}, "v0.0.99"),
     ({"plugin": {"type": "openapi/v0.0.36"}}, "openapi/v0.0.36"),
-    ({"Slurm": {"version": {"major": 20, "minor": 11, "micro": 9}}}, "20"),
-    ({}, "meta without plugin or version"),
+    ({"Slurm": {"version": {"major": 20, "minor": 11, "micro": 9}}}, "Slurm 20.11"),
+    ({}, "names no version"),
 ])
-def test_an_unknown_shape_is_refused_naming_what_it_saw(meta: dict[str, Any], named: str) -> None:
+def test_a_version_never_tested_is_read_with_a_warning(meta: dict[str, Any], named: str) -> None:
+    # A new Slurm release whose fields did not change keeps working: its answer is read by
+    # its fields, and the collector run says the version was never tested.
     payload = load("23.11-squeue.json")
     payload["meta"] = meta
+    jobs, warnings = parse_jobs(payload)
+    assert jobs == parse_jobs(load("23.11-squeue.json"))[0]
+    assert len(warnings) == 1
+    assert named in warnings[0] and "read by its fields" in warnings[0]
+
+
+def test_a_field_that_no_longer_fits_is_refused_naming_it() -> None:
+    # A release that renamed a field FleetWatch reads: no record can be read, and the answer
+    # is refused naming the field, not taken for a cluster without nodes or jobs.
+    payload = load("23.11-scontrol-show-nodes.json")
+    payload["meta"]["plugin"]["data_parser"] = "data_parser/v0.0.45"
+    for record in payload["nodes"]:
+        record["node_state"] = record.pop("state")
     with pytest.raises(ClientError) as err:
-        parse_jobs(payload)
+        parse_nodes(payload)
     assert err.value.permanent
-    assert "unknown Slurm JSON shape" in str(err.value)
-    assert named in str(err.value)
+    assert "v0.0.45" in str(err.value) and "state is None" in str(err.value)
+
+    jobs = load("23.11-squeue.json")
+    for record in jobs["jobs"]:
+        record["id"] = record.pop("job_id")
+    with pytest.raises(ClientError, match="no job_id"):
+        parse_jobs(jobs)
 
 
-def test_a_payload_without_meta_or_records_is_refused() -> None:
-    with pytest.raises(ClientError, match="no meta") as err:
-        parse_nodes({"nodes": []})
-    assert err.value.permanent
+def test_a_payload_without_meta_is_read_and_one_without_records_refused() -> None:
+    nodes, warnings = parse_nodes({"nodes": load("22.05-sinfo.json")["nodes"]})
+    assert nodes == EXPECTED_NODES
+    assert "no meta" in warnings[0]
     payload = load("22.05-squeue.json")
     del payload["jobs"]
     with pytest.raises(ClientError, match="no 'jobs' list"):
         parse_jobs(payload)
+    with pytest.raises(ClientError, match="not an object"):
+        parse_jobs([])
+
+
+def test_grouped_sinfo_records_are_read_per_node() -> None:
+    # 23.02+'s plain `sinfo --json`: one record per summary line, nodes merged.
+    group = {"nodes": {"nodes": ["gpu-003", "gpu-004"]},
+             "node": {"state": ["IDLE", "DRAIN"]},
+             "reason": {"description": "fleetwatch: incident 7", "time": 1, "user": "root"},
+             "partition": {"name": "gpu"}}
+    payload = {"meta": {"plugin": {"data_parser": "data_parser/v0.0.44"}},
+               "sinfo": [group, {**group, "nodes": {"nodes": ["gpu-[001-002]"]},
+                                 "node": {"state": ["MIXED"]}, "reason": {"description": ""}}],
+               "errors": [], "warnings": []}
+    nodes, warnings = parse_nodes(payload)
+    assert warnings == []
+    assert [(n.name, n.state, n.flags, n.reason) for n in nodes] == [
+        ("gpu-003", "IDLE", ("DRAIN",), "fleetwatch: incident 7"),
+        ("gpu-004", "IDLE", ("DRAIN",), "fleetwatch: incident 7"),
+        ("gpu-001", "MIXED", (), ""), ("gpu-002", "MIXED", (), "")]
+
+
+@pytest.mark.parametrize(("detail", "indices"), [
+    ("gpu:2(IDX:4-5)", (4, 5)),
+    ("gpu:a100:2(IDX:0,3)", (0, 3)),
+    ("gpu:h100:3(IDX:0-1,6)", (0, 1, 6)),
+    ("gpu:8(IDX:0-7)", tuple(range(8))),
+    ("gpu:4(IDX:0-3),nic:1(IDX:0)", (0, 1, 2, 3)),
+    ("nic:1(IDX:0),gpu:1(IDX:7)", (7,)),
+    ("gpu:a100:1(IDX:2),gpu:v100:1(IDX:5)", (2, 5)),
+    ("gpu(IDX:N/A)", None),
+    ("", None),
+    ("mps:100(0)", None),
+])
+def test_gres_detail_gives_the_gpus_a_job_holds(detail: str, indices: tuple[int, ...] | None) -> None:
+    assert gpu_indices(detail) == indices
+
+
+def test_jobs_carry_their_gpus_per_node() -> None:
+    payload = load("23.11-squeue.json")
+    payload["jobs"][3]["gres_detail"] = ["gpu:8(IDX:0-7)", "gpu:2(IDX:4-5)"]
+    payload["jobs"][4]["gres_detail"] = ["gpu:2(IDX:0-1)"]  # pending: not held
+    jobs = by_id(parse_jobs(payload)[0])
+    assert jobs["4"].gpus == {"gpu-001": tuple(range(8)), "gpu-002": (4, 5)}
+    assert jobs["5"].gpus == {}
+    # One entry for two nodes: which is which cannot be told, so the GPUs are unknown
+    # (an empty map), and the job is still read.
+    payload["jobs"][3]["gres_detail"] = ["gpu:8(IDX:0-7)"]
+    jobs_read, warnings = parse_jobs(payload)
+    assert warnings == []
+    assert by_id(jobs_read)["4"].gpus == {}
+    assert by_id(jobs_read)["4"].nodes == ("gpu-001", "gpu-002")
+    payload["jobs"][3]["gres_detail"] = "gpu:8(IDX:0-7)"  # not a list: the record is skipped
+    jobs_read, warnings = parse_jobs(payload)
+    assert "4" not in by_id(jobs_read) and "gres_detail is" in warnings[0]
 
 
 @pytest.mark.parametrize("release", sorted(VERSIONS))
 def test_a_malformed_record_is_skipped_and_the_rest_kept(release: str) -> None:
-    nodes_file, jobs_file, _ = VERSIONS[release]
+    nodes_file, jobs_file = VERSIONS[release]
     jobs_payload = load(jobs_file)
     jobs_payload["jobs"][2]["job_state"] = 42
     jobs_payload["jobs"][3]["nodes"] = "gpu-[001-"
