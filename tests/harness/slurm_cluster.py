@@ -32,6 +32,8 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -86,13 +88,57 @@ def _fake_gpu(path: Path) -> None:
         path.touch()
 
 
-def _which(name: str) -> str:
-    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+def _which(name: str, dirs: tuple[str, ...] = ()) -> str:
+    search = os.pathsep.join([*dirs, os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
     found = shutil.which(name, path=search)
     if found is None:
         raise SlurmClusterError(
             f"{name} is not installed: `apt-get install -y slurm-wlm munge` (make test does it)")
     return found
+
+
+@dataclass(frozen=True)
+class SlurmInstall:
+    """Which Slurm the cluster runs: Debian's ``slurm-wlm`` (22.05, on PATH) or a build in a
+    prefix (25.11, tests/harness/slurm_build.py)."""
+
+    release: str  # "22.05", "25.11"
+    prefix: Path | None = None  # None: the Debian packages on PATH
+
+    @property
+    def dirs(self) -> tuple[str, ...]:
+        return (str(self.prefix / "bin"), str(self.prefix / "sbin")) if self.prefix else ()
+
+    def which(self, name: str) -> str:
+        if name == "munged":  # munge is Debian's in both cases
+            return _which(name)
+        return _which(name, self.dirs)
+
+    @property
+    def has_rest(self) -> bool:
+        """slurmrestd with JWT: built into the 25.11 prefix (Debian's 22.05 has no JWT)."""
+        return self.prefix is not None
+
+    def version(self) -> str:
+        """What the daemon itself says ("slurm-wlm 22.05.8", "slurm 25.11.7")."""
+        out = subprocess.run([self.which("slurmctld"), "-V"], capture_output=True, text=True,
+                             timeout=10)
+        return out.stdout.strip() or out.stderr.strip()
+
+
+DEBIAN = SlurmInstall("22.05")
+RELEASES = ("22.05", "25.11")
+
+
+def install_for(release: str) -> SlurmInstall:
+    """The install of ``release``: Debian's 22.05, or 25.11 built once into the cache."""
+    if release == "22.05":
+        return DEBIAN
+    if release == "25.11":
+        from tests.harness.slurm_build import ensure_built
+
+        return SlurmInstall("25.11", ensure_built())
+    raise ValueError(f"no Slurm {release} here (known: {', '.join(RELEASES)})")
 
 
 class SlurmCluster:
@@ -104,7 +150,8 @@ class SlurmCluster:
 
     def __init__(self, root: Path, nodes: list[str], leaves: dict[str, list[str]],
                  kill_wait: int = 2, partition: str = "gpu",
-                 cred_expire: int = CRED_EXPIRE) -> None:
+                 cred_expire: int = CRED_EXPIRE, install: SlurmInstall = DEBIAN,
+                 rest: bool | None = None) -> None:
         if not nodes:
             raise ValueError("a cluster needs at least one node")
         self.root = Path(root).resolve()
@@ -117,13 +164,20 @@ class SlurmCluster:
         # Slurm's default is 120 s; the failure drill runs with it to time what sites see.
         self.cred_expire = cred_expire
         self.partition = partition
+        self.install = install
+        # slurmrestd (JWT) runs wherever the install has it, unless asked not to.
+        self.rest = install.has_rest if rest is None else rest
+        if self.rest and not install.has_rest:
+            raise ValueError(f"Slurm {install.release} here has no slurmrestd with JWT")
         self.conf = self.root / "etc" / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket"
         if len(str(self.munge_socket)) > 100:  # a UNIX socket path has 108 bytes at most
             raise ValueError(f"{self.root} is too long a path for munged's socket; use a shorter one")
         self.ctld_port = 0
+        self.rest_port = 0
         self.node_ports: dict[str, int] = {}
         self._munged: subprocess.Popen[bytes] | None = None
+        self._rest: subprocess.Popen[bytes] | None = None
         self._ctld: subprocess.Popen[bytes] | None = None
         self._slurmd: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -131,8 +185,39 @@ class SlurmCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        """What to export to run Slurm's CLI against this cluster (nothing else changes)."""
-        return {"SLURM_CONF": str(self.conf)}
+        """What to export to run Slurm's CLI against this cluster (nothing else changes):
+        its slurm.conf, and this install's commands first on PATH."""
+        env = {"SLURM_CONF": str(self.conf)}
+        if self.install.dirs:
+            env["PATH"] = os.pathsep.join([*self.install.dirs, os.environ.get("PATH", "")])
+        return env
+
+    @property
+    def bin_dir(self) -> str | None:
+        """Where this install's client commands are (None: Debian's, on PATH)."""
+        return self.install.dirs[0] if self.install.dirs else None
+
+    @property
+    def rest_url(self) -> str:
+        """slurmrestd's base URL (``rest`` clusters only)."""
+        if not self.rest:
+            raise SlurmClusterError("this cluster runs no slurmrestd")
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    @property
+    def slurmctld_url(self) -> str:
+        """slurmctld's own HTTP endpoints (25.11: /readyz, /livez, /metrics/...)."""
+        return f"http://127.0.0.1:{self.ctld_port}"
+
+    @property
+    def jwt_key(self) -> Path:
+        return self.root / "state" / "jwt_hs256.key"
+
+    def token(self, user: str = "root", lifespan: int = 3600) -> str:
+        """A JWT for ``user`` from ``scontrol token`` (rest clusters only)."""
+        out = self.run("scontrol", "token", f"username={user}", f"lifespan={lifespan}",
+                       check=True).stdout.strip()
+        return out.removeprefix("SLURM_JWT=")
 
     def run(self, *args: str, check: bool = False, timeout: float = 30.0,
             input: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -160,12 +245,16 @@ class SlurmCluster:
             for node in self.nodes:
                 self._start_slurmd(node)
             self.wait_for_nodes("IDLE", timeout=timeout)
+            if self.rest:
+                self.start_rest()
         except BaseException:
             self.stop()
             raise
 
     def stop(self) -> None:
-        """Kill every daemon this harness started (slurmd first, then slurmctld, then munged)."""
+        """Kill every daemon this harness started (slurmrestd and slurmd first, then
+        slurmctld, then munged)."""
+        self.stop_rest()
         for node in list(self._slurmd):
             self._kill(self._slurmd.pop(node))
         # slurmstepd daemonizes out of slurmd's session, and the job's processes with it.
@@ -186,11 +275,56 @@ class SlurmCluster:
         if self._ctld is not None and self._ctld.poll() is None:
             return
         # -i: ignore errors in saved state; a restart keeps nodes and jobs (no -c).
-        self._ctld = self._spawn("slurmctld", [_which("slurmctld"), "-D", "-i", "-f", str(self.conf)],
+        self._ctld = self._spawn("slurmctld", [self.install.which("slurmctld"), "-D", "-i", "-f",
+                                               str(self.conf)],
                                  self.root / "log" / "slurmctld.out")
         self._wait(lambda: self.run("scontrol", "ping", timeout=10).stdout.find("is UP") >= 0,
                    timeout, "slurmctld to answer `scontrol ping`", self._ctld,
                    self.root / "log" / "slurmctld.log")
+
+    def start_rest(self, timeout: float = 30.0) -> None:
+        """Start slurmrestd on a free loopback port and wait until it serves its OpenAPI.
+
+        It refuses to run as root (SlurmUser here): it starts as root to read the config and
+        drops to the unprivileged ``slurmrestd`` user (``-u``/``-g``), created if missing.
+        ``SLURM_JWT=daemon``: it forwards each client's token to slurmctld over auth/jwt and
+        needs neither munge nor the JWT key.
+        """
+        if self._rest is not None and self._rest.poll() is None:
+            return
+        if subprocess.run(["id", "slurmrestd"], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "-r", "-M", "-U", "-s", "/usr/sbin/nologin", "slurmrestd"],
+                           check=True, capture_output=True)
+        self.rest_port = self.rest_port or free_port()
+        log = self.root / "log" / "slurmrestd.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as handle:
+            self._rest = subprocess.Popen(
+                [self.install.which("slurmrestd"), "-f", str(self.conf), "-a", "rest_auth/jwt",
+                 "-s", "slurmctld,util", "-u", "slurmrestd", "-g", "slurmrestd",
+                 f"127.0.0.1:{self.rest_port}"],
+                stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root,
+                env={**os.environ, **self.env, "SLURM_JWT": "daemon",
+                     "SLURMRESTD_DEBUG_STDERR": "info"},
+                start_new_session=True)
+
+        request = urllib.request.Request(f"{self.rest_url}/openapi/v3", headers={
+            "X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": self.token(lifespan=120)})
+
+        def serving() -> bool:
+            try:
+                with urllib.request.urlopen(request, timeout=5) as answer:
+                    return bool(answer.status == 200)
+            except OSError:
+                return False
+
+        self._wait(serving, timeout, "slurmrestd to serve /openapi/v3", self._rest, log)
+
+    def stop_rest(self) -> None:
+        """Kill slurmrestd, as an outage would."""
+        if self._rest is not None:
+            self._kill(self._rest)
+            self._rest = None
 
     def restart_node(self, node: str) -> None:
         """Stop and start one slurmd (``-b``: report a reboot, as after RebootProgram); it
@@ -304,7 +438,7 @@ class SlurmCluster:
             key.write_bytes(os.urandom(1024))
             os.chmod(key, 0o600)
         self._munged = self._spawn("munged", [
-            _which("munged"), "--foreground", "--force",
+            self.install.which("munged"), "--foreground", "--force",
             f"--socket={self.munge_socket}", f"--key-file={key}",
             f"--pid-file={munge_dir / 'munged.pid'}", f"--log-file={munge_dir / 'munged.log'}",
             f"--seed-file={munge_dir / 'munged.seed'}", "--num-threads=4",
@@ -313,7 +447,7 @@ class SlurmCluster:
                    munge_dir / "munged.log")
 
     def _start_slurmd(self, node: str, reboot: bool = False) -> None:
-        argv = [_which("slurmd"), "-D", "-N", node, "-f", str(self.conf)]
+        argv = [self.install.which("slurmd"), "-D", "-N", node, "-f", str(self.conf)]
         if reboot:
             argv.append("-b")
         self._slurmd[node] = self._spawn("slurmd", argv, self.root / "log" / f"slurmd-{node}.out")
@@ -354,6 +488,16 @@ class SlurmCluster:
                 f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN")
             gres_lines.append(f"NodeName={node} Name=gpu File={devices}/nvidia[0-{GPUS_PER_NODE - 1}]")
         root = self.root
+        modern = ""
+        if self.install.prefix is not None:
+            # 25.11: JWT beside munge (slurmrestd and `scontrol token`), slurmctld's own
+            # /metrics, and no cgroups (the harness must not touch this machine's).
+            if not self.jwt_key.exists():
+                self.jwt_key.write_bytes(os.urandom(32))
+                self.jwt_key.chmod(0o600)
+            modern = (f"AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key={self.jwt_key}\n"
+                      "MetricsType=metrics/openmetrics\n")
+            (etc / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
         conf = f"""# Written by tests/harness/slurm_cluster.py: a private test cluster.
 ClusterName=fleetwatch-test
 SlurmctldHost=localhost(127.0.0.1)
@@ -363,7 +507,7 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={self.munge_socket},cred_expire={self.cred_expire}
-StateSaveLocation={root}/state
+{modern}StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/run/slurmctld.pid
 SlurmdPidFile={root}/run/slurmd-%n.pid
@@ -423,12 +567,15 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", required=True, type=Path, help="where config, state and logs go")
     parser.add_argument("--leaves", type=int, default=2, help="leaf switches to spread nodes over")
     parser.add_argument("--kill-wait", type=int, default=2)
+    parser.add_argument("--release", choices=RELEASES, default="22.05",
+                        help="Debian's 22.05, or 25.11 built from source (with slurmrestd)")
     args = parser.parse_args(argv)
     nodes = hostlist.expand_hostlist(args.nodes)
     per_leaf = -(-len(nodes) // max(1, args.leaves))
     leaves = {f"leaf-{chr(ord('a') + i)}": nodes[i * per_leaf:(i + 1) * per_leaf]
               for i in range(args.leaves) if nodes[i * per_leaf:(i + 1) * per_leaf]}
-    cluster = SlurmCluster(args.dir, nodes, leaves, kill_wait=args.kill_wait)
+    cluster = SlurmCluster(args.dir, nodes, leaves, kill_wait=args.kill_wait,
+                           install=install_for(args.release))
     stop = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -438,7 +585,11 @@ def _main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     with cluster:
-        print(f"export SLURM_CONF={cluster.conf}", flush=True)
+        for key, value in cluster.env.items():
+            print(f"export {key}={value}", flush=True)
+        if cluster.rest:
+            print(f"# slurmrestd: {cluster.rest_url} (token: scontrol token username=root)",
+                  flush=True)
         print(f"# {len(nodes)} nodes up; logs in {cluster.root / 'log'}; Ctrl-C stops it",
               flush=True)
         while not stop:
