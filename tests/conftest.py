@@ -14,6 +14,8 @@ from django.db import connection
 from collectors.roles import OPERATOR, VIEWER, user_with_role
 from collectors.sim.fleet import SimFleet
 from tests.harness.processes import stop_process_group
+from tests.harness.slurm_cluster import RELEASES as SLURM_RELEASES
+from tests.harness.slurm_cluster import SlurmInstall, install_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,3 +139,25 @@ def celery_worker_process(
         yield worker
     finally:
         stop_process_group(proc)
+
+
+# --- Slurm: every Slurm test runs on each release this suite knows --------------------------------
+
+# What each run's daemons said of themselves, for the summary below.
+_SLURM_VERSIONS_RAN: set[str] = set()
+
+
+@pytest.fixture(scope="session", params=SLURM_RELEASES, ids=[f"slurm{r}" for r in SLURM_RELEASES])
+def slurm_install(request: pytest.FixtureRequest) -> SlurmInstall:
+    """Debian's Slurm 22.05, then 25.11 built from the shared source (once, into a cache:
+    tests/harness/slurm_build.py). Never skipped: a Slurm that cannot be had is an error.
+    ``-k slurm25.11`` (or ``slurm22.05``) selects one."""
+    install = install_for(str(request.param))
+    _SLURM_VERSIONS_RAN.add(install.version())
+    return install
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _SLURM_VERSIONS_RAN:
+        terminalreporter.write_sep("-", "Slurm versions these tests ran against: "
+                                   + ", ".join(sorted(_SLURM_VERSIONS_RAN)))

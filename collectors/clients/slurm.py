@@ -254,6 +254,21 @@ def _node_state(record: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
     return base, tuple(s for s in states if s != base)
 
 
+# The states and flags under which a node's reason says why it is out now. Slurm 23.11+ keep
+# the reason after a RESUME and after ReturnToService brings a DOWN node back (25.11: an IDLE
+# node still reads "XID 79 ..." or "Not responding"): on a node in none of these, the reason is
+# history, not a fault, and is read as no reason, as 22.05 (which clears it) always showed.
+REASON_STATES = frozenset({"DOWN", "ERROR"})
+REASON_FLAGS = frozenset({"DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING",
+                          "REBOOT_REQUESTED", "REBOOT_ISSUED", "MAINTENANCE", "POWERING_DOWN",
+                          "POWERED_DOWN", "INVALID_REG"})
+
+
+def current_reason(base: str, flags: tuple[str, ...], reason: str) -> str:
+    """``reason`` while it explains the node's state, else "" (a stale one, see above)."""
+    return reason if base in REASON_STATES or REASON_FLAGS & set(flags) else ""
+
+
 def parse_node(record: Any) -> SlurmNode:
     if not isinstance(record, Mapping):
         raise ValueError(f"node record is a {type(record).__name__}")
@@ -264,7 +279,8 @@ def parse_node(record: Any) -> SlurmNode:
     partitions = record.get("partitions") or []
     if isinstance(partitions, str):
         partitions = [partitions]
-    return SlurmNode(name=name, state=base, flags=flags, reason=_reason(record.get("reason")),
+    return SlurmNode(name=name, state=base, flags=flags,
+                     reason=current_reason(base, flags, _reason(record.get("reason"))),
                      partition=",".join(str(p) for p in partitions))
 
 
@@ -283,7 +299,8 @@ def parse_sinfo_group(record: Any) -> list[SlurmNode]:
     base, flags = _node_state(node)
     partition = record.get("partition")
     part_name = partition.get("name") if isinstance(partition, Mapping) else partition
-    return [SlurmNode(name=n, state=base, flags=flags, reason=_reason(record.get("reason")),
+    reason = current_reason(base, flags, _reason(record.get("reason")))
+    return [SlurmNode(name=n, state=base, flags=flags, reason=reason,
                       partition=_text(part_name, "partition.name"))
             for n in hostlist.expand_hostlist(",".join(names))]
 

@@ -296,6 +296,14 @@ class SlurmCluster:
             subprocess.run(["useradd", "-r", "-M", "-U", "-s", "/usr/sbin/nologin", "slurmrestd"],
                            check=True, capture_output=True)
         self.rest_port = self.rest_port or free_port()
+        # Once it has dropped to its user it reads slurm.conf (and gres.conf, topology.conf
+        # beside it): the folders above them must let it through (pytest's are 0700).
+        for folder in [self.conf.parent, *self.conf.parent.parents]:
+            mode = folder.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                folder.chmod(mode | stat.S_IXOTH)
+        for conf in self.conf.parent.glob("*.conf"):
+            conf.chmod(conf.stat().st_mode | stat.S_IROTH)
         log = self.root / "log" / "slurmrestd.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as handle:

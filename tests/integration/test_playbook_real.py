@@ -48,7 +48,7 @@ from incidents.models import AuditEntry, Incident, Remediation, Step
 from incidents.remediation import engine
 from incidents.remediation.playbooks import FOR_ROOT_CAUSE
 from tests.conftest import wait_for
-from tests.harness.slurm_cluster import SlurmCluster, missing_binaries, scontrol_fields
+from tests.harness.slurm_cluster import SlurmCluster, SlurmInstall, missing_binaries, scontrol_fields
 from tests.integration.test_kubernetes import _server_module, kubectl
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
@@ -88,13 +88,14 @@ def k8s_seed() -> dict[str, Any]:
 
 
 @pytest.fixture
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory,
+            slurm_install: SlurmInstall) -> Iterator[SlurmCluster]:
     missing = missing_binaries()
     if missing:
         pytest.fail(f"Slurm is not installed here (missing {', '.join(missing)}): "
                     "`apt-get install -y slurm-wlm munge`, as `make test`'s bootstrap does")
     root = tmp_path_factory.mktemp("slurm-pb")
-    with SlurmCluster(root, NODES, LEAVES, kill_wait=2) as running:
+    with SlurmCluster(root, NODES, LEAVES, kill_wait=2, install=slurm_install) as running:
         (root / "marks").mkdir()
         (root / "train.sh").write_text(TRAIN_SCRIPT.format(marks=root / "marks"))
         # The spare: out of service, drained by FleetWatch (so FleetWatch may resume it).

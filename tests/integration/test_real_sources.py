@@ -28,7 +28,7 @@ from incidents.models import Incident
 from tests.conftest import ROOT, Worker, stop_process_group, wait_for
 from tests.harness.k8s_server import K8sTestServer
 from tests.harness.prometheus import PrometheusServer, ScrapeTarget
-from tests.harness.slurm_cluster import SlurmCluster, missing_binaries
+from tests.harness.slurm_cluster import SlurmCluster, SlurmInstall, missing_binaries
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,8 @@ class Sources:
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sources]:
+def sources(tmp_path_factory: pytest.TempPathFactory,
+            slurm_install: SlurmInstall) -> Iterator[Sources]:
     missing = missing_binaries()
     if missing:
         pytest.fail(f"Slurm is not installed (missing {', '.join(missing)}): run `make test`")
@@ -61,7 +62,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sources]:
                         kubeconfig_path=root / "kubeconfig.yaml", bookmark_interval=0.5)
     k8s.start()
     prometheus = PrometheusServer(root / "prometheus", [ScrapeTarget(address, job="dcgm")], "1s")
-    slurm = SlurmCluster(root / "slurm", NODES, LEAVES, kill_wait=2)
+    slurm = SlurmCluster(root / "slurm", NODES, LEAVES, kill_wait=2, install=slurm_install)
     try:
         prometheus.start()
         slurm.start()
@@ -91,6 +92,7 @@ def worker(sources: Sources, transactional_db: None, tmp_path: Path) -> Iterator
         "FLEETWATCH_FLEET": "real",
         "FLEETWATCH_CLUSTER": "lab",
         "FLEETWATCH_SLURM_CONF": sources.slurm.env["SLURM_CONF"],
+        "FLEETWATCH_SLURM_BIN_DIR": sources.slurm.bin_dir or "",
         "FLEETWATCH_SLURM_TIMEOUT": "8",
         "FLEETWATCH_KUBECONFIG": str(sources.k8s.kubeconfig_path),
         "FLEETWATCH_PROMETHEUS_URL": sources.prometheus.url,
@@ -211,6 +213,7 @@ def test_real_sources_fill_the_fleet_and_an_xid_opens_an_incident(
     settings.FLEETWATCH_FLEET, settings.FLEETWATCH_STORE_GPU_SAMPLES = "real", False
     settings.FLEETWATCH_PROMETHEUS_URL = sources.prometheus.url
     settings.FLEETWATCH_SLURM_CONF = sources.slurm.env["SLURM_CONF"]
+    settings.FLEETWATCH_SLURM_BIN_DIR = sources.slurm.bin_dir or ""
     settings.FLEETWATCH_KUBECONFIG = str(sources.k8s.kubeconfig_path)
     chart = selectors.incident_chart(incident)
     assert "error" not in chart and "gpu-003" in chart["series"]

@@ -148,6 +148,22 @@ def test_a_payload_without_meta_is_read_and_one_without_records_refused() -> Non
         parse_jobs([])
 
 
+def test_a_reason_left_after_resume_is_not_read_as_current() -> None:
+    # 25.11 keeps a node's reason after RESUME and after ReturnToService: an IDLE node that
+    # still says "XID 79" is healthy, and reads as 22.05 shows it (no reason).
+    payload = load("23.11-scontrol-show-nodes.json")
+    payload["meta"]["plugin"]["data_parser"] = "data_parser/v0.0.44"
+    payload["nodes"][0]["state"] = ["IDLE"]
+    payload["nodes"][0]["reason"] = "fleetwatch: incident 4 XID 79"
+    payload["nodes"][1]["state"] = ["IDLE", "NOT_RESPONDING"]
+    payload["nodes"][1]["reason"] = "Not responding"
+    nodes = parse_nodes(payload)[0]
+    assert (nodes[0].state, nodes[0].flags, nodes[0].reason) == ("IDLE", (), "")
+    assert nodes[1].reason == "Not responding"  # current: it explains NOT_RESPONDING
+    assert nodes[2].reason == "fleetwatch: incident 7 gpu_hardware"  # drained
+    assert nodes[3].reason == "admin: psu swap"  # down
+
+
 def test_grouped_sinfo_records_are_read_per_node() -> None:
     # 23.02+'s plain `sinfo --json`: one record per summary line, nodes merged.
     group = {"nodes": {"nodes": ["gpu-003", "gpu-004"]},
