@@ -26,9 +26,13 @@ run: install
 # the simulated one, whatever the shell has.
 MYPY := FLEETWATCH_FLEET=sim $(BIN)/mypy
 
+# Slurm 25.11 for the tests is built once from the shared source into a cache
+# (tests/harness/slurm_build.py; FLEETWATCH_SLURM_TARBALL, FLEETWATCH_SLURM_CACHE): ~5 minutes
+# the first time, nothing after.
 test: install
 	$(MYPY)
 	deploy/bootstrap.sh test
+	$(BIN)/python -m tests.harness.slurm_build
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Benchmarks: figures in reports/, never timed assertions in tests (the machines are shared).

@@ -15,6 +15,12 @@ if [ "${1:-run}" = test ]; then
   # The browser tests drive Debian's Chromium; the Kubernetes test server makes its TLS
   # certificate with openssl; kubectl is on the machine (no Kubernetes package is installed).
   command -v chromium >/dev/null || need+=(chromium)
+  # Building Slurm 25.11 from source for the tests (tests/harness/slurm_build.py): slurmrestd
+  # needs json-c and http-parser, JWT needs libjwt.
+  for pkg in build-essential pkg-config libmunge-dev libjwt-dev libjson-c-dev libhttp-parser-dev \
+             libyaml-dev libpam0g-dev liblz4-dev libhwloc-dev zlib1g-dev; do
+    dpkg-query -W -f '${db:Status-Status}' "$pkg" 2>/dev/null | grep -qx installed || need+=("$pkg")
+  done
   command -v openssl >/dev/null || need+=(openssl)
 fi
 if [ ${#need[@]} -gt 0 ]; then
