@@ -259,11 +259,15 @@ class SlurmRest:
         known = sorted(served & set(KNOWN_VERSIONS))
         if known:
             return known[-1], ""
-        if served:
+        if served and max(served) > KNOWN_VERSIONS[-1]:
             newest = max(served)
             return newest, (f"slurmrestd serves only /slurm/v0.0.{newest}/, which FleetWatch was "
                             f"not tested with (known: v0.0.{KNOWN_VERSIONS[0]}-"
                             f"v0.0.{KNOWN_VERSIONS[-1]}); reading it anyway")
+        if served:
+            raise ClientError(f"slurmrestd at {self.url} serves only "
+                              f"{', '.join(f'v0.0.{v}' for v in sorted(served))}, older than "
+                              f"any FleetWatch reads (v0.0.{KNOWN_VERSIONS[0]}+)", permanent=True)
         raise ClientError(f"slurmrestd at {self.url} serves no /slurm/ API (is it started with "
                           "-s slurmctld?)", permanent=True)
 
