@@ -209,6 +209,29 @@ def test_requeue_without_scontrol_is_refused_plainly(stub: Stub, tmp_path: Path)
     assert exc.value.permanent
 
 
+def test_slurmctld_not_ready_fails_the_read_and_metrics_are_cross_checked(stub: Stub) -> None:
+    ctld = Stub()
+    try:
+        stub.routes[("GET", "/slurm/v0.0.42/nodes/")] = (200, nodes_body("gpu-001", "gpu-002"))
+        ctld.routes[("GET", "/readyz")] = (503, "")
+        rest = client(stub.url, ctld_url=ctld.url)
+        with pytest.raises(ClientError, match=r"slurmctld is not ready: GET .*/readyz answered 503"):
+            rest.nodes()
+        assert not [p for _, p, _ in stub.log if "nodes" in p]  # nothing read past it
+        ctld.routes[("GET", "/readyz")] = (204, "")
+        ctld.routes[("GET", "/metrics/nodes")] = (200, "".join(
+            f'slurm_node_cpus{{node="{n}"}} 4\n' for n in ("gpu-001", "gpu-002", "gpu-003")))
+        assert len(rest.nodes()) == 2
+        assert rest.last_warnings == ["slurmctld /metrics lists 3 nodes, slurmrestd 2 "
+                                      "(not in REST: ['gpu-003'])"]
+        ctld.routes.pop(("GET", "/metrics/nodes"))
+        rest.nodes()
+        assert rest.last_warnings == ["slurmctld /metrics/nodes answered 404 "
+                                      "(MetricsType=metrics/openmetrics not set?)"]
+    finally:
+        ctld.close()
+
+
 # --- JWT ---------------------------------------------------------------------------------------
 
 
