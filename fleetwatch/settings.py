@@ -365,6 +365,39 @@ FLEETWATCH_DEMO_CONTROLS = env_bool("FLEETWATCH_DEMO_CONTROLS", FLEETWATCH_FLEET
 FLEETWATCH_SLURM_BIN_DIR = env_str("FLEETWATCH_SLURM_BIN_DIR")
 FLEETWATCH_SLURM_CONF = env_str("FLEETWATCH_SLURM_CONF")  # else SLURM_CONF, else Slurm's default
 FLEETWATCH_SLURM_TIMEOUT = env_float("FLEETWATCH_SLURM_TIMEOUT", 20.0, minimum=0.5)
+# How FleetWatch talks to Slurm: "cli" (the commands above, with munge) or "rest" (slurmrestd
+# with JWT, as under Slinky, where the FleetWatch pod has no Slurm binaries or munge).
+FLEETWATCH_SLURM_TRANSPORT = env_str("FLEETWATCH_SLURM_TRANSPORT", "cli").lower()
+FLEETWATCH_SLURMRESTD_URL = env_str("FLEETWATCH_SLURMRESTD_URL")
+# X-SLURM-USER-NAME (optional with a user's own token); the "sun" of minted tokens.
+FLEETWATCH_SLURM_USER = env_str("FLEETWATCH_SLURM_USER")
+# The JWT: the token itself, a file holding it (re-read when it changes or nears its exp:
+# a rotated Secret), or slurmctld's HS256 key to mint short-lived tokens with.
+FLEETWATCH_SLURM_JWT = env_str("FLEETWATCH_SLURM_JWT")
+FLEETWATCH_SLURM_JWT_FILE = env_str("FLEETWATCH_SLURM_JWT_FILE")
+FLEETWATCH_SLURM_JWT_KEY_FILE = env_str("FLEETWATCH_SLURM_JWT_KEY_FILE")
+FLEETWATCH_SLURM_JWT_LIFESPAN = env_int("FLEETWATCH_SLURM_JWT_LIFESPAN", 1800, minimum=120)
+# slurmctld's own HTTP endpoints (25.11+: /readyz, /metrics), on SlurmctldPort; optional.
+FLEETWATCH_SLURMCTLD_URL = env_str("FLEETWATCH_SLURMCTLD_URL")
+# slurmrestd has no topology: a copy of the cluster's topology.conf gives the leaf switches.
+FLEETWATCH_SLURM_TOPOLOGY_FILE = env_str("FLEETWATCH_SLURM_TOPOLOGY_FILE")
+if FLEETWATCH_SLURM_TRANSPORT not in ("cli", "rest"):
+    raise ImproperlyConfigured(f"FLEETWATCH_SLURM_TRANSPORT={FLEETWATCH_SLURM_TRANSPORT!r}: "
+                               "expected cli or rest")
+if FLEETWATCH_SLURM_TRANSPORT == "rest":
+    if not FLEETWATCH_SLURMRESTD_URL:
+        raise ImproperlyConfigured(
+            "FLEETWATCH_SLURM_TRANSPORT=rest needs FLEETWATCH_SLURMRESTD_URL, slurmrestd's "
+            "address (e.g. http://slurm-restapi.slurm:6820)")
+    if not (FLEETWATCH_SLURM_JWT or FLEETWATCH_SLURM_JWT_FILE or FLEETWATCH_SLURM_JWT_KEY_FILE):
+        raise ImproperlyConfigured(
+            "FLEETWATCH_SLURM_TRANSPORT=rest needs a token: FLEETWATCH_SLURM_JWT, "
+            "FLEETWATCH_SLURM_JWT_FILE (e.g. a mounted Secret) or FLEETWATCH_SLURM_JWT_KEY_FILE "
+            "(slurmctld's jwt_hs256.key, to mint tokens)")
+    if FLEETWATCH_SLURM_JWT_KEY_FILE and not FLEETWATCH_SLURM_USER:
+        raise ImproperlyConfigured(
+            "FLEETWATCH_SLURM_JWT_KEY_FILE mints tokens for FLEETWATCH_SLURM_USER: set it (a "
+            "Slurm operator or admin, e.g. slurm)")
 FLEETWATCH_KUBECONFIG = env_str("FLEETWATCH_KUBECONFIG")
 FLEETWATCH_KUBE_CONTEXT = env_str("FLEETWATCH_KUBE_CONTEXT")
 FLEETWATCH_PROMETHEUS_URL = env_str("FLEETWATCH_PROMETHEUS_URL")

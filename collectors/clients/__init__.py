@@ -106,6 +106,23 @@ def get_telemetry() -> TelemetryClient:
 
 
 def real_slurm() -> SlurmClient:
+    """The CLI transport, or slurmrestd with FLEETWATCH_SLURM_TRANSPORT=rest."""
+    if settings.FLEETWATCH_SLURM_TRANSPORT == "rest":
+        from collectors.clients.slurmrest import SlurmRest, TokenSource
+
+        # The settings refuse transport=rest without a URL or a token source.
+        tokens = TokenSource(token=settings.FLEETWATCH_SLURM_JWT or "",
+                             token_file=settings.FLEETWATCH_SLURM_JWT_FILE or "",
+                             key_file=settings.FLEETWATCH_SLURM_JWT_KEY_FILE or "",
+                             user=settings.FLEETWATCH_SLURM_USER or "",
+                             lifespan=settings.FLEETWATCH_SLURM_JWT_LIFESPAN)
+        return SlurmRest(cast(str, settings.FLEETWATCH_SLURMRESTD_URL), tokens,
+                         user=settings.FLEETWATCH_SLURM_USER or "",
+                         timeout=settings.FLEETWATCH_SLURM_TIMEOUT,
+                         ctld_url=settings.FLEETWATCH_SLURMCTLD_URL or "",
+                         topology_file=settings.FLEETWATCH_SLURM_TOPOLOGY_FILE or "",
+                         bin_dir=settings.FLEETWATCH_SLURM_BIN_DIR or "",
+                         slurm_conf=settings.FLEETWATCH_SLURM_CONF or "")
     from collectors.clients.slurm import SlurmCli
 
     conf = settings.FLEETWATCH_SLURM_CONF

@@ -25,6 +25,7 @@ from collectors.clients.kubernetes import KubernetesApi
 from collectors.clients.notify import Notifier
 from collectors.clients.prometheus import PrometheusTelemetry
 from collectors.clients.slurm import SlurmCli
+from collectors.clients.slurmrest import SlurmRest
 from collectors.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
 from collectors.sim.fleet import SimFleet, SimKubernetes, SimProvider, SimSlurm, SimTelemetry
 
@@ -39,7 +40,7 @@ def _notifiers() -> list[type]:
 
 
 IMPLEMENTATIONS: list[tuple[type, list[type]]] = [
-    (SlurmClient, [SlurmCli, SimSlurm]),
+    (SlurmClient, [SlurmCli, SlurmRest, SimSlurm]),
     (KubernetesClient, [KubernetesApi, SimKubernetes]),
     (TelemetryClient, [PrometheusTelemetry, SimTelemetry]),
     (NodeProvider, [NoProvider, SimProvider, providers.SlurmRebootProvider,

@@ -1,0 +1,556 @@
+"""The Slurm client over slurmrestd (Slurm's REST API) with JWT, as under Slinky.
+
+Reads and node actions go through slurmrestd; the JSON it answers is the same data_parser
+JSON as the CLI's ``--json`` and is read by the same parsers (``slurm.parse_nodes`` /
+``parse_jobs``). Actions read the current state first (a retried step does nothing twice)
+and keep FleetWatch's ownership rules: every reason FleetWatch sets starts with
+``fleetwatch:``, and resume() refuses a node whose reason does not.
+
+API version
+    The server's OpenAPI document (``GET /openapi/v3``) is read once; FleetWatch uses the
+    highest ``/slurm/v0.0.N/`` it serves among the versions FleetWatch was tested with
+    (``KNOWN_VERSIONS``). A server that serves only newer ones is used at its highest, with
+    a warning. A 404 under the chosen prefix (the server dropped that version after an
+    upgrade) re-reads the document once and retries; a second 404 fails the read.
+
+What maps to what (found on a real 25.11.7 slurmrestd, tests/integration/test_slurmrestd.py)
+    nodes()      ``GET /slurm/v0.0.N/nodes/``
+    jobs()       ``GET /slurm/v0.0.N/jobs/`` (finished jobs slurmctld still holds, MinJobAge,
+                 are included: the REST call applies no state filter, unlike ``squeue``)
+    drain/down/resume  ``POST /slurm/v0.0.N/node/{name}`` with ``{"state": [...], "reason"}``
+    cancel(TERM) ``DELETE /slurm/v0.0.N/job/{id}`` without a signal: Slurm's own stop, as plain
+                 ``scancel`` (SIGTERM to every process, KillWait, then SIGKILL). Another
+                 signal: ``DELETE ...?signal=SIGUSR1&flags=FULL_JOB``, only delivered.
+    topology()   slurmrestd has no topology endpoint (and 25.11 nodes' ``topology`` field is
+                 empty under topology/tree): the leaves come from a copy of the cluster's
+                 ``topology.conf`` (``topology_file``, FLEETWATCH_SLURM_TOPOLOGY_FILE);
+                 without one the switch of each node is unknown, said in ``last_warnings``.
+
+requeue(), requeue_hold(), reboot(): slurmrestd has no endpoint for them, in any version
+    (25.11's openapi/slurmctld offers job submit/update/signal and node update only; a node
+    update to ``REBOOT_REQUESTED`` is answered 500 "Invalid node state transition"; the
+    ``FEDERATION_REQUEUE`` signal flag only marks a federated job and requeues nothing).
+    Tried on real 25.11 and not chosen: ``POST node/{name} state=DOWN`` does make slurmctld
+    requeue the requeueable jobs on that node at once (NODE_FAIL, restart count + 1), but
+    it kills them without SIGTERM (no checkpoint), takes every job on the node (a shared
+    node's neighbours too), and with ReturnToService=2 the node is back a second later.
+    Chosen: these three calls run ``scontrol requeue|requeuehold|reboot`` authenticated by
+    the same JWT (``SLURM_JWT`` in its environment: auth/jwt, no munge, no root), which
+    needs only the ``scontrol`` binary and a slurm.conf naming the controller with
+    ``AuthAltTypes=auth/jwt`` (FLEETWATCH_SLURM_BIN_DIR, FLEETWATCH_SLURM_CONF). The state
+    is still read over REST first. Where no scontrol is installed the call is refused
+    plainly (``ClientError(permanent=True)``) and the remediation stops for a person.
+
+Errors: slurmrestd unreachable, a token refused (401 without one; 25.11 answers 511
+"Protocol authentication error" for an expired or foreign one), a dropped version, a 5xx or
+an ``errors`` entry from slurmctld, a body without the records asked for: each raises
+``ClientError`` naming the cause, so the Slurm source turns red and no node is read as
+failed. slurmctld's own ``/readyz`` and ``/metrics`` (``ctld_url``, 25.11+) are read before
+the nodes: a controller that is not ready fails the read; metrics that disagree with the
+REST answer, or are not served, are reported in ``last_warnings``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+from collectors.clients.base import SLURM_REASON_PREFIX, ActionResult, ClientError, SlurmJob, SlurmNode
+from collectors.clients.slurm import (
+    ACTIVE_JOB_STATES,
+    _held,
+    classify,
+    owned_reason,
+    parse_jobs,
+    parse_nodes,
+    parse_topology,
+    payload_errors,
+    signal_name,
+)
+
+# The data_parser versions FleetWatch was tested with over REST (24.05 ... 25.11).
+KNOWN_VERSIONS = (41, 42, 43, 44)
+# A token is renewed (re-read, or minted) this long before its exp claim.
+RENEW_MARGIN_SECONDS = 60.0
+_PREFIX_RE = re.compile(r"^/slurm/v0\.0\.(\d+)/")
+
+
+# --- JWT ---------------------------------------------------------------------------------------
+
+
+def _b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _b64url_decode(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def jwt_hs256(claims: Mapping[str, Any], key: bytes) -> str:
+    """An HS256 JWT (RFC 7519), as ``scontrol token`` makes: Slurm's auth/jwt checks the
+    signature with its jwt_hs256.key and reads ``sun`` (the user) and ``exp``."""
+    header = _b64url(json.dumps({"alg": "HS256", "typ": "JWT"}, separators=(",", ":")).encode())
+    body = _b64url(json.dumps(dict(claims), separators=(",", ":")).encode())
+    signing = f"{header}.{body}".encode()
+    return f"{header}.{body}.{_b64url(hmac.new(key, signing, hashlib.sha256).digest())}"
+
+
+def jwt_expiry(token: str) -> float | None:
+    """The ``exp`` claim of a JWT (not verified: slurmctld does that), None without one."""
+    try:
+        claims = json.loads(_b64url_decode(token.split(".")[1]))
+    except (IndexError, ValueError):
+        return None
+    exp = claims.get("exp") if isinstance(claims, dict) else None
+    return float(exp) if isinstance(exp, int | float) and not isinstance(exp, bool) else None
+
+
+class TokenSource:
+    """Where the JWT comes from: a fixed token, a file re-read when it changes or runs out (a
+    rotated Kubernetes Secret), or the HS256 key to mint short-lived tokens with."""
+
+    def __init__(self, *, token: str = "", token_file: str = "", key_file: str = "",
+                 user: str = "", lifespan: int = 1800,
+                 clock: Callable[[], float] = time.time) -> None:
+        if not (token or token_file or key_file):
+            raise ValueError("a JWT, a JWT file or the JWT key file is needed")
+        if key_file and not user:
+            raise ValueError("minting tokens from the key needs the user name (sun claim)")
+        self.token, self.token_file, self.key_file = token.strip(), token_file, key_file
+        self.user, self.lifespan, self.clock = user, lifespan, clock
+        self._file_stamp: tuple[float, int] | None = None
+        self._current = self.token
+        self._expires: float | None = jwt_expiry(self.token) if self.token else None
+
+    def describe(self) -> str:
+        if self.key_file:
+            return f"tokens minted with {self.key_file}"
+        if self.token_file:
+            return f"the token in {self.token_file}"
+        return "FLEETWATCH_SLURM_JWT"
+
+    def _due(self) -> bool:
+        return (not self._current or (self._expires is not None
+                and self._expires - RENEW_MARGIN_SECONDS <= self.clock()))
+
+    def get(self) -> str:
+        if self.key_file:
+            if self._due():
+                try:
+                    key = Path(self.key_file).read_bytes()
+                except OSError as exc:
+                    raise ClientError(f"cannot read the Slurm JWT key {self.key_file}: "
+                                      f"{exc.strerror}", permanent=True) from exc
+                now = int(self.clock())
+                self._current = jwt_hs256({"iat": now, "exp": now + self.lifespan,
+                                           "sun": self.user}, key)
+                self._expires = float(now + self.lifespan)
+            return self._current
+        if self.token_file:
+            try:
+                stat = os.stat(self.token_file)
+            except OSError as exc:
+                raise ClientError(f"cannot read the Slurm JWT file {self.token_file}: "
+                                  f"{exc.strerror}", permanent=False) from exc
+            stamp = (stat.st_mtime, stat.st_size)
+            if stamp != self._file_stamp or self._due():
+                try:
+                    text = Path(self.token_file).read_text().strip()
+                except OSError as exc:
+                    raise ClientError(f"cannot read the Slurm JWT file {self.token_file}: "
+                                      f"{exc.strerror}", permanent=False) from exc
+                # `scontrol token` prints SLURM_JWT=...; a Secret holds the token alone.
+                self._current = text.removeprefix("SLURM_JWT=")
+                self._expires = jwt_expiry(self._current)
+                self._file_stamp = stamp
+        if not self._current:
+            raise ClientError(f"{self.describe()} is empty", permanent=True)
+        if self._expires is not None and self._expires <= self.clock():
+            raise ClientError(
+                f"the Slurm JWT from {self.describe()} expired at "
+                f"{time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(self._expires))}"
+                + (" (the file was re-read; is the Secret rotated?)" if self.token_file else ""),
+                permanent=not self.token_file)
+        return self._current
+
+
+# --- the client --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    payload: Any
+
+
+class SlurmRest:
+    """``SlurmClient`` over slurmrestd. See the module docstring for what maps to what."""
+
+    source = "slurm"
+    last_warnings: list[str]
+
+    def __init__(self, url: str, tokens: TokenSource, *, user: str = "", timeout: float = 10.0,
+                 ctld_url: str = "", topology_file: str = "", bin_dir: str = "",
+                 slurm_conf: str = "", session: requests.Session | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.tokens = tokens
+        self.user = user
+        self.timeout = timeout
+        self.ctld_url = ctld_url.rstrip("/")
+        self.topology_file = topology_file
+        self.bin_dir = bin_dir
+        self.slurm_conf = slurm_conf
+        self.session = session or requests.Session()
+        self.last_warnings: list[str] = []
+        self._version: int | None = None
+        self._version_warning = ""
+
+    # --- HTTP ----------------------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"X-SLURM-USER-TOKEN": self.tokens.get(), "Accept": "application/json"}
+        if self.user:
+            headers["X-SLURM-USER-NAME"] = self.user
+        return headers
+
+    def _send(self, method: str, url: str, body: Any = None) -> requests.Response:
+        try:
+            return self.session.request(method, url, headers=self._headers(), json=body,
+                                        timeout=self.timeout)
+        except requests.Timeout as exc:
+            raise ClientError(f"slurmrestd at {self.url} did not answer within "
+                              f"{self.timeout:g}s ({method} {url})") from exc
+        except requests.RequestException as exc:
+            raise ClientError(f"slurmrestd at {self.url} is unreachable: "
+                              f"{type(exc).__name__}: {exc}") from exc
+
+    def version(self) -> int:
+        """The /slurm/v0.0.N/ this client uses, from the server's OpenAPI document."""
+        if self._version is None:
+            self._version, self._version_warning = self._pick_version()
+        return self._version
+
+    def _pick_version(self) -> tuple[int, str]:
+        response = self._send("GET", f"{self.url}/openapi/v3")
+        self._check_auth(response, "GET /openapi/v3")
+        if response.status_code != 200:
+            raise ClientError(f"slurmrestd answered {response.status_code} to GET /openapi/v3: "
+                              f"{response.text[:200]!r}")
+        try:
+            paths = response.json().get("paths")
+            served = {int(m.group(1)) for p in paths if (m := _PREFIX_RE.match(p))}
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise ClientError(f"slurmrestd's OpenAPI document has no paths: {exc}",
+                              permanent=True) from exc
+        known = sorted(served & set(KNOWN_VERSIONS))
+        if known:
+            return known[-1], ""
+        if served and max(served) > KNOWN_VERSIONS[-1]:
+            newest = max(served)
+            return newest, (f"slurmrestd serves only /slurm/v0.0.{newest}/, which FleetWatch was "
+                            f"not tested with (known: v0.0.{KNOWN_VERSIONS[0]}-"
+                            f"v0.0.{KNOWN_VERSIONS[-1]}); reading it anyway")
+        if served:
+            raise ClientError(f"slurmrestd at {self.url} serves only "
+                              f"{', '.join(f'v0.0.{v}' for v in sorted(served))}, older than "
+                              f"any FleetWatch reads (v0.0.{KNOWN_VERSIONS[0]}+)", permanent=True)
+        raise ClientError(f"slurmrestd at {self.url} serves no /slurm/ API (is it started with "
+                          "-s slurmctld?)", permanent=True)
+
+    def _check_auth(self, response: requests.Response, what: str) -> None:
+        if response.status_code == 401:
+            raise ClientError(f"slurmrestd refused {what} (401 {response.text.strip()[:80]}): "
+                              f"no valid token from {self.tokens.describe()}", permanent=True)
+        if response.status_code == 511 or (response.status_code >= 400 and
+                                           "authentication" in response.text.lower()):
+            raise ClientError(
+                f"slurmctld refused the JWT from {self.tokens.describe()} ({what}: "
+                f"{response.status_code} {self._errors_text(response) or 'authentication error'}"
+                "): expired, or signed with another key than the cluster's jwt_hs256.key",
+                permanent=True)
+
+    @staticmethod
+    def _errors_text(response: requests.Response) -> str:
+        try:
+            return payload_errors(response.json()) or ""
+        except ValueError:
+            return ""
+
+    def _path(self, path: str) -> str:
+        return f"/slurm/v0.0.{self.version()}/{path}"
+
+    def _call(self, method: str, path: str, body: Any = None, *,
+              params: Mapping[str, str] | None = None) -> _Answer:
+        """One API call under the chosen version; the payload, or ClientError naming why."""
+        for attempt in range(2):
+            full = self._path(path)
+            query = "&".join(f"{k}={quote(v)}" for k, v in (params or {}).items())
+            what = f"{method} {full}" + (f"?{query}" if query else "")
+            response = self._send(method, self.url + full + (f"?{query}" if query else ""), body)
+            self._check_auth(response, what)
+            if response.status_code == 404 and not response.text.lstrip().startswith("{"):
+                # Not a record that is missing (that answers JSON with errors): the prefix
+                # itself is gone, as after an upgrade that dropped the version.
+                dropped = self._version
+                self._version = None
+                if attempt == 0 and self.version() != dropped:
+                    continue  # the server moved on to another version: use it
+                if self._version == dropped:
+                    raise ClientError(f"slurmrestd answered 404 to {what}: "
+                                      f"{response.text.strip()[:160]!r}", permanent=True)
+                self._version = None
+                raise ClientError(f"slurmrestd no longer serves /slurm/v0.0.{dropped}/ "
+                                  f"({what} answered 404)", permanent=True)
+            try:
+                payload = response.json()
+            except ValueError as exc:
+                raise ClientError(f"slurmrestd answered {response.status_code} to {what} with "
+                                  f"no JSON: {response.text[:200]!r}",
+                                  permanent=response.status_code < 500) from exc
+            errors = payload_errors(payload)
+            if errors or response.status_code >= 400:
+                message = errors or f"HTTP {response.status_code}"
+                kind = classify(message)
+                raise ClientError(f"slurmrestd {what} failed ({response.status_code}): "
+                                  f"{message}", permanent=kind is True)
+            return _Answer(response.status_code, payload)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _call_text(method: str, path: str, body: Any = None, query: str = "") -> str:
+        text = f"{method} {path}" + (f"?{query}" if query else "")
+        return text + (f" {json.dumps(body, separators=(',', ':'))}" if body is not None else "")
+
+    # --- slurmctld's own health ----------------------------------------------------------------
+
+    def _controller_health(self) -> tuple[list[str], set[str]]:
+        """slurmctld's /readyz (must answer 2xx) and the nodes /metrics/nodes lists (for a
+        cross-check with the REST answer); nothing without ``ctld_url``."""
+        if not self.ctld_url:
+            return [], set()
+        try:
+            ready = self.session.get(f"{self.ctld_url}/readyz", timeout=self.timeout)
+        except requests.RequestException as exc:
+            raise ClientError(f"slurmctld at {self.ctld_url} is unreachable "
+                              f"(GET /readyz): {type(exc).__name__}: {exc}") from exc
+        if ready.status_code == 404:
+            return [f"slurmctld at {self.ctld_url} serves no /readyz (Slurm older than 25.11?)"], set()
+        if not 200 <= ready.status_code < 300:
+            raise ClientError(f"slurmctld is not ready: GET {self.ctld_url}/readyz answered "
+                              f"{ready.status_code} {ready.text.strip()[:120]}")
+        try:
+            metrics = self.session.get(f"{self.ctld_url}/metrics/nodes", timeout=self.timeout)
+        except requests.RequestException as exc:
+            return [f"slurmctld /metrics/nodes unreadable: {exc}"], set()
+        if metrics.status_code != 200:
+            return [f"slurmctld /metrics/nodes answered {metrics.status_code} "
+                    "(MetricsType=metrics/openmetrics not set?)"], set()
+        return [], set(re.findall(r'^slurm_node_cpus\{node="([^"]+)"\}', metrics.text,
+                                  re.MULTILINE))
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def nodes(self) -> list[SlurmNode]:
+        warnings, in_metrics = self._controller_health()
+        answer = self._call("GET", "nodes/")
+        nodes, parsed = parse_nodes(answer.payload)
+        warnings += parsed
+        if in_metrics and in_metrics != {n.name for n in nodes}:
+            missing = sorted(in_metrics - {n.name for n in nodes})
+            warnings.append(f"slurmctld /metrics lists {len(in_metrics)} nodes, "
+                            f"slurmrestd {len(nodes)}" + (f" (not in REST: {missing[:10]})"
+                                                          if missing else ""))
+        self.last_warnings = [w for w in [self._version_warning, *warnings] if w]
+        return nodes
+
+    def jobs(self) -> list[SlurmJob]:
+        answer = self._call("GET", "jobs/")
+        jobs, warnings = parse_jobs(answer.payload)
+        self.last_warnings = [w for w in [self._version_warning, *warnings] if w]
+        return jobs
+
+    def topology(self) -> dict[str, list[str]]:
+        if not self.topology_file:
+            self.last_warnings = ["slurmrestd has no topology: set FLEETWATCH_SLURM_TOPOLOGY_FILE "
+                                  "to a copy of the cluster's topology.conf to know each node's "
+                                  "leaf switch"]
+            return {}
+        self.last_warnings = []
+        try:
+            text = Path(self.topology_file).read_text()
+        except OSError as exc:
+            raise ClientError(f"cannot read FLEETWATCH_SLURM_TOPOLOGY_FILE {self.topology_file}: "
+                              f"{exc.strerror}", permanent=True) from exc
+        return parse_topology(text)
+
+    def _node(self, name: str) -> SlurmNode:
+        try:
+            answer = self._call("GET", f"node/{quote(name, safe='')}")
+        except ClientError as exc:
+            # 25.11 answers an unknown name 200 with "Failure to query node NAME".
+            if "failure to query node" not in str(exc).lower():
+                raise
+            raise ClientError(f"Invalid node name specified: {name} is not a node of this "
+                              f"cluster ({exc})", permanent=True) from exc
+        nodes, _ = parse_nodes(answer.payload)
+        for node in nodes:
+            if node.name == name:
+                return node
+        raise ClientError(f"Invalid node name specified: {name} is not a node of this cluster",
+                          permanent=True)
+
+    def _job(self, job_id: str) -> SlurmJob:
+        for job in self.jobs():
+            if job.job_id == str(job_id):
+                return job
+        raise ClientError(f"Invalid job id specified: job {job_id} is unknown to slurmctld "
+                          "(never existed, or ended more than MinJobAge ago)", permanent=True)
+
+    # --- node actions --------------------------------------------------------------------------
+
+    def _update_node(self, node: str, body: dict[str, Any], detail: str) -> ActionResult:
+        path = f"node/{quote(node, safe='')}"
+        self._call("POST", path, body)
+        return ActionResult(self._call_text("POST", self._path(path), body), True, detail)
+
+    def drain(self, node: str, reason: str) -> ActionResult:
+        body = {"state": ["DRAIN"], "reason": owned_reason(reason)}
+        current = self._node(node)
+        if "DRAIN" in current.flags:
+            # Drained already, by us or by someone else: their reason stays as it is.
+            return ActionResult(self._call_text("POST", self._path(f"node/{node}"), body), False,
+                                f"{node} already drained: {current.reason}")
+        return self._update_node(node, body, f"{node} drained")
+
+    def down(self, node: str, reason: str) -> ActionResult:
+        body = {"state": ["DOWN"], "reason": owned_reason(reason)}
+        current = self._node(node)
+        if current.state == "DOWN":
+            return ActionResult(self._call_text("POST", self._path(f"node/{node}"), body), False,
+                                f"{node} already down: {current.reason}")
+        return self._update_node(node, body, f"{node} down")
+
+    def resume(self, node: str) -> ActionResult:
+        body = {"state": ["RESUME"]}
+        current = self._node(node)
+        # 25.11 keeps the reason after a RESUME: a node neither drained nor down is in
+        # service whatever its reason says, so a retried resume changes nothing.
+        if "DRAIN" not in current.flags and current.state != "DOWN":
+            return ActionResult(self._call_text("POST", self._path(f"node/{node}"), body), False,
+                                f"{node} is not drained or down")
+        if not current.reason.startswith(SLURM_REASON_PREFIX):
+            raise ClientError(f"{node} was drained by someone else ({current.reason!r}); "
+                              "not resuming", permanent=True)
+        return self._update_node(node, body, f"{node} resumed")
+
+    def reboot(self, node: str, reason: str) -> ActionResult:
+        """``scontrol reboot ASAP nextstate=RESUME`` with the JWT (no REST endpoint)."""
+        reason = owned_reason(reason)
+        args = ["scontrol", "reboot", "ASAP", "nextstate=RESUME", f"reason={reason}", node]
+        current = self._node(node)
+        pending = {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(current.flags)
+        if pending:
+            return ActionResult(shlex.join(args), False,
+                                f"{node} reboot already {sorted(pending)[0].lower()}")
+        self._scontrol(args)
+        return ActionResult(shlex.join(args), True, f"{node} reboot requested (ASAP, then RESUME)")
+
+    # --- job actions ---------------------------------------------------------------------------
+
+    def cancel(self, job_id: str, signal: str, grace_seconds: int) -> ActionResult:
+        """SIGTERM: ``DELETE job/{id}`` with no signal, Slurm's own stop (SIGTERM, KillWait,
+        SIGKILL), as SlurmCli's plain ``scancel``. slurmrestd does not tell KillWait, so the
+        grace is the cluster's and ``kill_wait_seconds`` is None. Other signals are only
+        delivered (``signal=SIG...&flags=FULL_JOB``, batch script included)."""
+        sig = signal_name(signal)
+        path = f"job/{quote(str(job_id), safe='')}"
+        params = {} if sig == "TERM" else {"signal": f"SIG{sig}", "flags": "FULL_JOB"}
+        query = "&".join(f"{k}={v}" for k, v in params.items())
+        call = self._call_text("DELETE", self._path(path), query=query)
+        data: dict[str, object] = {"signal": sig, "requested_grace_seconds": grace_seconds,
+                                   "kill_wait_seconds": None}
+        job = self._job(job_id)
+        if job.state not in ACTIVE_JOB_STATES:
+            return ActionResult(call, False, f"job {job_id} is {job.state}", data)
+        self._call("DELETE", path, params=params)
+        detail = (f"job {job_id} sent SIGTERM; SIGKILL after the cluster's KillWait"
+                  if sig == "TERM" else f"job {job_id} sent SIG{sig}")
+        return ActionResult(call, True, detail, data)
+
+    def requeue(self, job_id: str) -> ActionResult:
+        """``scontrol requeue`` with the JWT, for a job that has stopped (no REST endpoint)."""
+        args = ["scontrol", "requeue", str(job_id)]
+        job = self._job(job_id)
+        if job.state == "PENDING":
+            return ActionResult(shlex.join(args), False, f"job {job_id} is already PENDING")
+        if job.state in ACTIVE_JOB_STATES:
+            return ActionResult(shlex.join(args), False,
+                                f"job {job_id} is {job.state}; cancel it first to requeue it")
+        try:
+            self._scontrol(args)
+        except ClientError as exc:
+            if "pending execution" in str(exc).lower():
+                return ActionResult(shlex.join(args), False, f"job {job_id} already requeued")
+            raise
+        return ActionResult(shlex.join(args), True,
+                            f"job {job_id} requeued (restart {job.restart_count + 1})")
+
+    def requeue_hold(self, job_id: str) -> ActionResult:
+        args = ["scontrol", "requeuehold", str(job_id)]
+        job = self._job(job_id)
+        if job.state == "PENDING":
+            if _held(job):
+                return ActionResult(shlex.join(args), False, f"job {job_id} already held")
+            # A pending job is held over REST: priority 0 is what `scontrol hold` sets.
+            body = {"hold": True}
+            path = f"job/{quote(str(job_id), safe='')}"
+            self._call("POST", path, body)
+            return ActionResult(self._call_text("POST", self._path(path), body), True,
+                                f"job {job_id} held")
+        try:
+            self._scontrol(args)
+        except ClientError as exc:
+            if "pending execution" in str(exc).lower():
+                return ActionResult(shlex.join(args), False, f"job {job_id} already requeued")
+            raise
+        return ActionResult(shlex.join(args), True, f"job {job_id} requeued and held")
+
+    # --- the scontrol calls slurmrestd has no endpoint for --------------------------------------
+
+    def _scontrol(self, args: list[str]) -> str:
+        command = shlex.join(args)
+        program = os.path.join(self.bin_dir, args[0]) if self.bin_dir else args[0]
+        env = {**os.environ, "SLURM_JWT": self.tokens.get()}
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        try:
+            proc = subprocess.run([program, *args[1:]], env=env, capture_output=True, text=True,
+                                  timeout=self.timeout * 2, stdin=subprocess.DEVNULL)
+        except FileNotFoundError as exc:
+            raise ClientError(
+                f"`{command}`: slurmrestd has no endpoint for this, and FleetWatch runs scontrol "
+                f"for it with the same JWT, but {program} is not installed here: install the "
+                "Slurm client (scontrol) and set FLEETWATCH_SLURM_BIN_DIR and "
+                "FLEETWATCH_SLURM_CONF (a slurm.conf with AuthAltTypes=auth/jwt)",
+                permanent=True) from exc
+        except subprocess.TimeoutExpired as exc:
+            raise ClientError(f"`{command}` timed out after {self.timeout * 2:g}s") from exc
+        if proc.returncode != 0:
+            message = proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}"
+            raise ClientError(f"`{command}` (JWT auth) failed: {message}",
+                              permanent=classify(message) is True)
+        return proc.stdout
