@@ -151,7 +151,10 @@ class SlurmCluster:
     def __init__(self, root: Path, nodes: list[str], leaves: dict[str, list[str]],
                  kill_wait: int = 2, partition: str = "gpu",
                  cred_expire: int = CRED_EXPIRE, install: SlurmInstall = DEBIAN,
-                 rest: bool | None = None) -> None:
+                 rest: bool | None = None, release: str | None = None) -> None:
+        # release: a shorthand for install=install_for(release).
+        if release is not None:
+            install = install_for(release)
         if not nodes:
             raise ValueError("a cluster needs at least one node")
         self.root = Path(root).resolve()
