@@ -56,7 +56,11 @@ def slurm_job_changes(previous_state: str | None, now: SlurmJob) -> list[SignalD
     return [SignalDraft("slurm", "slurm_job_state", job=now.job_id, value=now.state,
                         message=message,
                         data={"job_state": now.state, "nodes": list(now.nodes),
-                              "restart_count": now.restart_count})]
+                              "restart_count": now.restart_count,
+                              # Which GPUs it held where (gres_detail), for a fault on one GPU
+                              # of a node shared by several jobs.
+                              **({"gpus": {n: list(g) for n, g in now.gpus.items()}}
+                                 if now.gpus else {})})]
 
 
 def ready_status(ready: bool | None) -> str:

@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from collectors.clients import get_telemetry
 from collectors.clients.base import ClientError
+from collectors.knowledge.slurm import index_ranges
 from collectors.models import Cluster, CollectorRun, Gpu, GpuSample, Job, Node, Signal, SourceHealth
 
 # Sent with ``node=`` (``job=``) while a node's (job's) page is read; each receiver returns a
@@ -295,8 +296,11 @@ def node_detail(node: Node) -> dict[str, Any]:
     out: dict[str, Any] = {
         "node": node,
         "gpus": list(node.gpus.order_by("index")),
-        "jobs": list(Job.objects.filter(cluster=node.cluster, nodes__icontains=has)
-                     .order_by("-updated_at")[:50]),
+        # Each job with the GPUs it holds here ("0-3"; "" where Slurm did not say).
+        "jobs": [(job, index_ranges(job.gpus[node.name]) if node.name in (job.gpus or {})
+                  else "")
+                 for job in Job.objects.filter(cluster=node.cluster, nodes__icontains=has)
+                 .order_by("-updated_at")[:50]],
         "signals": list(Signal.objects.filter(cluster=node.cluster, node_name=node.name)
                         .order_by("-observed_at", "-id")[:50]),
     }
@@ -328,7 +332,9 @@ def job_detail(job: Job) -> dict[str, Any]:
     by_name = {n.name: n for n in Node.objects.filter(cluster=job.cluster, name__in=names)}
     out: dict[str, Any] = {
         "job": job,
-        "nodes": [(name, by_name.get(name)) for name in names],
+        "nodes": [(name, by_name.get(name),
+                   index_ranges(job.gpus[name]) if name in (job.gpus or {}) else "")
+                  for name in names],
         "signals": list(Signal.objects.filter(cluster=job.cluster, job_id=job.slurm_id)
                         .order_by("-observed_at", "-id")[:50]),
     }

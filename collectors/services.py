@@ -356,7 +356,9 @@ def collect_slurm(cluster: Cluster, clients: Clients, run: RunLog) -> list[Signa
         drafts += normalize.slurm_job_changes(known.get(seen.job_id), seen)
         rows.append(Job(
             cluster=cluster, slurm_id=seen.job_id, name=seen.name, user=seen.user,
-            state=seen.state, nodes=list(seen.nodes), restart_count=seen.restart_count,
+            state=seen.state, nodes=list(seen.nodes),
+            gpus={node: list(indices) for node, indices in seen.gpus.items()},
+            restart_count=seen.restart_count,
             step=seen.step, checkpoint_step=seen.checkpoint_step,
             resumed_from_step=seen.resumed_from_step,
             started_at=datetime.fromtimestamp(seen.started_at, tz=UTC) if seen.started_at
@@ -364,7 +366,7 @@ def collect_slurm(cluster: Cluster, clients: Clients, run: RunLog) -> list[Signa
     # One upsert (INSERT ... ON CONFLICT DO UPDATE) per batch instead of a query per job.
     Job.objects.bulk_create(
         rows, update_conflicts=True, unique_fields=["cluster", "slurm_id"],
-        update_fields=["name", "user", "state", "nodes", "restart_count", "step",
+        update_fields=["name", "user", "state", "nodes", "gpus", "restart_count", "step",
                        "checkpoint_step", "resumed_from_step", "started_at", "updated_at"],
         batch_size=2000)
     return drafts

@@ -150,7 +150,8 @@ def topology(cluster: Cluster) -> dict[str, list[str]]:
 
 
 def jobs_info(cluster: Cluster) -> list[JobInfo]:
-    return [JobInfo(j.slurm_id, j.user, tuple(j.nodes))
+    return [JobInfo(j.slurm_id, j.user, tuple(j.nodes),
+                    {n: tuple(g) for n, g in (j.gpus or {}).items()})
             for j in Job.objects.filter(cluster=cluster).exclude(nodes=[])]
 
 

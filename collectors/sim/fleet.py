@@ -205,9 +205,13 @@ def _node_pods(node: str) -> list[dict[str, Any]]:
     ]
 
 
-def _new_job(job_id: str, name: str, user: str, num_nodes: int) -> dict[str, Any]:
+def _new_job(job_id: str, name: str, user: str, num_nodes: int,
+             gpus_per_node: int = GPUS_PER_NODE) -> dict[str, Any]:
     return {
         "id": job_id, "name": name, "user": user, "num_nodes": num_nodes,
+        # Fewer GPUs than a node has: the job shares its node with others, as under Slurm's
+        # --gres=gpu:N; "gpus" holds the indices it got on each node (gres_detail).
+        "gpus_per_node": gpus_per_node, "gpus": {},
         "state": "PENDING", "nodes": [], "restart_count": 0,
         "started_at": None, "start_step": 0, "final_step": 0, "checkpoint_step": 0,
         "resumed_from_step": None, "stalled_at": None, "stopped_at": None, "exit_at": None, "exit_state": None,
@@ -248,7 +252,7 @@ def advance(state: State, now: float, speed: float) -> None:
         if job["state"] != "RUNNING":
             continue
         if job["stalled_at"] is None:
-            fault = _earliest_fault(state, job["nodes"])
+            fault = _earliest_fault(state, job)
             if fault is not None:
                 job["stalled_at"] = max(fault, job["started_at"])
         if job["exit_at"] is not None and job["exit_at"] <= now:
@@ -307,18 +311,43 @@ def _finish_reboot(state: State, name: str) -> None:
         node["reason"] = ""
 
 
-def _earliest_fault(state: State, node_names: list[str]) -> float | None:
+def _earliest_fault(state: State, job: State) -> float | None:
+    """The first fault on a GPU the job holds (all of a node's when it took the whole node)."""
+    held = job.get("gpus") or {}
     faults = [
         gpu["fault_at"]
-        for name in node_names
+        for name in job["nodes"]
         for gpu in state["nodes"][name]["gpus"]
-        if gpu["fault_at"] is not None
+        if gpu["fault_at"] is not None and (name not in held or gpu["index"] in held[name])
     ]
     return min(faults) if faults else None
 
 
+def submit_job(state: State, name: str, user: str, *, num_nodes: int = 1,
+               gpus_per_node: int = GPUS_PER_NODE) -> str:
+    """Queue a job (it starts at the next advance() where GPUs are free)."""
+    if not 1 <= gpus_per_node <= GPUS_PER_NODE:
+        raise ClientError(f"gpus_per_node must be 1..{GPUS_PER_NODE}", permanent=True)
+    job_id = str(state["next_job_id"])
+    state["next_job_id"] += 1
+    state["jobs"][job_id] = _new_job(job_id, name, user, num_nodes, gpus_per_node)
+    return job_id
+
+
 def _busy_nodes(state: State) -> set[str]:
     return {n for job in state["jobs"].values() if job["state"] == "RUNNING" for n in job["nodes"]}
+
+
+def _used_gpus(state: State) -> dict[str, set[int]]:
+    """The GPU indices the running jobs hold, per node."""
+    used: dict[str, set[int]] = {}
+    for job in state["jobs"].values():
+        if job["state"] != "RUNNING":
+            continue
+        for n in job["nodes"]:
+            held = (job.get("gpus") or {}).get(n)
+            used.setdefault(n, set()).update(held if held is not None else range(GPUS_PER_NODE))
+    return used
 
 
 def _schedulable(node: State) -> bool:
@@ -326,24 +355,29 @@ def _schedulable(node: State) -> bool:
 
 
 def _schedule(state: State, now: float) -> None:
-    """Slurm's backfill in miniature: start pending jobs, oldest first, on free nodes."""
-    busy = _busy_nodes(state)
+    """Slurm's backfill in miniature: start pending jobs, oldest first, where enough GPUs are
+    free (the lowest free indices, as Slurm's GRES selection gives them)."""
+    used = _used_gpus(state)
     for job_id in sorted(state["jobs"], key=int):
         job = state["jobs"][job_id]
         if job["state"] != "PENDING" or job.get("held"):
             continue
-        free = [n for n, node in sorted(state["nodes"].items())
-                if _schedulable(node) and n not in busy]
-        if len(free) < job["num_nodes"]:
+        want = int(job.get("gpus_per_node", GPUS_PER_NODE))
+        free = {n: [g for g in range(GPUS_PER_NODE) if g not in used.get(n, set())]
+                for n, node in sorted(state["nodes"].items()) if _schedulable(node)}
+        fits = [n for n, idle in free.items() if len(idle) >= want]
+        if len(fits) < job["num_nodes"]:
             continue
-        chosen = free[: job["num_nodes"]]
+        chosen = fits[: job["num_nodes"]]
+        gpus = {n: free[n][:want] for n in chosen}
         resume = int(job["checkpoint_step"])
-        job.update(state="RUNNING", nodes=chosen, started_at=now, start_step=resume,
+        job.update(state="RUNNING", nodes=chosen, gpus=gpus, started_at=now, start_step=resume,
                    final_step=resume, stalled_at=None, stopped_at=None, exit_at=None)
         job["resumed_from_step"] = resume if job["restart_count"] else None
         job["history"].append({"at": now, "event": "RUNNING", "nodes": chosen,
                                "resumed_from": resume})
-        busy.update(chosen)
+        for n in chosen:
+            used.setdefault(n, set()).update(gpus[n])
 
 
 def _finish_provisioning(state: State, name: str, now: float) -> None:
@@ -488,12 +522,14 @@ class SimSlurm(_SimClient):
 
     def nodes(self) -> list[SlurmNode]:
         with self._state() as state:
-            busy = _busy_nodes(state)
+            used = _used_gpus(state)
             result = []
             for name, node in sorted(state["nodes"].items()):
                 if not node["in_service"]:
                     continue
-                base = "DOWN" if node["down"] else ("ALLOCATED" if name in busy else "IDLE")
+                held = used.get(name, set())
+                base = "DOWN" if node["down"] else (
+                    "ALLOCATED" if len(held) >= GPUS_PER_NODE else "MIXED" if held else "IDLE")
                 flags: tuple[str, ...] = ("DRAIN",) if node["drained"] else ()
                 reboot = node.get("reboot")
                 if reboot:
@@ -520,6 +556,8 @@ class SimSlurm(_SimClient):
                     checkpoint_step=job_checkpoint(job, now, speed),
                     resumed_from_step=job["resumed_from_step"], started_at=job["started_at"],
                     state_reason="JobHeldUser" if job.get("held") else "",
+                    gpus={n: tuple(g) for n, g in (job.get("gpus") or {}).items()}
+                    if job["state"] != "PENDING" else {},
                 )
                 for job in sorted(state["jobs"].values(), key=lambda j: int(j["id"]))
             ]
@@ -595,7 +633,7 @@ class SimSlurm(_SimClient):
                 raise ClientError(f"unknown job {job_id}", permanent=True)
             if job["state"] in {"PENDING", "RUNNING"}:
                 return ActionResult(call, False, f"job {job_id} is already {job['state']}")
-            job["state"], job["nodes"] = "PENDING", []
+            job["state"], job["nodes"], job["gpus"] = "PENDING", [], {}
             job["restart_count"] += 1
             job["history"].append({"at": now, "event": "REQUEUED"})
             _schedule(state, now)
@@ -620,7 +658,7 @@ class SimSlurm(_SimClient):
                 job["held"] = True
                 job["history"].append({"at": now, "event": "HELD"})
                 return ActionResult(f"scontrol hold {job_id}", True, f"job {job_id} held")
-            job["state"], job["nodes"], job["held"] = "PENDING", [], True
+            job["state"], job["nodes"], job["gpus"], job["held"] = "PENDING", [], {}, True
             job["restart_count"] += 1
             job["history"].append({"at": now, "event": "REQUEUED_HELD"})
             return ActionResult(call, True, f"job {job_id} requeued and held")

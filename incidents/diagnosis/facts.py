@@ -12,7 +12,7 @@ while it shows or ends a thermal slowdown. That is what lets one cycle cover 100
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -163,6 +163,8 @@ class Facts:
     hot: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
     job_spans: dict[str, JobSpan] = field(default_factory=dict)
     job_nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # job -> node -> the GPU indices it held there, as Slurm last said (gres_detail).
+    job_gpus: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
     admin_drains: list[tuple[datetime, str, str]] = field(default_factory=list)
     # (job, node) -> [first, last] time the job wrote any output line there: when Slurm says
     # nothing about a job, this is when it ran.
@@ -342,6 +344,12 @@ def _slurm(obs: Observation, facts: Facts) -> None:
         if nodes:
             facts.job_nodes[obs.job] = nodes
             facts.nodes_seen.update(nodes)
+        gpus = f.get("gpus")
+        if isinstance(gpus, Mapping):
+            held = {str(n): tuple(g for g in v if isinstance(g, int))
+                    for n, v in gpus.items() if isinstance(v, list)}
+            if held:
+                facts.job_gpus[obs.job] = held
         t = obs.at.timestamp()
         span = facts.job_spans.setdefault(obs.job, JobSpan())
         span.state = state

@@ -64,7 +64,13 @@ def _jobs(raw: Any) -> list[JobInfo]:
         nodes = j.get("nodes") or []
         if not isinstance(nodes, list):
             raise ReplayError(f"job {i}: 'nodes' must be a list")
-        jobs.append(JobInfo(str(j["id"]), str(j.get("user", "")), tuple(str(n) for n in nodes)))
+        gpus = j.get("gpus") or {}
+        if not isinstance(gpus, dict) or not all(
+                isinstance(v, list) and all(isinstance(g, int) and not isinstance(g, bool)
+                                            for g in v) for v in gpus.values()):
+            raise ReplayError(f"job {i}: 'gpus' must map each node to a list of GPU indices")
+        jobs.append(JobInfo(str(j["id"]), str(j.get("user", "")), tuple(str(n) for n in nodes),
+                            {str(n): tuple(v) for n, v in gpus.items()}))
     return jobs
 
 

@@ -30,6 +30,7 @@ import incidents.diagnosis.parsers as p
 from collectors.knowledge import dcgm
 from collectors.knowledge import xid as x
 from collectors.knowledge.causes import PLAYBOOK_FOR, RootCause
+from collectors.knowledge.slurm import index_ranges
 from incidents.diagnosis.facts import (
     Facts,
     JobFact,
@@ -122,6 +123,13 @@ class _Cause:
     diagnosis: Diagnosis
 
 
+def _gpu_index(gpu: str | None) -> int | None:
+    """5 for "GPU 5" (dcgm's index); None for a PCI address or nothing."""
+    if gpu and gpu.startswith("GPU ") and gpu[4:].strip().isdigit():
+        return int(gpu[4:])
+    return None
+
+
 @dataclass
 class Engine:
     facts: Facts
@@ -136,11 +144,18 @@ class Engine:
     def __post_init__(self) -> None:
         self.job_nodes: dict[str, set[str]] = defaultdict(set)
         self.job_user: dict[str, str] = {}
+        # job -> node -> GPU indices it held there: Slurm's word in the window first, the
+        # stored job (the collector's last read) where the window has none.
+        self.job_gpus: dict[str, dict[str, tuple[int, ...]]] = {}
         for job in self.jobs:
             self.job_nodes[job.id].update(job.nodes)
             self.job_user[job.id] = job.user
+            if job.gpus:
+                self.job_gpus[job.id] = dict(job.gpus)
         for job_id, nodes in self.facts.job_nodes.items():
             self.job_nodes[job_id].update(nodes)
+        for job_id, held in self.facts.job_gpus.items():
+            self.job_gpus.setdefault(job_id, {}).update(held)
         self.jobs_of: dict[str, set[str]] = defaultdict(set)
         for job_id, nodes in self.job_nodes.items():
             for node in nodes:
@@ -161,9 +176,10 @@ class Engine:
     def note(self, kind: str, text: str, at: datetime, **kw: object) -> None:
         self.notes.append(Note(kind, text, at, **kw))  # type: ignore[arg-type]
 
-    def job_at(self, node: str, t: float) -> str | None:
-        """The job running on a node at a time, when the window says so unambiguously."""
-        candidates = self.jobs_of.get(node, set())
+    def job_at(self, node: str, t: float, gpu: str | None = None) -> str | None:
+        """The job running on a node (on ``gpu``, where Slurm said which GPUs each job held)
+        at a time, when the window says so unambiguously."""
+        candidates = set(self.on_gpu(node, gpu, self.jobs_of.get(node, set()))[0])
         if len(candidates) <= 1:
             return next(iter(candidates), None)
         spans = self.facts.job_spans
@@ -186,6 +202,31 @@ class Engine:
         if len(writing) == 1:
             return writing[0]
         return None
+
+    def on_gpu(self, node: str, gpu: str | None,
+               jobs: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Of ``jobs`` on ``node``, (those that held ``gpu``, those Slurm says held others).
+
+        On a node shared by several jobs a fault on one GPU is the fault of the job on that
+        GPU only. A job whose GPUs on the node Slurm did not say, or a fault whose GPU index is
+        not known (a kernel line naming a PCI address), keeps today's reading: every job there.
+        """
+        index = _gpu_index(gpu)
+        held, others = [], []
+        for job in sorted(jobs):
+            gpus = self.job_gpus.get(job, {}).get(node)
+            if index is None or gpus is None or index in gpus:
+                held.append(job)
+            else:
+                others.append(job)
+        return tuple(held), tuple(others)
+
+    def spared_text(self, node: str, spared: Sequence[str]) -> str:
+        if not spared:
+            return ""
+        parts = [f"{j} (GPU {index_ranges(self.job_gpus[j][node])})" for j in spared]
+        return (f" Also on {node}, on other GPUs: job {', '.join(parts)}; not affected by this "
+                "GPU, left running.")
 
     def symptoms_after(self, jobs: Iterable[str], t: float, exclude: set[str]) -> list[JobFact]:
         wanted = set(jobs)
@@ -375,9 +416,12 @@ class Engine:
         if memory and label == GPU_MEMORY and cause is not None:
             extras.append(f"DCGM agrees: {memory[0].text}")
         t = first_at.timestamp()
-        jobs = tuple(sorted(j for j in self.jobs_of.get(node, ()) if self._job_alive(j, t)))
+        jobs, spared = self.on_gpu(
+            node, cause.gpu if cause is not None else (memory[0].gpu if memory else None),
+            (j for j in self.jobs_of.get(node, ()) if self._job_alive(j, t)))
         victims, victim_ids = self.victims_text(jobs, t, {node})
-        explanation = lead_text + (f" ({'; '.join(extras)})" if extras else "") + "." + victims
+        explanation = (lead_text + (f" ({'; '.join(extras)})" if extras else "") + "." + victims
+                       + self.spared_text(node, spared))
         self.gpu_nodes[node] = min(self.gpu_nodes.get(node, t), t)
         self.add(Diagnosis(label, (node,), confidence, PLAYBOOK_FOR[label], explanation,
                            first_at, jobs=jobs, evidence=tuple(evidence + victim_ids)), t)
@@ -397,7 +441,7 @@ class Engine:
         """An application XID blames its job, unless it follows one GPU across jobs."""
         by_gpu: dict[tuple[str, str, int], list[tuple[XidFact, str | None]]] = defaultdict(list)
         for f in app:
-            by_gpu[(f.node, f.gpu, f.code)].append((f, self.job_at(f.node, f.t)))
+            by_gpu[(f.node, f.gpu, f.code)].append((f, self.job_at(f.node, f.t, f.gpu)))
         self.app_xid_jobs: dict[str, list[XidFact]] = defaultdict(list)
         for (node, gpu, code), seen in sorted(by_gpu.items()):
             jobs = {j for _, j in seen if j}

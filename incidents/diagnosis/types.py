@@ -71,6 +71,8 @@ class JobInfo:
     id: str
     user: str = ""
     nodes: tuple[str, ...] = ()
+    # The GPU indices it holds per node (Slurm's gres_detail); a node missing: not said.
+    gpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

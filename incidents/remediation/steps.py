@@ -22,6 +22,7 @@ from collectors.clients.base import (
     SLURM_REASON_PREFIX,
     ActionResult,
     ClientError,
+    SlurmJob,
 )
 from collectors.clock import SYSTEM_CLOCK, Clock
 from collectors.knowledge import dcgm
@@ -153,8 +154,11 @@ def drain_and_cancel(ctx: StepContext) -> Outcome:
         # Remember which jobs were on the node when we acted: those are the ones to requeue.
         # After a crash the ones already cancelled are no longer RUNNING: the record of the
         # cancels made brings them back.
-        state["jobs"] = sorted({j.job_id for j in jobs.values()
-                                if j.state == "RUNNING" and ctx.node in j.nodes}
+        running = [j for j in jobs.values() if j.state == "RUNNING" and ctx.node in j.nodes]
+        # On a node shared by several jobs, only those holding the faulty GPU are stopped;
+        # the others run on, on their own GPUs, while the drain keeps new work away.
+        state["spared"] = sorted(j.job_id for j in running if not _holds(j, ctx.node, ctx.gpus))
+        state["jobs"] = sorted({j.job_id for j in running if _holds(j, ctx.node, ctx.gpus)}
                                | _cancelled_before(ctx))
         state["checkpoint_before"] = {j: jobs[j].checkpoint_step for j in state["jobs"]}
     for job_id in state["jobs"]:
@@ -167,9 +171,19 @@ def drain_and_cancel(ctx: StepContext) -> Outcome:
         return Wait(f"waiting for job(s) {', '.join(still)} to exit "
                     f"(SIGTERM, {ctx.grace_seconds}s grace)", state)
     state["checkpoints"] = {j: jobs[j].checkpoint_step for j in state["jobs"] if j in jobs}
+    spared = (f"; job(s) {', '.join(state['spared'])} on other GPUs left running"
+              if state.get("spared") else "")
     if not state["jobs"]:
-        return Done(f"{ctx.node} drained; no jobs were running on it", state)
-    return Done(f"{ctx.node} drained; job(s) {', '.join(state['jobs'])} stopped", state)
+        return Done(f"{ctx.node} drained; no jobs were running on it{spared}"
+                    if not spared else f"{ctx.node} drained{spared}", state)
+    return Done(f"{ctx.node} drained; job(s) {', '.join(state['jobs'])} stopped{spared}", state)
+
+
+def _holds(job: SlurmJob, node: str, faulty: list[int]) -> bool:
+    """Whether ``job`` holds one of the ``faulty`` GPUs of ``node``; True when either is not
+    known (no GPU named by the evidence, or Slurm did not say which GPUs the job has)."""
+    held = job.gpus.get(node)
+    return not faulty or held is None or bool(set(held) & set(faulty))
 
 
 def requeue(ctx: StepContext) -> Outcome:
@@ -309,8 +323,10 @@ def _stable_seconds() -> float:
 
 
 def _running_on(ctx: StepContext, nodes: list[str]) -> list[str]:
+    # One node and a faulty GPU named: only the jobs on that GPU (see drain_and_cancel).
     return sorted(j.job_id for j in ctx.clients.slurm.jobs()
-                  if j.state == "RUNNING" and set(j.nodes) & set(nodes))
+                  if j.state == "RUNNING" and set(j.nodes) & set(nodes)
+                  and (len(nodes) != 1 or _holds(j, nodes[0], ctx.gpus)))
 
 
 def _cancelled_before(ctx: StepContext) -> set[str]:
