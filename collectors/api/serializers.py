@@ -59,8 +59,8 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["id", "cluster", "name", "pool", "leaf_switch", "in_service", "health",
-                  "slurm_state", "slurm_flags", "slurm_reason", "k8s_ready",
+        fields = ["id", "cluster", "name", "slurm_name", "pool", "leaf_switch", "in_service",
+                  "health", "slurm_state", "slurm_flags", "slurm_reason", "k8s_ready",
                   "k8s_unschedulable", "k8s_annotations", "nic_state", "updated_at", "gpus"]
 
 
@@ -70,7 +70,8 @@ class JobSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Job
-        fields = ["id", "cluster", "slurm_id", "name", "user", "state", "nodes",
+        # gpus: {node: [GPU indices]} from Slurm's gres_detail; a node missing: not said.
+        fields = ["id", "cluster", "slurm_id", "name", "user", "state", "nodes", "gpus",
                   "restart_count", "step", "checkpoint_step", "resumed_from_step", "started_at",
                   "updated_at"]
 

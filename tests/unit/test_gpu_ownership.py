@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from django.urls import reverse
+from rest_framework.test import APIClient
 
 from collectors import services as collectors
 from collectors.models import Job
@@ -120,3 +121,9 @@ def test_node_and_job_pages_show_which_gpus_each_job_holds(
     page = client.get(reverse("job-detail", args=[b])).content.decode()
     assert f"{SHARED}</a>: GPUs 4-7" in page
     assert Incident.objects.count() == 0
+    # And the API, for programs.
+    api = APIClient()
+    api.force_authenticate(operator)
+    listed = {j["slurm_id"]: j["gpus"] for j in api.get("/api/v1/jobs/", {"page_size": 100})
+              .json()["results"]}
+    assert listed[a] == {SHARED: [0, 1, 2, 3]} and listed[b] == {SHARED: [4, 5, 6, 7]}
