@@ -9,6 +9,8 @@ from typing import Any
 from django.db import models
 from django.utils import timezone
 
+from collectors.knowledge.slurm import SLURM_OPERATOR_REASON_PREFIX
+
 # Deeper than this, a stored value is cut (the door refuses such nesting; older rows may
 # hold it, and walking or encoding them must not exhaust the stack).
 JSON_SAFE_DEPTH = 64
@@ -115,6 +117,11 @@ class Node(models.Model):
     @property
     def drained(self) -> bool:
         return "DRAIN" in self.slurm_flags or "DRAINED" in self.slurm_flags
+
+    @property
+    def drained_by_operator(self) -> bool:
+        """Drained or set DOWN by Slinky's slurm-operator, which undoes it itself."""
+        return self.slurm_reason.startswith(SLURM_OPERATOR_REASON_PREFIX)
 
     @property
     def slurm_display(self) -> str:

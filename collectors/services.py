@@ -412,10 +412,36 @@ def collect_kubernetes(cluster: Cluster, clients: Clients, run: RunLog) -> list[
             since = time.time() - settings.FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES * 60
             events = [e for e in events if e.at is not None and e.at >= since]
         drafts += _k8s_event_drafts(events, run)
+    _slurm_names_keep(cluster, k8s.slurm_nodes(), run)
     _client_warnings(k8s, run)
     health.cursor = cursor
     health.save(update_fields=["cursor"])
     return drafts
+
+
+def _slurm_names_keep(cluster: Cluster, found: dict[str, str] | None, run: RunLog) -> None:
+    """Slinky: keep each machine's Slurm name (its slurmd pod's hostname) in Node.slurm_name,
+    which the Slurm client's naming layer reads. None: no slurmd pods to ask (simulation)."""
+    if found is None:
+        return
+    by_machine = {machine: slurm for slurm, machine in found.items()}
+    run.counts["slurmd_pods"] = len(found)
+    rows = Node.objects.filter(cluster=cluster).values_list("id", "name", "slurm_name")
+    now = timezone.now()
+    changed = []
+    for pk, name, slurm_name in rows:
+        if name in by_machine:
+            new = by_machine[name]
+        elif slurm_name in found:
+            new = ""  # the pod now runs on another machine
+        else:
+            # The pod is gone (scaled away, being replaced): the last mapping stays, so what
+            # Slurm still says of that node lands on the right machine.
+            new = slurm_name
+        new = "" if new == name else new  # the same name needs no mapping
+        if new != slurm_name:
+            changed.append((pk, new, now))
+    update_columns(Node, ["slurm_name", "updated_at"], changed)
 
 
 # How long one collector run keeps a Kubernetes watch open for changes (whole seconds: the

@@ -368,6 +368,10 @@ FLEETWATCH_SLURM_TIMEOUT = env_float("FLEETWATCH_SLURM_TIMEOUT", 20.0, minimum=0
 # How FleetWatch talks to Slurm: "cli" (the commands above, with munge) or "rest" (slurmrestd
 # with JWT, as under Slinky, where the FleetWatch pod has no Slurm binaries or munge).
 FLEETWATCH_SLURM_TRANSPORT = env_str("FLEETWATCH_SLURM_TRANSPORT", "cli").lower()
+# Slurm node name -> machine (Kubernetes node / host) where they differ and no slurm-operator
+# pods say so: "slurmname=machine" pairs (commas or spaces), or the path of a file of them.
+# Under Slinky the slurmd pods' spec.nodeName gives the mapping by itself.
+FLEETWATCH_SLURM_NODE_MAP = env_str("FLEETWATCH_SLURM_NODE_MAP")
 FLEETWATCH_SLURMRESTD_URL = env_str("FLEETWATCH_SLURMRESTD_URL")
 # X-SLURM-USER-NAME (optional with a user's own token); the "sun" of minted tokens.
 FLEETWATCH_SLURM_USER = env_str("FLEETWATCH_SLURM_USER")

@@ -106,6 +106,32 @@ def get_telemetry() -> TelemetryClient:
 
 
 def real_slurm() -> SlurmClient:
+    """The configured Slurm transport, speaking machine names (collectors/clients/naming.py):
+    Slurm's own node names are translated on the way in and out."""
+    from collectors.clients.naming import SlurmNames
+
+    return SlurmNames(slurm_transport(), slurm_node_names)
+
+
+def slurm_node_names() -> dict[str, str]:
+    """{Slurm node name: machine}: FLEETWATCH_SLURM_NODE_MAP, then what the slurmd pods said
+    (Node.slurm_name, kept by the Kubernetes collector), which wins where both name a node."""
+    from collectors.clients.naming import parse_node_map
+    from collectors.models import Node
+
+    raw: str = settings.FLEETWATCH_SLURM_NODE_MAP or ""
+    try:
+        if raw.startswith("/"):
+            with open(raw) as handle:
+                raw = handle.read()
+        names = parse_node_map(raw)
+    except (OSError, ValueError) as exc:
+        raise ImproperlyConfigured(f"FLEETWATCH_SLURM_NODE_MAP: {exc}") from exc
+    names.update(Node.objects.exclude(slurm_name="").values_list("slurm_name", "name"))
+    return names
+
+
+def slurm_transport() -> SlurmClient:
     """The CLI transport, or slurmrestd with FLEETWATCH_SLURM_TRANSPORT=rest."""
     if settings.FLEETWATCH_SLURM_TRANSPORT == "rest":
         from collectors.clients.slurmrest import SlurmRest, TokenSource

@@ -245,6 +245,11 @@ class KubernetesClient(Protocol):
     def uncordon(self, node: str) -> ActionResult: ...
     def evict(self, namespace: str, pod: str) -> ActionResult: ...
 
+    def slurm_nodes(self) -> dict[str, str] | None:
+        """{Slurm node name: Kubernetes node} from slurm-operator's slurmd pods (Slinky);
+        None from a source that runs no Slurm in pods (the simulation)."""
+        ...
+
 
 class TelemetryClient(Protocol):
     @property

@@ -43,6 +43,7 @@ from collectors.clients.base import (
     K8sNode,
     K8sPod,
 )
+from collectors.knowledge.slurm import SLINKY_POD_HOSTNAME_LABEL, SLINKY_POD_NAME_LABEL
 
 Obj = dict[str, Any]
 
@@ -323,6 +324,23 @@ class KubernetesApi:
                               field_selector=f"spec.nodeName={node}")
         pods = [p for p in (self._parse(f"list pods on {node}", pod_from, o) for o in items) if p]
         return sorted(pods, key=lambda p: (p.namespace, p.name))
+
+    def slurm_nodes(self) -> dict[str, str]:
+        """Slinky: each running slurmd pod's Slurm node name -> the Kubernetes node it runs on
+        (spec.nodeName). Pods not yet scheduled are left out: they are no machine yet."""
+        self.last_warnings = []
+        items, _ = self._list("list slurmd pods", self.core.list_pod_for_all_namespaces,
+                              label_selector=SLINKY_POD_NAME_LABEL)
+        found: dict[str, str] = {}
+        for pod in items:
+            meta = pod.get("metadata") or {}
+            spec = pod.get("spec") or {}
+            node = spec.get("nodeName")
+            slurm = (meta.get("labels") or {}).get(SLINKY_POD_HOSTNAME_LABEL) \
+                or spec.get("hostname") or meta.get("name")
+            if node and slurm:
+                found[str(slurm)] = str(node)
+        return found
 
     # --- change feeds ---
 

@@ -19,3 +19,20 @@ def index_ranges(indices: Iterable[int]) -> str:
     if run:
         out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
     return ",".join(out)
+
+
+# SchedMD's slurm-operator (Slinky): each Slurm node is a slurmd pod of a NodeSet. Its pods carry
+# these labels (api/v1beta1 well-known labels); the Slurm node name is the pod's hostname
+# (label pod-hostname on current releases, else spec.hostname, else the pod's name).
+SLINKY_POD_NAME_LABEL = "nodeset.slinky.slurm.net/pod-name"
+SLINKY_POD_HOSTNAME_LABEL = "nodeset.slinky.slurm.net/pod-hostname"
+# The operator's own drains and DOWNs (a cordoned Kubernetes node, a pod terminating) carry
+# this prefix; it undoes them itself and leaves every other reason alone, as FleetWatch does.
+SLURM_OPERATOR_REASON_PREFIX = "slurm-operator:"
+
+
+def drained_by(reason: str) -> str:
+    """Who a Slurm reason says drained a node, in words for a person."""
+    if reason.startswith(SLURM_OPERATOR_REASON_PREFIX):
+        return "slurm-operator (its Kubernetes node is cordoned or its slurmd pod went away)"
+    return "an administrator"

@@ -687,6 +687,9 @@ class SimKubernetes(_SimClient):
                 if node["in_service"]
             ]
 
+    def slurm_nodes(self) -> None:
+        return None  # the simulated fleet's Slurm and Kubernetes names are the same
+
     def pods_on_node(self, node: str) -> list[K8sPod]:
         with self._state() as state:
             _node(state, node)

@@ -380,6 +380,14 @@ def _slurm(obs: Observation, facts: Facts) -> None:
     reason = str(f.get("reason") or "")
     t = obs.at.timestamp()
     shown = "+".join(sorted(tokens))
+    out = tokens & {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL"}
+    if p.NOT_RESPONDING in tokens and not out and reason \
+            and not reason.lower().startswith("not responding"):
+        # Back in service with the reason of its time out (Slurm 23.11+ keep it after a
+        # RESUME) and not yet pinged: 25.11 shows a node it just resumed as IDLE+NOT_RESPONDING
+        # until slurmctld's next ping. Not a node that stopped answering; one that really
+        # does is set DOWN ("Not responding") after SlurmdTimeout, and Kubernetes sees it too.
+        return
     if p.NOT_RESPONDING in tokens or ("DOWN" in tokens and reason.lower().startswith(
             "not responding")):
         facts.reach.append(ReachFact(obs.at, t, obs.node, "slurm", False,

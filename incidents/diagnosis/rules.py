@@ -30,7 +30,7 @@ import incidents.diagnosis.parsers as p
 from collectors.knowledge import dcgm
 from collectors.knowledge import xid as x
 from collectors.knowledge.causes import PLAYBOOK_FOR, RootCause
-from collectors.knowledge.slurm import index_ranges
+from collectors.knowledge.slurm import drained_by, index_ranges
 from incidents.diagnosis.facts import (
     Facts,
     JobFact,
@@ -535,8 +535,9 @@ class Engine:
         losses = [f for f in links if f.kind in ("down", "downed")]
         ticks = _densest(links, "recovery", RECOVERY_WINDOW_S)
         if drained and losses and drained[0] <= losses[0].t:
-            self.note("suppressed", f"{node}'s link went down after an administrator drained it "
-                      f"({drained[1]}): maintenance, not a fault", losses[0].at, nodes=(node,))
+            self.note("suppressed", f"{node}'s link went down after {drained_by(drained[1])} "
+                      f"drained it ({drained[1]}): maintenance, not a fault", losses[0].at,
+                      nodes=(node,))
             return
         gpu_t = self.gpu_nodes.get(node)
         if gpu_t is not None and losses and gpu_t - 1 <= losses[0].t <= gpu_t + LINK_AFTER_GPU_S:
@@ -641,8 +642,9 @@ class Engine:
                 continue
             drained = self.admin_drained.get(node)
             if drained and drained[0] <= first.t:
-                self.note("suppressed", f"{node} stopped answering after an administrator "
-                          f"drained it ({drained[1]})", first.at, nodes=(node,))
+                self.note("suppressed", f"{node} stopped answering after "
+                          f"{drained_by(drained[1])} drained it ({drained[1]})", first.at,
+                          nodes=(node,))
                 continue
             sources = sorted({r.source for r in down})
             t = first.t
@@ -780,6 +782,6 @@ def run(facts: Facts, topology: Mapping[str, Sequence[str]],
     engine.unreachable_nodes(reach)
     engine.job_failures()
     for at, node, reason in facts.admin_drains:
-        engine.note("suppressed", f"{node} drained by an administrator ({reason}): not a fault",
-                    at, nodes=(node,))
+        engine.note("suppressed", f"{node} drained by {drained_by(reason)} ({reason}): not a "
+                    "fault", at, nodes=(node,))
     return engine.diagnoses, engine.notes
