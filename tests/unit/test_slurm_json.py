@@ -393,3 +393,47 @@ def test_the_payload_is_not_changed_by_parsing() -> None:
     before = copy.deepcopy(payload)
     parse_jobs(payload)
     assert payload == before
+
+
+# --- real Slurm 25.11 answers (tests/fixtures/slurm/capture.py) ----------------------------------
+
+CAPTURED = FIXTURES / "25.11"
+NODE_ANSWERS = ["sinfo-N.json", "scontrol-show-nodes.json",
+                *[f"rest-v0.0.4{v}-nodes.json" for v in range(1, 5)]]
+JOB_ANSWERS = ["squeue-all-states.json", "scontrol-show-jobs.json",
+               *[f"rest-v0.0.4{v}-jobs.json" for v in range(1, 5)]]
+
+
+def captured(name: str) -> dict[str, Any]:
+    return json.loads((CAPTURED / name).read_text())
+
+
+@pytest.mark.parametrize("answer", NODE_ANSWERS)
+def test_real_25_11_node_answers_read_alike(answer: str) -> None:
+    nodes, warnings = parse_nodes(captured(answer))
+    assert warnings == []
+    assert [(n.name, n.state, n.flags, n.reason) for n in nodes] == [
+        ("gpu-001", "MIXED", (), ""), ("gpu-002", "MIXED", (), ""),
+        ("gpu-003", "IDLE", ("DRAIN",), "fleetwatch: incident 7 gpu_hardware"),
+        ("gpu-004", "IDLE", ("DRAIN",), "slurm-operator: Node is cordoned")]
+
+
+@pytest.mark.parametrize("answer", JOB_ANSWERS)
+def test_real_25_11_job_answers_read_alike_with_each_jobs_gpus(answer: str) -> None:
+    jobs, warnings = parse_jobs(captured(answer))
+    assert warnings == []
+    assert sorted((j.name, j.state, j.nodes, dict(j.gpus), j.restart_count) for j in jobs) == [
+        ("cancelled", "CANCELLED", ("gpu-003",), {}, 0),  # finished jobs are listed too
+        ("requeued", "PENDING", (), {}, 1),
+        ("shared-a", "RUNNING", ("gpu-001",), {"gpu-001": (0, 1)}, 0),
+        ("shared-b", "RUNNING", ("gpu-001",), {"gpu-001": (2, 3)}, 0),
+        ("whole", "RUNNING", ("gpu-002",), {"gpu-002": tuple(range(8))}, 0)]
+
+
+def test_real_25_11_grouped_sinfo_loses_reasons_so_it_is_never_asked_for() -> None:
+    # sinfo's summary records merge gpu-003 and gpu-004 (same state) under one reason: why
+    # FleetWatch reads per-node answers. Met anyway, it is still read per node.
+    nodes, _ = parse_nodes(captured("sinfo-grouped.json"))
+    assert sorted(n.name for n in nodes) == ["gpu-001", "gpu-002", "gpu-003", "gpu-004"]
+    assert {n.reason for n in nodes if n.name in ("gpu-003", "gpu-004")} == {
+        "fleetwatch: incident 7 gpu_hardware"}
