@@ -419,6 +419,7 @@ class SlurmCluster:
         """Kill the slurmstepd processes of this cluster (they carry its SLURM_CONF in their
         environment) and every process in their sessions: the jobs' scripts and children."""
         marker = f"SLURM_CONF={self.conf}".encode() + b"\0"
+        spool = f"{self.root}/spool/".encode()
         sessions: set[int] = set()
         stat: dict[int, int] = {}
         for entry in Path("/proc").iterdir():
@@ -430,6 +431,10 @@ class SlurmCluster:
                 stat[pid] = int(fields[3])  # the session id
                 if (entry / "comm").read_text().strip() == "slurmstepd" and \
                         marker in (entry / "environ").read_bytes():
+                    sessions.add(stat[pid])
+                elif spool in (entry / "cmdline").read_bytes():
+                    # A batch script of this cluster's (25.11's slurmstepd may be gone
+                    # already, leaving its job's session behind).
                     sessions.add(stat[pid])
             except (OSError, IndexError, ValueError):
                 continue
@@ -537,7 +542,7 @@ SwitchType=switch/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu
-TopologyPlugin=topology/tree
+{"TopologyPlugin=topology/tree" if self.leaves else "# no leaf switches: no topology plugin"}
 # Nodes that were DOWN come back on their own when slurmd registers again.
 ReturnToService=2
 RebootProgram={reboot}
