@@ -592,6 +592,7 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
         if keep_samples and sampled:
             samples.append(GpuSample(node_id=node_id, gpu_index=m.gpu, at=now,
                                      utilization=m.utilization, temperature=m.temperature))
+    drafts += _remapped_rows_drafts(cluster, answer, created, names)
     update_columns(Gpu, GPU_COLUMNS, rows)
     run.counts["gpus_changed"] = len(rows)
     GpuSample.objects.bulk_create(samples, batch_size=5000)
@@ -605,6 +606,40 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
         if node_id in touched and was != health:
             moved.append((node_id, health))
     update_columns(Node, ["health"], moved)
+    return drafts
+
+
+def _remapped_rows_drafts(cluster: Cluster, answer: dict[tuple[int, int], GpuMetric],
+                          created: set[tuple[int, int]], names: dict[int, str]
+                          ) -> list[SignalDraft]:
+    """Signals for the GPUs whose count of rows remapped for uncorrectable errors rose.
+
+    The client reads only the GPUs with a count above 0 (most have none), so this looks at a
+    handful. The count last recorded is the value of the GPU's latest signal for the field
+    (the Gpu table has no column for it); a GPU with none was at 0 if FleetWatch already knew
+    it (its series was left out as quiet), and is read for the first time (a baseline) if
+    its row is new this poll."""
+    counted = {key: m for key, m in answer.items() if m.uncorrectable_remapped_rows is not None}
+    if not counted:
+        return []
+    last: dict[tuple[str, int], float] = {}
+    recorded = Signal.objects.filter(
+        cluster=cluster, kind="dcgm_field", data__metric=dcgm.UNCORRECTABLE_REMAPPED_ROWS,
+        node_name__in=sorted({names[n] for n, _ in counted})
+    ).order_by("-observed_at", "-id").values_list("node_name", "gpu_index", "data")
+    for node_name, gpu_index, data in recorded.iterator():
+        value = data.get("value") if isinstance(data, dict) else None
+        if (gpu_index is not None and isinstance(value, int | float)
+                and not isinstance(value, bool)):
+            last.setdefault((node_name, gpu_index), float(value))
+    drafts = []
+    for key, m in counted.items():
+        previous = last.get((m.node, m.gpu))
+        if previous is None and key not in created:
+            previous = 0.0
+        draft = normalize.remapped_rows_change(previous, m)
+        if draft is not None:
+            drafts.append(draft)
     return drafts
 
 

@@ -74,6 +74,9 @@ def _fields(clock_field: str) -> list[Field]:
               lambda m: None if m.nvlink_errors is None else 0),
         Field(dcgm.ROW_REMAP_FAILURE, "gauge", "Whether remapping of rows has failed",
               lambda m: m.row_remap_failure),
+        Field(dcgm.UNCORRECTABLE_REMAPPED_ROWS, "counter",
+              "Number of remapped rows for uncorrectable errors",
+              lambda m: m.uncorrectable_remapped_rows),
     ]
 
 

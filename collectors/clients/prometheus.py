@@ -136,6 +136,7 @@ GPU_QUERIES = (
            keep=f">= {FIRST_SLOWDOWN_BIT}"),
     _Query("dbe_total", (dcgm.ECC_DBE_VOL_TOTAL,), keep="> 0"),
     _Query("row_remap_failure", (dcgm.ROW_REMAP_FAILURE,), keep="> 0"),
+    _Query("uncorrectable_remapped_rows", (dcgm.UNCORRECTABLE_REMAPPED_ROWS,), keep="> 0"),
     _Query("nvlink_errors", NVLINK_ERROR_COUNTERS, "sum", keep="> 0"),
     _Query("pcie_replays", (dcgm.PCIE_REPLAY_COUNTER,), keep="> 0"),
 )
@@ -540,7 +541,8 @@ class PrometheusTelemetry:
                 clock_event_reasons=g.get("clock_event_reasons", 0),
                 memory_temperature=g.get("memory_temperature"), dbe_total=g.get("dbe_total"),
                 row_remap_failure=g.get("row_remap_failure", 0),
-                nvlink_errors=g.get("nvlink_errors"), pcie_replays=g.get("pcie_replays"))
+                nvlink_errors=g.get("nvlink_errors"), pcie_replays=g.get("pcie_replays"),
+                uncorrectable_remapped_rows=g.get("uncorrectable_remapped_rows"))
             for (node, index), g in gpus.items()
         ]
         return _GpuRead(metrics, sampled, min(evaluated) if evaluated else None)

@@ -65,6 +65,8 @@ def _realistic(metric: GpuMetric) -> GpuMetric:
         dbe_total=metric.dbe_total if metric.dbe_total is not None else 0,
         nvlink_errors=metric.nvlink_errors if metric.nvlink_errors is not None else 0,
         pcie_replays=metric.pcie_replays if metric.pcie_replays is not None else 0,
+        uncorrectable_remapped_rows=metric.uncorrectable_remapped_rows
+        if metric.uncorrectable_remapped_rows is not None else 0,
         clock_event_reasons=metric.clock_event_reasons
         | (GPU_IDLE if metric.utilization == 0 else 0),  # idle clocks run down, and say why
     )
