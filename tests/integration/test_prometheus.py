@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from collectors.clients import Clients, prometheus
 from collectors.clients.base import ClientError, GpuMetric
@@ -280,6 +281,43 @@ def test_an_ip_instance_is_not_a_node(stack: Stack) -> None:
     assert client.gpu_metrics() == []  # no phantom node named 127.0.0.1
     assert any(" series skipped: their instance label is an IP address" in w for w in gpus)
     assert all("127.0.0.1" not in p.node for p in client.nic_ports())
+
+
+def test_the_shipped_relabelling_names_the_node_of_an_ip_target(stack: Stack,
+                                                                 tmp_path: Path) -> None:
+    """deploy/prometheus/relabel-node-name.yaml's Kubernetes rules in a real Prometheus: the
+    target is an IP address and its exporter prints no host label (node_exporter's case);
+    the pod's node, which Kubernetes service discovery would set (Debian's Prometheus is built
+    without it, so the target carries the same __meta labels), becomes Hostname."""
+    shipped = yaml.safe_load((ROOT / "deploy" / "prometheus" / "relabel-node-name.yaml")
+                             .read_text())
+    jobs = {job["job_name"]: job for job in shipped["scrape_configs"]}
+    exporter = SimExporter(stack.fleet.path, SPEED, hostname_label=None, instance_labels=False)
+    port = exporter.start()
+    meta = {"__meta_kubernetes_pod_node_name": "gpu-005",
+            "__meta_kubernetes_pod_label_app_kubernetes_io_name": "dcgm-exporter",
+            "__meta_kubernetes_pod_container_port_number": "9400"}
+    target = ScrapeTarget(f"127.0.0.1:{port}", "/nodes/gpu-005/metrics", meta,
+                          job="dcgm-exporter")
+    static = [ScrapeTarget(f"127.0.0.1:{port}", "/nodes/gpu-006/metrics",
+                           group.get("labels", {}) | {"Hostname": "gpu-006"},
+                           job="dcgm-exporter-static")
+              for group in jobs["dcgm-exporter-static"]["static_configs"][:1]]
+    prom = PrometheusServer(tmp_path / "prom", [target, *static], "1s", honor_labels=False,
+                            relabel={"dcgm-exporter": jobs["dcgm-exporter"]["relabel_configs"]})
+    try:
+        prom.start()
+        k8s = PrometheusTelemetry(prom.url, matchers='job="dcgm-exporter"')
+        gpus = wait_for(lambda: k8s.gpu_metrics(), 30, "the relabelled target scraped")
+        assert {m.node for m in gpus} == {"gpu-005"} and len(gpus) == 8
+        assert {p.node for p in k8s.nic_ports()} == {"gpu-005"}
+        assert k8s.last_warnings == []
+        labelled = PrometheusTelemetry(prom.url, matchers='job="dcgm-exporter-static"')
+        assert {m.node for m in wait_for(lambda: labelled.gpu_metrics(), 30,
+                                         "the static target scraped")} == {"gpu-006"}
+    finally:
+        prom.stop()
+        exporter.stop()
 
 
 # --- incremental polls: what collect_source reads after its first poll ----------------------
