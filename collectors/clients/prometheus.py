@@ -9,7 +9,9 @@
   jobs scraping one exporter (a ServiceMonitor and a PodMonitor, say) collapse into one GPU.
 - GPUs are merged by (node, gpu index). The node is the ``Hostname`` label dcgm-exporter
   prints (``hostname`` in some versions and relabelled setups), else the host part of the
-  ``instance`` label Prometheus adds. A GPU is reported when any of its fields is; a field with
+  ``instance`` label Prometheus adds, unless that is an IP address (Prometheus's default for
+  a target not relabelled): no node name, so such series are skipped and counted in one
+  warning rather than made into a node called 10.2.0.17. A GPU is reported when any of its fields is; a field with
   no series is ``None`` (or 0 for the XID, clock-reason and row-remap gauges, whose absence
   means nothing happened). A GPU with no data is never reported as failed by this client.
 - Staleness: an instant query sees only series with a sample in the last 5 minutes (the
@@ -57,6 +59,13 @@ first poll the client asks only for what is new:
   carry, never FleetWatch's), and which Prometheus it came from; no cursor, another
   Prometheus, or ``lookback`` set: every GPU and port is read, as ``gpu_metrics()`` and
   ``nic_ports()`` do.
+
+Fields not exported: dcgm-exporter's stock counters file leaves out several fields FleetWatch
+relies on (``dcgm.RELIED_ON``). One ``count by (__name__)`` query over the DCGM metric names,
+asked at most every ``FIELD_CHECK_INTERVAL`` seconds per Prometheus, names each missing one
+in ``last_warnings`` (the collector run's warnings, on the Sources page) with what is lost;
+the source stays usable. No DCGM series at all says nothing here (no exporter at all shows
+as no GPUs).
 
 Errors: Prometheus unreachable, a timeout or a 5xx answer raise ``ClientError`` (transient,
 after ``urllib3`` retries with backoff); a query Prometheus rejects (400/422), a wrong URL
