@@ -11,9 +11,9 @@
   prints (``hostname`` in some versions and relabelled setups), else the host part of the
   ``instance`` label Prometheus adds, unless that is an IP address (Prometheus's default for
   a target not relabelled): no node name, so such series are skipped and counted in one
-  warning rather than made into a node called 10.2.0.17. A GPU is reported when any of its fields is; a field with
-  no series is ``None`` (or 0 for the XID, clock-reason and row-remap gauges, whose absence
-  means nothing happened). A GPU with no data is never reported as failed by this client.
+  warning rather than made into a node called 10.2.0.17. A GPU is reported when any of its
+  fields is; a field with no series is ``None`` (or 0 for the XID, clock-reason and row-remap
+  gauges, whose absence means nothing happened). A GPU with no data is never reported as failed by this client.
 - Staleness: an instant query sees only series with a sample in the last 5 minutes (the
   server's ``--query.lookback-delta``), and none at all of a series that vanished from its
   target's page or whose target stopped answering (Prometheus writes staleness markers). A GPU
