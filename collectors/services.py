@@ -592,7 +592,7 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
         if keep_samples and sampled:
             samples.append(GpuSample(node_id=node_id, gpu_index=m.gpu, at=now,
                                      utilization=m.utilization, temperature=m.temperature))
-    drafts += _remapped_rows_drafts(cluster, answer, created, names)
+    drafts += _remapped_rows_drafts(cluster, answer, created, names, run)
     update_columns(Gpu, GPU_COLUMNS, rows)
     run.counts["gpus_changed"] = len(rows)
     GpuSample.objects.bulk_create(samples, batch_size=5000)
@@ -609,17 +609,25 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
     return drafts
 
 
+# The telemetry run count of GPUs with rows remapped for uncorrectable errors; its presence
+# on an earlier run says FleetWatch read the field before.
+REMAPPED_ROWS_COUNT = "remapped_rows"
+
+
 def _remapped_rows_drafts(cluster: Cluster, answer: dict[tuple[int, int], GpuMetric],
-                          created: set[tuple[int, int]], names: dict[int, str]
-                          ) -> list[SignalDraft]:
+                          created: set[tuple[int, int]], names: dict[int, str],
+                          run: RunLog) -> list[SignalDraft]:
     """Signals for the GPUs whose count of rows remapped for uncorrectable errors rose.
 
     The client reads only the GPUs with a count above 0 (most have none), so this looks at a
     handful. The count last recorded is the value of the GPU's latest signal for the field
-    (the Gpu table has no column for it); a GPU with none was at 0 if FleetWatch already knew
-    it (its series was left out as quiet), and is read for the first time (a baseline) if
-    its row is new this poll."""
+    (the Gpu table has no column for it). A GPU with none was at 0 (its series was left out
+    as quiet) if FleetWatch already knew it and an earlier run read the field (its run
+    counts say ``remapped_rows``); otherwise this is its first reading, a baseline: a GPU
+    new this poll, or every GPU on the first poll after an upgrade to a FleetWatch that reads
+    the field, whose rows may have been remapped long ago."""
     counted = {key: m for key, m in answer.items() if m.uncorrectable_remapped_rows is not None}
+    run.counts[REMAPPED_ROWS_COUNT] = len(counted)
     if not counted:
         return []
     last: dict[tuple[str, int], float] = {}
@@ -632,11 +640,16 @@ def _remapped_rows_drafts(cluster: Cluster, answer: dict[tuple[int, int], GpuMet
         if (gpu_index is not None and isinstance(value, int | float)
                 and not isinstance(value, bool)):
             last.setdefault((node_name, gpu_index), float(value))
+    read_before: bool | None = None  # asked only when a GPU has no recorded count
     drafts = []
     for key, m in counted.items():
         previous = last.get((m.node, m.gpu))
         if previous is None and key not in created:
-            previous = 0.0
+            if read_before is None:
+                read_before = CollectorRun.objects.filter(
+                    cluster=cluster, source="telemetry",
+                    counts__has_key=REMAPPED_ROWS_COUNT).exists()
+            previous = 0.0 if read_before else None
         draft = normalize.remapped_rows_change(previous, m)
         if draft is not None:
             drafts.append(draft)

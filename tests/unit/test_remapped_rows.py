@@ -15,7 +15,7 @@ from collectors import services as collectors
 from collectors.clients import Clients, get_clients
 from collectors.clients.base import GpuMetric, TelemetryChanges
 from collectors.knowledge import dcgm
-from collectors.models import Signal
+from collectors.models import CollectorRun, Signal
 from collectors.normalize import SignalDraft, remapped_rows_change
 from collectors.sim.fleet import SimFleet, SimTelemetry
 from incidents.diagnosis import Observation, diagnose
@@ -89,3 +89,23 @@ def test_a_poll_signals_a_rise_once_and_a_count_found_at_first_sight_is_a_baseli
         ("gpu-001", 0, 5.0, 4.0), ("gpu-006", 3, 1.0, 0.0)]
     collectors.collect_source("telemetry", clients=clients)
     assert len(recorded()) == 3
+
+
+@pytest.mark.django_db
+def test_counts_found_on_the_first_poll_after_an_upgrade_are_baselines(
+        sim_fleet: SimFleet) -> None:
+    base = get_clients()
+    telemetry = Rows(sim_fleet)
+    clients = Clients(base.slurm, base.kubernetes, telemetry, base.provider, base.notifier)
+    telemetry.rows = {}
+    collectors.collect_source("telemetry", clients=clients)
+    # Those runs were a FleetWatch that did not read the field: its GPUs are known, and one
+    # had rows remapped long ago.
+    CollectorRun.objects.all().delete()
+    telemetry.rows = {("gpu-002", 1): 3.0}
+    collectors.collect_source("telemetry", clients=clients)
+    [(node, gpu, data)] = Signal.objects.filter(kind="dcgm_field").values_list(
+        "node_name", "gpu_index", "data")
+    assert (node, gpu, data) == ("gpu-002", 1, {"metric": dcgm.UNCORRECTABLE_REMAPPED_ROWS,
+                                                "value": 3.0})
+    assert not collectors.collect_source("telemetry", clients=clients).signal_ids
