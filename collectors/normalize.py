@@ -139,6 +139,24 @@ def gpu_changes(previous: GpuSeen, now: GpuMetric) -> list[SignalDraft]:
     return drafts
 
 
+def remapped_rows_change(previous: float | None, now: GpuMetric) -> SignalDraft | None:
+    """DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS as an event (dcgm-exporter's stock counters
+    file exports it, unlike the row-remap failure flag). ``previous``: the count last
+    recorded, None when none is (the first reading: a baseline, which diagnosis reads as no
+    fault, since the rows may have been remapped long ago). A rise is an uncorrectable memory
+    error: the same ``dcgm_field`` signal as a double-bit ECC rise, with the count before it."""
+    value = now.uncorrectable_remapped_rows
+    if value is None or (previous is not None and value <= previous):
+        return None
+    where = f"{now.node} GPU {now.gpu}"
+    if previous is None:
+        return _dcgm(now, dcgm.UNCORRECTABLE_REMAPPED_ROWS, value,
+                     f"{value:g} rows remapped for uncorrectable errors on {where} (first reading)")
+    return _dcgm(now, dcgm.UNCORRECTABLE_REMAPPED_ROWS, value,
+                 f"rows remapped for uncorrectable errors {previous:g} -> {value:g} on {where}",
+                 previous=previous)
+
+
 def nic_changes(previous: dict[str, object] | None, now: NicPort) -> list[SignalDraft]:
     """One port's changes since its last reading (``None``: the first reading, a baseline)."""
     if previous is None:

@@ -620,6 +620,7 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
         if keep_samples and sampled:
             samples.append(GpuSample(node_id=node_id, gpu_index=m.gpu, at=now,
                                      utilization=m.utilization, temperature=m.temperature))
+    drafts += _remapped_rows_drafts(cluster, answer, created, names, run)
     update_columns(Gpu, GPU_COLUMNS, rows)
     run.counts["gpus_changed"] = len(rows)
     GpuSample.objects.bulk_create(samples, batch_size=5000)
@@ -633,6 +634,53 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
         if node_id in touched and was != health:
             moved.append((node_id, health))
     update_columns(Node, ["health"], moved)
+    return drafts
+
+
+# The telemetry run count of GPUs with rows remapped for uncorrectable errors; its presence
+# on an earlier run says FleetWatch read the field before.
+REMAPPED_ROWS_COUNT = "remapped_rows"
+
+
+def _remapped_rows_drafts(cluster: Cluster, answer: dict[tuple[int, int], GpuMetric],
+                          created: set[tuple[int, int]], names: dict[int, str],
+                          run: RunLog) -> list[SignalDraft]:
+    """Signals for the GPUs whose count of rows remapped for uncorrectable errors rose.
+
+    The client reads only the GPUs with a count above 0 (most have none), so this looks at a
+    handful. The count last recorded is the value of the GPU's latest signal for the field
+    (the Gpu table has no column for it). A GPU with none was at 0 (its series was left out
+    as quiet) if FleetWatch already knew it and an earlier run read the field (its run
+    counts say ``remapped_rows``); otherwise this is its first reading, a baseline: a GPU
+    new this poll, or every GPU on the first poll after an upgrade to a FleetWatch that reads
+    the field, whose rows may have been remapped long ago."""
+    counted = {key: m for key, m in answer.items() if m.uncorrectable_remapped_rows is not None}
+    run.counts[REMAPPED_ROWS_COUNT] = len(counted)
+    if not counted:
+        return []
+    last: dict[tuple[str, int], float] = {}
+    recorded = Signal.objects.filter(
+        cluster=cluster, kind="dcgm_field", data__metric=dcgm.UNCORRECTABLE_REMAPPED_ROWS,
+        node_name__in=sorted({names[n] for n, _ in counted})
+    ).order_by("-observed_at", "-id").values_list("node_name", "gpu_index", "data")
+    for node_name, gpu_index, data in recorded.iterator():
+        value = data.get("value") if isinstance(data, dict) else None
+        if (gpu_index is not None and isinstance(value, int | float)
+                and not isinstance(value, bool)):
+            last.setdefault((node_name, gpu_index), float(value))
+    read_before: bool | None = None  # asked only when a GPU has no recorded count
+    drafts = []
+    for key, m in counted.items():
+        previous = last.get((m.node, m.gpu))
+        if previous is None and key not in created:
+            if read_before is None:
+                read_before = CollectorRun.objects.filter(
+                    cluster=cluster, source="telemetry",
+                    counts__has_key=REMAPPED_ROWS_COUNT).exists()
+            previous = 0.0 if read_before else None
+        draft = normalize.remapped_rows_change(previous, m)
+        if draft is not None:
+            drafts.append(draft)
     return drafts
 
 

@@ -111,6 +111,10 @@ class GpuMetric:
     nvlink_errors: float | None = None  # DCGM_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL, summed
     pcie_replays: float | None = None  # DCGM_FI_DEV_PCIE_REPLAY_COUNTER
     model: str = ""  # the modelName label
+    # DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS (a running total; None: not reported, or 0 where
+    # a query leaves the quiet GPUs out): its rise is an uncorrectable memory error, the
+    # memory-fault signal where the exporter does not export the row-remap failure flag.
+    uncorrectable_remapped_rows: float | None = None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ the exporters' own output:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from collectors.clients.base import GpuMetric, NicPort
@@ -74,6 +74,9 @@ def _fields(clock_field: str) -> list[Field]:
               lambda m: None if m.nvlink_errors is None else 0),
         Field(dcgm.ROW_REMAP_FAILURE, "gauge", "Whether remapping of rows has failed",
               lambda m: m.row_remap_failure),
+        Field(dcgm.UNCORRECTABLE_REMAPPED_ROWS, "counter",
+              "Number of remapped rows for uncorrectable errors",
+              lambda m: m.uncorrectable_remapped_rows),
     ]
 
 
@@ -151,6 +154,7 @@ def render_dcgm(
     instance_port: int | None = None,
     pods: Mapping[tuple[str, int], Mapping[str, str]] | None = None,
     timestamps: Mapping[str, float] | None = None,
+    fields: Collection[str] | None = None,
 ) -> str:
     """dcgm-exporter's ``/metrics`` page for these GPUs.
 
@@ -165,6 +169,8 @@ def render_dcgm(
     none (Prometheus stamps each sample with its scrape); a test uses it to say when a node
     was last scraped: Prometheus stores one sample per timestamp, so a node whose time does
     not move has no new sample, as between two scrapes 15 s apart.
+    ``fields``: print only these fields, as an exporter whose counters file lists them does
+    (None: every field FleetWatch reads).
     """
     labels = {
         (m.node, m.gpu): format_labels(gpu_labels(
@@ -175,6 +181,8 @@ def render_dcgm(
     }
     out: list[str] = []
     for field in _fields(clock_field):
+        if fields is not None and field.name not in fields:
+            continue
         lines = []
         for m in metrics:
             value = field.value(m)

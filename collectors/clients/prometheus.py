@@ -9,9 +9,11 @@
   jobs scraping one exporter (a ServiceMonitor and a PodMonitor, say) collapse into one GPU.
 - GPUs are merged by (node, gpu index). The node is the ``Hostname`` label dcgm-exporter
   prints (``hostname`` in some versions and relabelled setups), else the host part of the
-  ``instance`` label Prometheus adds. A GPU is reported when any of its fields is; a field with
-  no series is ``None`` (or 0 for the XID, clock-reason and row-remap gauges, whose absence
-  means nothing happened). A GPU with no data is never reported as failed by this client.
+  ``instance`` label Prometheus adds, unless that is an IP address (Prometheus's default for
+  a target not relabelled): no node name, so such series are skipped and counted in one
+  warning rather than made into a node called 10.2.0.17. A GPU is reported when any of its
+  fields is; a field with no series is ``None`` (or 0 for the XID, clock-reason and row-remap
+  gauges, whose absence means nothing happened). A GPU with no data is never reported as failed by this client.
 - Staleness: an instant query sees only series with a sample in the last 5 minutes (the
   server's ``--query.lookback-delta``), and none at all of a series that vanished from its
   target's page or whose target stopped answering (Prometheus writes staleness markers). A GPU
@@ -58,6 +60,13 @@ first poll the client asks only for what is new:
   Prometheus, or ``lookback`` set: every GPU and port is read, as ``gpu_metrics()`` and
   ``nic_ports()`` do.
 
+Fields not exported: dcgm-exporter's stock counters file leaves out several fields FleetWatch
+relies on (``dcgm.RELIED_ON``). One ``count by (__name__)`` query over the DCGM metric names,
+asked at most every ``FIELD_CHECK_INTERVAL`` seconds per Prometheus, names each missing one
+in ``last_warnings`` (the collector run's warnings, on the Sources page) with what is lost;
+the source stays usable. No DCGM series at all says nothing here (no exporter at all shows
+as no GPUs).
+
 Errors: Prometheus unreachable, a timeout or a 5xx answer raise ``ClientError`` (transient,
 after ``urllib3`` retries with backoff); a query Prometheus rejects (400/422), a wrong URL
 (404) or refused credentials (401/403) raise ``ClientError(permanent=True)``. A series with a
@@ -71,6 +80,7 @@ import ipaddress
 import json
 import math
 import re
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -135,6 +145,7 @@ GPU_QUERIES = (
            keep=f">= {FIRST_SLOWDOWN_BIT}"),
     _Query("dbe_total", (dcgm.ECC_DBE_VOL_TOTAL,), keep="> 0"),
     _Query("row_remap_failure", (dcgm.ROW_REMAP_FAILURE,), keep="> 0"),
+    _Query("uncorrectable_remapped_rows", (dcgm.UNCORRECTABLE_REMAPPED_ROWS,), keep="> 0"),
     _Query("nvlink_errors", NVLINK_ERROR_COUNTERS, "sum", keep="> 0"),
     _Query("pcie_replays", (dcgm.PCIE_REPLAY_COUNTER,), keep="> 0"),
 )
@@ -171,6 +182,12 @@ SCRAPE_LAG = 2.0
 NIC_CHANGE_WINDOW = 300.0
 NIC_CHANGE_SLACK = 120.0
 PRESENCE_NODES_PER_QUERY = 200  # nodes per regex when listing a node's GPUs (URL length)
+# The relied-on DCGM fields are checked at most this often (seconds): an exporter's counters
+# file changes with a redeploy, not between two polls.
+FIELD_CHECK_INTERVAL = 300.0
+DCGM_NAME_PATTERN = "DCGM_FI_.+"
+# Prometheus (url and matchers) -> (monotonic time of the check, its warnings).
+_FIELD_CHECKS: dict[str, tuple[float, list[str]]] = {}
 
 
 class _GpuRead(NamedTuple):
@@ -179,19 +196,32 @@ class _GpuRead(NamedTuple):
     evaluated_at: float | None  # the earliest evaluation time of the reading queries
 
 
-def node_from_instance(instance: str) -> str:
+def node_from_instance(instance: str) -> str | None:
     """``gpu-003:9400`` -> ``gpu-003``; ``gpu-003.dc1.example.com:9400`` -> ``gpu-003`` (Slurm
-    and Kubernetes use short names); an IP address stays whole; ``[::1]:9400`` -> ``::1``."""
+    and Kubernetes use short names). An IP address (``10.1.2.3:9100``, ``[fd00::3]:9400``:
+    what Prometheus puts in ``instance`` unless relabelled, node_exporter's series have no
+    other host label) is no node name: None, so no phantom node is made of it."""
     host = instance.strip()
     if host.startswith("["):
         host = host[1:].split("]", 1)[0]
     elif host.count(":") == 1:
         host = host.rsplit(":", 1)[0]
+    if not host:
+        return None
     try:
         ipaddress.ip_address(host)
-        return host
+        return None
     except ValueError:
         return host.split(".", 1)[0]
+
+
+def _ip_instance(labels: object) -> bool:
+    """Whether a series' only host label is an ``instance`` holding an IP address."""
+    if not isinstance(labels, dict) or any(labels.get(k) for k in NODE_LABELS):
+        return False
+    instance = labels.get("instance")
+    return isinstance(instance, str) and bool(instance.strip()) \
+        and node_from_instance(instance) is None
 
 
 def promql_string(value: str) -> str:
@@ -228,6 +258,8 @@ class _Warnings:
 
     items: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    # Series skipped because their node is an IP:port instance: one warning for them all.
+    ip_instances: int = 0
 
     def add(self, query: str, message: str) -> None:
         n = self.counts[query] = self.counts.get(query, 0) + 1
@@ -238,6 +270,11 @@ class _Warnings:
         for query, n in self.counts.items():
             if n > MAX_WARNINGS_PER_QUERY:
                 self.items.append(f"{query}: {n - MAX_WARNINGS_PER_QUERY} more series skipped")
+        if self.ip_instances:
+            self.items.append(
+                f"{self.ip_instances} series skipped: their instance label is an IP address "
+                "and they carry no Hostname label, so their node is unknown (relabel them with "
+                "the node's name: deploy/prometheus/relabel-node-name.yaml)")
         return self.items
 
 
@@ -367,6 +404,31 @@ class PrometheusTelemetry:
             return node_from_instance(labels["instance"])
         return None
 
+    def _field_warnings(self) -> list[str]:
+        """One warning per relied-on DCGM field the exporter does not export (its stock
+        counters file leaves several out), from one query for the DCGM metric names,
+        re-asked at most every FIELD_CHECK_INTERVAL seconds (the client is built per run, so
+        the answer is kept per Prometheus and matchers). No DCGM series at all: no exporter,
+        which the empty readings already show; nothing said here."""
+        key = f"{self.url} {self.matchers}"
+        now = time.monotonic()
+        cached = _FIELD_CHECKS.get(key)
+        if cached is not None and now - cached[0] < FIELD_CHECK_INTERVAL:
+            return cached[1]
+        expr = self._exported_fields_expr()
+        names = {s["metric"]["__name__"] for s in self._query(expr)
+                 if isinstance(s, dict) and isinstance(s.get("metric"), dict)
+                 and isinstance(s["metric"].get("__name__"), str)}
+        warnings = ([dcgm.missing_field_warning(name) for name in dcgm.missing_fields(names)]
+                    if names else [])
+        _FIELD_CHECKS[key] = (now, warnings)
+        return warnings
+
+    def _exported_fields_expr(self) -> str:
+        # One series per metric name: a few dozen in the answer, whatever the fleet's size.
+        matchers = ", ".join(m for m in (f'__name__=~"{DCGM_NAME_PATTERN}"', self.matchers) if m)
+        return f"count by (__name__) ({{{matchers}}})"
+
     def _samples(self, expr: str, series: Iterable[Any], warnings: _Warnings,
                  key_labels: Sequence[str], blanks: list[tuple[str, dict[str, str]]] | None = None
                  ) -> Iterator[tuple[str, dict[str, str], float]]:
@@ -409,6 +471,9 @@ class PrometheusTelemetry:
             return None
         node = self._node(labels) if isinstance(labels, dict) else None
         missing = [k for k in key_labels if not isinstance(labels, dict) or not labels.get(k)]
+        if node is None and _ip_instance(labels):
+            warnings.ip_instances += 1
+            return None
         if node is None or missing:
             what = ", ".join(missing) if node else "Hostname, hostname or instance"
             warnings.add(expr, f"{expr}: series without {what} skipped: {_excerpt(s)}")
@@ -425,6 +490,7 @@ class PrometheusTelemetry:
         return node, labels, value
 
     def gpu_metrics(self) -> list[GpuMetric]:
+        self._warnings["fields"] = self._field_warnings()
         warnings = _Warnings()
         read = self._gpu_read(None, warnings)
         self._warnings["gpu_metrics"] = warnings.finish()
@@ -484,7 +550,8 @@ class PrometheusTelemetry:
                 clock_event_reasons=g.get("clock_event_reasons", 0),
                 memory_temperature=g.get("memory_temperature"), dbe_total=g.get("dbe_total"),
                 row_remap_failure=g.get("row_remap_failure", 0),
-                nvlink_errors=g.get("nvlink_errors"), pcie_replays=g.get("pcie_replays"))
+                nvlink_errors=g.get("nvlink_errors"), pcie_replays=g.get("pcie_replays"),
+                uncorrectable_remapped_rows=g.get("uncorrectable_remapped_rows"))
             for (node, index), g in gpus.items()
         ]
         return _GpuRead(metrics, sampled, min(evaluated) if evaluated else None)
@@ -634,6 +701,7 @@ class PrometheusTelemetry:
         """What changed since the poll that returned ``cursor`` (see the module docstring).
         ``watch``: nodes whose GPUs to list in ``present`` on an incremental poll."""
         source = f"{self.url} {self.matchers}".strip()
+        self._warnings["fields"] = self._field_warnings()
         since: float | None = None
         if cursor and cursor.get("source") == source and not self.lookback:
             try:

@@ -24,6 +24,7 @@ ECC_DBE_VOL_TOTAL: Final = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
 ECC_DBE_AGG_TOTAL: Final = "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"
 UNCORRECTABLE_REMAPPED_ROWS: Final = "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
 ROW_REMAP_FAILURE: Final = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
+CORRECTABLE_REMAPPED_ROWS: Final = "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"
 PCIE_REPLAY_COUNTER: Final = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
 NVLINK_CRC_FLIT_ERRORS: Final = "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"
 NVLINK_CRC_DATA_ERRORS: Final = "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"
@@ -47,6 +48,7 @@ PROF_PIPE_TENSOR_ACTIVE: Final = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
 PROF_DRAM_ACTIVE: Final = "DCGM_FI_PROF_DRAM_ACTIVE"
 PROF_PCIE_TX_BYTES: Final = "DCGM_FI_PROF_PCIE_TX_BYTES"
 PROF_PCIE_RX_BYTES: Final = "DCGM_FI_PROF_PCIE_RX_BYTES"
+NVLINK_BANDWIDTH_TOTAL: Final = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"
 
 # --- groups ---------------------------------------------------------------------------------
 
@@ -70,6 +72,74 @@ IDLE_FIELDS: Final = (
 FAULT_FIELDS: Final = (XID_ERRORS, ROW_REMAP_FAILURE, *CLOCK_REASONS, *TEMPERATURES,
                        *MEMORY_COUNTERS)
 assert not set(IDLE_FIELDS) & set(FAULT_FIELDS)
+
+# --- what FleetWatch relies on --------------------------------------------------------------
+
+# Each field FleetWatch reads, and what is lost when the exporter does not export it.
+# dcgm-exporter's stock etc/default-counters.csv leaves several of them out (the ECC, NVLink
+# error, clock-event and row-remap-failure fields), so an exporter installed with its defaults
+# is blind to those faults; deploy/dcgm-exporter/counters.csv exports them all, and the
+# Prometheus client names each missing one on the Sources page.
+RELIED_ON: Final = MappingProxyType({
+    XID_ERRORS: "XID errors (GPU faults, GPUs off the bus) will not be seen",
+    GPU_UTIL: "GPU utilisation will not be shown and a GPU off the bus may be missed",
+    GPU_TEMP: "GPU temperatures will not be shown and thermal slowdowns cannot be confirmed",
+    CLOCKS_EVENT_REASONS: "thermal and power slowdowns will not be seen",
+    ECC_DBE_VOL_TOTAL: "double-bit ECC faults will not be seen",
+    ROW_REMAP_FAILURE: ("a failed row remap (no spare rows left) will not be seen; a rise in "
+                        f"{UNCORRECTABLE_REMAPPED_ROWS} is read as the memory fault instead"),
+    UNCORRECTABLE_REMAPPED_ROWS: "rows remapped after uncorrectable memory errors will not be seen",
+    PCIE_REPLAY_COUNTER: "PCIe replays (a degrading PCIe link) will not be seen",
+    NVLINK_CRC_FLIT_ERRORS: "NVLink flow-control CRC errors will not be seen",
+    NVLINK_CRC_DATA_ERRORS: "NVLink data CRC errors will not be seen",
+    NVLINK_REPLAY_ERRORS: "NVLink replays will not be seen",
+    NVLINK_RECOVERY_ERRORS: "NVLink recovery errors will not be seen",
+})
+# Another name that serves as a relied-on field: an exporter older than DCGM 3.2 prints the
+# clock-event reasons under their throttle name.
+ALSO_SERVED_BY: Final = MappingProxyType({CLOCKS_EVENT_REASONS: (CLOCK_THROTTLE_REASONS,)})
+
+
+def missing_fields(exported: set[str] | frozenset[str]) -> list[str]:
+    """The relied-on fields (in ``RELIED_ON`` order) that none of ``exported`` serves."""
+    return [name for name in RELIED_ON
+            if name not in exported
+            and not any(alt in exported for alt in ALSO_SERVED_BY.get(name, ()))]
+
+
+def missing_field_warning(name: str) -> str:
+    return f"{name} not exported: {RELIED_ON[name]}"
+
+
+# The fields dcgm-exporter exports when installed with its stock etc/default-counters.csv
+# (3.x and 4.x; the simulated exporter's ``--counters default``). It leaves out the ECC and
+# NVLink error counters, the clock-event reasons and the row-remap failure flag.
+EXPORTER_DEFAULT_FIELDS: Final = (
+    SM_CLOCK, MEM_CLOCK, MEMORY_TEMP, GPU_TEMP, POWER_USAGE, TOTAL_ENERGY_CONSUMPTION,
+    PCIE_REPLAY_COUNTER, GPU_UTIL, MEM_COPY_UTIL, ENC_UTIL, DEC_UTIL, XID_ERRORS, FB_FREE,
+    FB_USED, NVLINK_BANDWIDTH_TOTAL, UNCORRECTABLE_REMAPPED_ROWS, CORRECTABLE_REMAPPED_ROWS,
+    PROF_GR_ENGINE_ACTIVE, PROF_PIPE_TENSOR_ACTIVE, PROF_DRAM_ACTIVE, PROF_PCIE_TX_BYTES,
+    PROF_PCIE_RX_BYTES,
+)
+
+
+def counters_csv_fields(text: str) -> list[str]:
+    """The field names a dcgm-exporter counters file exports: one ``NAME, type, help`` per
+    line; blank lines and ``#`` comments (commented-out fields) export nothing. A line that
+    is not of that form raises ValueError naming it (dcgm-exporter refuses such a file too)."""
+    names = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = [p.strip() for p in line.split(",", 2)]
+        if len(parts) < 3 or not parts[0].startswith("DCGM_") or parts[1] not in (
+                "gauge", "counter", "label"):
+            raise ValueError(f"line {number} is not 'DCGM_FI_NAME, gauge|counter, help': "
+                             f"{line[:200]!r}")
+        names.append(parts[0])
+    return names
+
 
 # --- clock-event reason bits (DCGM_FI_DEV_CLOCKS_EVENT_REASONS, nvmlClocksEventReasons) -------
 

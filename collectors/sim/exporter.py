@@ -16,6 +16,9 @@ Pages:
   ``SimExporter(..., node=name)`` serves that page as ``/metrics`` on its own port.
 
 Run it: ``python -m collectors.sim.exporter --state PATH [--speed 20] --port 9400``.
+``--counters PATH`` exports only the fields a dcgm-exporter counters file lists
+(deploy/dcgm-exporter/counters.csv, say); ``--counters default`` only those of dcgm-exporter's
+stock default set, which leaves out several fields FleetWatch relies on.
 It needs no Django settings (the simulator imports none).
 """
 
@@ -26,6 +29,7 @@ import logging
 import random
 import re
 import threading
+from collections.abc import Collection
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -35,6 +39,7 @@ from collectors.clients.exposition import (
     render_dcgm,
     render_node_infiniband,
 )
+from collectors.knowledge import dcgm
 from collectors.knowledge.dcgm import CLOCK_THROTTLE_REASONS, CLOCKS_EVENT_REASONS, GPU_IDLE
 from collectors.sim.fleet import SimFleet, SimTelemetry
 
@@ -44,6 +49,18 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DCGM_PORT = 9400  # dcgm-exporter's default port, used in the instance labels
 NODE_EXPORTER_PORT = 9100
 NODE_PATH = re.compile(r"^/nodes/(?P<node>[A-Za-z0-9._-]+)/metrics/?$")
+
+
+def counters_set(spec: str) -> frozenset[str]:
+    """The DCGM fields an exporter exports: ``default`` (dcgm-exporter's stock
+    default-counters.csv) or the path of a counters file. A file that cannot be read or
+    parsed raises ValueError naming it."""
+    if spec == "default":
+        return frozenset(dcgm.EXPORTER_DEFAULT_FIELDS)
+    try:
+        return frozenset(dcgm.counters_csv_fields(Path(spec).read_text()))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"counters file {spec}: {exc}") from exc
 
 
 def _realistic(metric: GpuMetric) -> GpuMetric:
@@ -65,6 +82,8 @@ def _realistic(metric: GpuMetric) -> GpuMetric:
         dbe_total=metric.dbe_total if metric.dbe_total is not None else 0,
         nvlink_errors=metric.nvlink_errors if metric.nvlink_errors is not None else 0,
         pcie_replays=metric.pcie_replays if metric.pcie_replays is not None else 0,
+        uncorrectable_remapped_rows=metric.uncorrectable_remapped_rows
+        if metric.uncorrectable_remapped_rows is not None else 0,
         clock_event_reasons=metric.clock_event_reasons
         | (GPU_IDLE if metric.utilization == 0 else 0),  # idle clocks run down, and say why
     )
@@ -85,7 +104,9 @@ class SimExporter:
         kubernetes: bool = False,
         node: str | None = None,
         instance_labels: bool = True,
+        counters: Collection[str] | None = None,
     ) -> None:
+        """``counters``: the DCGM fields to export (see ``counters_set``); None: all."""
         self.fleet = SimFleet(Path(state_path), speed)
         self.telemetry = SimTelemetry(self.fleet)
         self.host, self.port = host, port
@@ -94,6 +115,7 @@ class SimExporter:
         self.kubernetes = kubernetes
         self.node = node
         self.instance_labels = instance_labels
+        self.counters = None if counters is None else frozenset(counters)
         self.scrapes = 0  # pages served, for tests and the log
         # For tests: GPUs the exporter no longer prints (the driver lost them: dcgm-exporter
         # stops emitting their series), and nodes whose GPU samples carry a fixed time (no new
@@ -115,7 +137,7 @@ class SimExporter:
         pods = self._pods(gpus) if self.kubernetes else None
         return (render_dcgm(gpus, self.hostname_label, clock_field=self.clock_field,
                             instance_port=DCGM_PORT if combined else None, pods=pods,
-                            timestamps=dict(self.sample_times))
+                            timestamps=dict(self.sample_times), fields=self.counters)
                 + render_node_infiniband(ports,
                                          instance_port=NODE_EXPORTER_PORT if combined else None))
 
@@ -222,7 +244,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--node", help="serve only this node's page at /metrics")
     parser.add_argument("--no-instance-labels", action="store_true",
                         help="do not label the combined page's series with instance")
+    parser.add_argument("--counters", metavar="PATH",
+                        help="export only the fields of this dcgm-exporter counters file, or "
+                             "'default' for dcgm-exporter's stock default set")
     args = parser.parse_args(argv)
+    try:
+        counters = None if args.counters is None else counters_set(args.counters)
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     exporter = SimExporter(
         args.state, args.speed, args.port, host=args.host,
@@ -230,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
         clock_field=CLOCK_THROTTLE_REASONS if args.clock_field == "throttle"
         else CLOCKS_EVENT_REASONS,
         kubernetes=args.kubernetes, node=args.node,
-        instance_labels=not args.no_instance_labels)
+        instance_labels=not args.no_instance_labels, counters=counters)
     port = exporter.start()
     log.info("serving %s at http://%s:%d/metrics", args.state, args.host, port)
     try:

@@ -279,6 +279,7 @@ class Tsdb:
 
     def __init__(self, fleet: Fleet, client: Any) -> None:
         from collectors.clients import prometheus as p
+        from collectors.knowledge import dcgm
 
         self.fleet = fleet
         self.full: dict[str, Callable[[], list[Series]]] = {}
@@ -287,6 +288,8 @@ class Tsdb:
             self.full[client._instant_expr(query, group)] = self._full_gpu(query)
         for query in p.NIC_QUERIES:
             self.full[client._instant_expr(query, p.NIC_GROUP)] = self._full_nic(query.attr)
+        self.fields_expr = client._exported_fields_expr()
+        self.exported = sorted(dcgm.RELIED_ON)
 
     def answer(self, expr: str, at: float | None = None) -> str:
         """The answer to an instant query evaluated at ``at`` (now if None): only the
@@ -300,6 +303,11 @@ class Tsdb:
             return self._vector(self.full[expr]())
         if expr == "vector(time())":
             return self._vector([({}, self.fleet.now)])
+        if expr == self.fields_expr:
+            # The modelled exporters export every field FleetWatch relies on (one series per
+            # name); the client asks this once per FIELD_CHECK_INTERVAL.
+            return self._vector([({"__name__": name}, len(self.fleet.names))
+                                 for name in self.exported])
         if match := self.DROPPED.match(expr):
             return self._vector(self._dropped(float(match["since"])))
         if match := self.IDENTITY.match(expr):

@@ -68,8 +68,11 @@ class PrometheusServer:
         host: str = "127.0.0.1",
         port: int | None = None,
         ready_timeout: float = 30.0,
+        relabel: Mapping[str, Sequence[Mapping[str, object]]] | None = None,
     ) -> None:
+        """``relabel``: a job's relabel_configs (job name -> rules), as in prometheus.yml."""
         self.root = Path(root)
+        self.relabel = dict(relabel or {})
         self.targets = [t if isinstance(t, ScrapeTarget) else ScrapeTarget(t) for t in targets]
         self.scrape_interval = scrape_interval
         # The simulated exporter's combined page names each node's series itself (instance);
@@ -108,7 +111,9 @@ class PrometheusServer:
                 "evaluation_interval": self.scrape_interval,
             },
             "scrape_configs": [
-                {"job_name": job, "honor_labels": self.honor_labels, "static_configs": groups}
+                {"job_name": job, "honor_labels": self.honor_labels, "static_configs": groups,
+                 **({"relabel_configs": [dict(r) for r in self.relabel[job]]}
+                    if job in self.relabel else {})}
                 for job, groups in jobs.items()
             ],
         }

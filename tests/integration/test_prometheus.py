@@ -20,17 +20,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
-from collectors.clients import Clients
+from collectors.clients import Clients, prometheus
 from collectors.clients.base import ClientError, GpuMetric
 from collectors.clients.notify import WebhookNotifier
 from collectors.clients.prometheus import SCRAPE_LAG, PrometheusTelemetry
+from collectors.knowledge import dcgm
 from collectors.knowledge.dcgm import CLOCK_THROTTLE_REASONS
 from collectors.services import collect_source
 from collectors.sim import fleet as sim
-from collectors.sim.exporter import SimExporter
+from collectors.sim.exporter import SimExporter, counters_set
 from collectors.sim.fleet import SimFleet, SimKubernetes, SimProvider, SimSlurm, SimTelemetry
 from tests.conftest import ROOT, wait_for
 from tests.harness.prometheus import PrometheusError, PrometheusServer, ScrapeTarget, find_binary
@@ -40,6 +43,7 @@ pytestmark = pytest.mark.integration
 SPEED = 1.0
 GPUS = 16 * 8
 PER_NODE = ("gpu-001", "gpu-002")
+COUNTERS = ROOT / "deploy" / "dcgm-exporter" / "counters.csv"
 
 
 @dataclass
@@ -72,6 +76,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                                   clock_field=CLOCK_THROTTLE_REASONS, kubernetes=True),
         # No host label: the node comes from the instance label alone.
         "dcgm-bare": SimExporter(fleet.path, SPEED, hostname_label=None),
+        # dcgm-exporter installed with its stock counters, and with the file FleetWatch ships.
+        "dcgm-default": SimExporter(fleet.path, SPEED, counters=counters_set("default")),
+        "dcgm-shipped": SimExporter(fleet.path, SPEED, counters=counters_set(str(COUNTERS))),
+        # Neither a host label nor an instance of its own: Prometheus's instance is
+        # 127.0.0.1:port, an IP address, as for an exporter not relabelled.
+        "dcgm-ip": SimExporter(fleet.path, SPEED, hostname_label=None, instance_labels=False),
     }
     targets = []
     for job, exporter in exporters.items():
@@ -85,6 +95,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         prom.start()
         built = Stack(fleet, prom, exporters["dcgm"])
         for job, count in (("dcgm", GPUS), ("dcgm-lower", GPUS), ("dcgm-bare", GPUS),
+                           ("dcgm-default", GPUS), ("dcgm-shipped", GPUS),
                            ("per-node", 8 * len(PER_NODE))):
             client = built.client(job)
             wait_for(lambda c=client, n=count: len(c.gpu_metrics()) == n, 30,
@@ -228,6 +239,85 @@ def test_collect_source_reads_prometheus(stack: Stack, db: None) -> None:
     run = CollectorRun.objects.get(source="telemetry")
     assert run.ok and run.counts["gpus"] == GPUS and run.counts["nic_ports"] == 16
     assert run.warnings == []
+
+
+def test_fields_the_exporter_leaves_out_are_named_and_the_source_stays_usable(
+        stack: Stack, db: None, client: Any, operator: Any) -> None:
+    from collectors.models import CollectorRun, Node
+
+    prometheus._FIELD_CHECKS.clear()  # asked afresh, not from the fixture's reads
+    stock = stack.client("dcgm-default")
+    assert len(stock.gpu_metrics()) == GPUS  # read as usual
+    ecc = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL not exported: double-bit ECC faults will not be seen"
+    assert ecc in stock.last_warnings
+    expected = dcgm.missing_fields(set(dcgm.EXPORTER_DEFAULT_FIELDS))
+    assert [w.split(" ", 1)[0] for w in stock.last_warnings] == expected
+    assert dcgm.NVLINK_CRC_FLIT_ERRORS in expected and dcgm.XID_ERRORS not in expected
+    shipped = stack.client("dcgm-shipped")
+    assert len(shipped.gpu_metrics()) == GPUS and shipped.last_warnings == []
+
+    # A collector run against the stock exporter: healthy, no node failed for it, and the
+    # warnings on the run, the Sources page and the API.
+    result = collect_source("telemetry", clients=_clients(stack, stack.client("dcgm-default")))
+    assert result.healthy, result.error
+    run = CollectorRun.objects.filter(source="telemetry").latest("started_at")
+    assert run.ok and ecc in run.warnings
+    failed_by_xid = {m.node for m in SimTelemetry(stack.fleet).gpu_metrics() if m.last_xid}
+    assert set(Node.objects.filter(health="failed").values_list("name", flat=True)) \
+        <= failed_by_xid
+    client.force_login(operator)
+    page = client.get("/sources/").content.decode()
+    assert f"{len(expected)} warning(s)" in page and ecc in page
+    api = client.get("/api/v1/sources/")
+    assert api.status_code == 200, api.content
+    [telemetry] = [s for s in api.json() if s["name"] == "telemetry"]
+    assert ecc in telemetry["recent_runs"][0]["warnings"]
+
+
+def test_an_ip_instance_is_not_a_node(stack: Stack) -> None:
+    client = stack.client("dcgm-ip")
+    gpus = wait_for(lambda: (client.gpu_metrics(), client.last_warnings)[1], 30,
+                    "the IP-instance exporter scraped")
+    assert client.gpu_metrics() == []  # no phantom node named 127.0.0.1
+    assert any(" series skipped: their instance label is an IP address" in w for w in gpus)
+    assert all("127.0.0.1" not in p.node for p in client.nic_ports())
+
+
+def test_the_shipped_relabelling_names_the_node_of_an_ip_target(stack: Stack,
+                                                                 tmp_path: Path) -> None:
+    """deploy/prometheus/relabel-node-name.yaml's Kubernetes rules in a real Prometheus: the
+    target is an IP address and its exporter prints no host label (node_exporter's case);
+    the pod's node, which Kubernetes service discovery would set (Debian's Prometheus is built
+    without it, so the target carries the same __meta labels), becomes Hostname."""
+    shipped = yaml.safe_load((ROOT / "deploy" / "prometheus" / "relabel-node-name.yaml")
+                             .read_text())
+    jobs = {job["job_name"]: job for job in shipped["scrape_configs"]}
+    exporter = SimExporter(stack.fleet.path, SPEED, hostname_label=None, instance_labels=False)
+    port = exporter.start()
+    meta = {"__meta_kubernetes_pod_node_name": "gpu-005",
+            "__meta_kubernetes_pod_label_app_kubernetes_io_name": "dcgm-exporter",
+            "__meta_kubernetes_pod_container_port_number": "9400"}
+    target = ScrapeTarget(f"127.0.0.1:{port}", "/nodes/gpu-005/metrics", meta,
+                          job="dcgm-exporter")
+    static = [ScrapeTarget(f"127.0.0.1:{port}", "/nodes/gpu-006/metrics",
+                           group.get("labels", {}) | {"Hostname": "gpu-006"},
+                           job="dcgm-exporter-static")
+              for group in jobs["dcgm-exporter-static"]["static_configs"][:1]]
+    prom = PrometheusServer(tmp_path / "prom", [target, *static], "1s", honor_labels=False,
+                            relabel={"dcgm-exporter": jobs["dcgm-exporter"]["relabel_configs"]})
+    try:
+        prom.start()
+        k8s = PrometheusTelemetry(prom.url, matchers='job="dcgm-exporter"')
+        gpus = wait_for(lambda: k8s.gpu_metrics(), 30, "the relabelled target scraped")
+        assert {m.node for m in gpus} == {"gpu-005"} and len(gpus) == 8
+        assert {p.node for p in k8s.nic_ports()} == {"gpu-005"}
+        assert k8s.last_warnings == []
+        labelled = PrometheusTelemetry(prom.url, matchers='job="dcgm-exporter-static"')
+        assert {m.node for m in wait_for(lambda: labelled.gpu_metrics(), 30,
+                                         "the static target scraped")} == {"gpu-006"}
+    finally:
+        prom.stop()
+        exporter.stop()
 
 
 # --- incremental polls: what collect_source reads after its first poll ----------------------
