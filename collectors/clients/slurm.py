@@ -3,7 +3,7 @@
 Reads
     nodes()    ``sinfo --json`` on 22.05 and older (``scontrol`` has no ``--json`` there), and
                ``scontrol show nodes --json`` from 23.02 on (where ``sinfo --json`` groups nodes
-               into summary records; those are expanded per node if met).
+               into summary records under one reason; such an answer is refused).
     jobs()     ``squeue --all --states=all --json`` (finished jobs too; from 23.02 squeue's
                default state filter applies to ``--json`` as well).
     topology() ``scontrol show topology``: the leaf switches (level 0) and their nodes.
@@ -285,8 +285,8 @@ def parse_node(record: Any) -> SlurmNode:
 
 
 def parse_sinfo_group(record: Any) -> list[SlurmNode]:
-    """One record of 23.02+'s plain ``sinfo --json``: sinfo's summary line, every node with
-    the same state and usage in one record (``nodes.nodes``), expanded to a record per node."""
+    """One record of 23.02+'s ``sinfo -N --json`` (``nodes.nodes`` names the one node; plain
+    ``sinfo --json`` merges several, which parse_nodes refuses)."""
     if not isinstance(record, Mapping):
         raise ValueError(f"sinfo record is a {type(record).__name__}")
     group = record.get("nodes")
@@ -337,8 +337,19 @@ def _parse_all(payload: Any, key: str,
 
 def parse_nodes(payload: Any) -> tuple[list[SlurmNode], list[str]]:
     """Nodes from ``sinfo --json`` (22.05), ``scontrol show nodes --json``, ``sinfo -N --json``
-    or slurmrestd's ``nodes``; 23.02+'s grouped ``sinfo --json`` is expanded per node."""
+    or slurmrestd's ``nodes``; 23.02+'s grouped ``sinfo --json`` is refused (see below)."""
     if isinstance(payload, Mapping) and "nodes" not in payload and "sinfo" in payload:
+        merged = [r for r in payload["sinfo"] if isinstance(r, Mapping)
+                  and isinstance(r.get("nodes"), Mapping)
+                  and len(hostlist.expand_hostlist(",".join(r["nodes"].get("nodes") or []))) > 1]
+        if merged:
+            # Plain `sinfo --json` (23.02+) merges nodes of one state into a summary record
+            # under one reason (a real 25.11 put an administrator's drain under FleetWatch's
+            # reason): each node's own reason cannot be told, and keeping the other records
+            # alone would read the merged nodes as gone.
+            raise ClientError("Slurm JSON holds sinfo summary records merging several nodes "
+                              f"({_excerpt(merged[0].get('nodes'), 80)}): read `sinfo -N --json` "
+                              "or `scontrol show nodes --json` instead", permanent=True)
         return _parse_all(payload, "sinfo", parse_sinfo_group)
     return _parse_all(payload, "nodes", lambda record: [parse_node(record)])
 

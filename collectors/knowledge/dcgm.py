@@ -77,7 +77,7 @@ assert not set(IDLE_FIELDS) & set(FAULT_FIELDS)
 
 # Each field FleetWatch reads, and what is lost when the exporter does not export it.
 # dcgm-exporter's stock etc/default-counters.csv leaves several of them out (the ECC, NVLink
-# error, clock-event and row-remap-failure fields), so an exporter installed with its defaults
+# error and clock-event fields), so an exporter installed with its defaults
 # is blind to those faults; deploy/dcgm-exporter/counters.csv exports them all, and the
 # Prometheus client names each missing one on the Sources page.
 RELIED_ON: Final = MappingProxyType({
@@ -112,12 +112,14 @@ def missing_field_warning(name: str) -> str:
 
 
 # The fields dcgm-exporter exports when installed with its stock etc/default-counters.csv
-# (3.x and 4.x; the simulated exporter's ``--counters default``). It leaves out the ECC and
-# NVLink error counters, the clock-event reasons and the row-remap failure flag.
+# (as released in 4.5.3 to 4.8.2, read from NVIDIA/dcgm-exporter; the simulated exporter's
+# ``--counters default``). It leaves out (comments out) the ECC and NVLink error counters and
+# has no clock-event reasons at all.
 EXPORTER_DEFAULT_FIELDS: Final = (
     SM_CLOCK, MEM_CLOCK, MEMORY_TEMP, GPU_TEMP, POWER_USAGE, TOTAL_ENERGY_CONSUMPTION,
     PCIE_REPLAY_COUNTER, GPU_UTIL, MEM_COPY_UTIL, ENC_UTIL, DEC_UTIL, XID_ERRORS, FB_FREE,
     FB_USED, NVLINK_BANDWIDTH_TOTAL, UNCORRECTABLE_REMAPPED_ROWS, CORRECTABLE_REMAPPED_ROWS,
+    ROW_REMAP_FAILURE,
     PROF_GR_ENGINE_ACTIVE, PROF_PIPE_TENSOR_ACTIVE, PROF_DRAM_ACTIVE, PROF_PCIE_TX_BYTES,
     PROF_PCIE_RX_BYTES,
 )

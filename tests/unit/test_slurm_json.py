@@ -164,22 +164,20 @@ def test_a_reason_left_after_resume_is_not_read_as_current() -> None:
     assert nodes[3].reason == "admin: psu swap"  # down
 
 
-def test_grouped_sinfo_records_are_read_per_node() -> None:
-    # 23.02+'s plain `sinfo --json`: one record per summary line, nodes merged.
-    group = {"nodes": {"nodes": ["gpu-003", "gpu-004"]},
-             "node": {"state": ["IDLE", "DRAIN"]},
-             "reason": {"description": "fleetwatch: incident 7", "time": 1, "user": "root"},
-             "partition": {"name": "gpu"}}
+def test_per_node_sinfo_records_are_read() -> None:
+    # 23.02+'s `sinfo -N --json`: records under "sinfo", one node each.
+    record = {"nodes": {"nodes": ["gpu-003"]}, "node": {"state": ["IDLE", "DRAIN"]},
+              "reason": {"description": "fleetwatch: incident 7", "time": 1, "user": "root"},
+              "partition": {"name": "gpu"}}
     payload = {"meta": {"plugin": {"data_parser": "data_parser/v0.0.44"}},
-               "sinfo": [group, {**group, "nodes": {"nodes": ["gpu-[001-002]"]},
-                                 "node": {"state": ["MIXED"]}, "reason": {"description": ""}}],
+               "sinfo": [record, {**record, "nodes": {"nodes": ["gpu-001"]},
+                                  "node": {"state": ["MIXED"]}, "reason": {"description": ""}}],
                "errors": [], "warnings": []}
     nodes, warnings = parse_nodes(payload)
     assert warnings == []
-    assert [(n.name, n.state, n.flags, n.reason) for n in nodes] == [
-        ("gpu-003", "IDLE", ("DRAIN",), "fleetwatch: incident 7"),
-        ("gpu-004", "IDLE", ("DRAIN",), "fleetwatch: incident 7"),
-        ("gpu-001", "MIXED", (), ""), ("gpu-002", "MIXED", (), "")]
+    assert [(n.name, n.state, n.flags, n.reason, n.partition) for n in nodes] == [
+        ("gpu-003", "IDLE", ("DRAIN",), "fleetwatch: incident 7", "gpu"),
+        ("gpu-001", "MIXED", (), "", "gpu")]
 
 
 @pytest.mark.parametrize(("detail", "indices"), [
@@ -430,10 +428,11 @@ def test_real_25_11_job_answers_read_alike_with_each_jobs_gpus(answer: str) -> N
         ("whole", "RUNNING", ("gpu-002",), {"gpu-002": tuple(range(8))}, 0)]
 
 
-def test_real_25_11_grouped_sinfo_loses_reasons_so_it_is_never_asked_for() -> None:
-    # sinfo's summary records merge gpu-003 and gpu-004 (same state) under one reason: why
-    # FleetWatch reads per-node answers. Met anyway, it is still read per node.
-    nodes, _ = parse_nodes(captured("sinfo-grouped.json"))
-    assert sorted(n.name for n in nodes) == ["gpu-001", "gpu-002", "gpu-003", "gpu-004"]
-    assert {n.reason for n in nodes if n.name in ("gpu-003", "gpu-004")} == {
-        "fleetwatch: incident 7 gpu_hardware"}
+def test_real_25_11_grouped_sinfo_is_refused_as_it_merges_reasons() -> None:
+    # Plain `sinfo --json` put gpu-004 (drained by slurm-operator) under gpu-003's FleetWatch
+    # reason: read as nodes, someone else's drain would look like FleetWatch's.
+    grouped = captured("sinfo-grouped.json")
+    assert grouped["sinfo"][0]["nodes"]["nodes"] == ["gpu-003", "gpu-004"]
+    with pytest.raises(ClientError, match="sinfo -N --json") as err:
+        parse_nodes(grouped)
+    assert err.value.permanent
