@@ -762,38 +762,55 @@ class SlurmCli:
 
     def requeue(self, job_id: str) -> ActionResult:
         """Put a job that has stopped (cancelled, failed, completed) back in the queue."""
-        args = ["scontrol", "requeue", str(job_id)]
-        job = self._job(job_id)
-        if job.state == "PENDING":
-            return ActionResult(shlex.join(args), False, f"job {job_id} is already PENDING")
-        if job.state in ACTIVE_JOB_STATES:
-            # Maybe already requeued and started again: requeueing would restart it twice.
-            return ActionResult(shlex.join(args), False,
-                                f"job {job_id} is {job.state}; cancel it first to requeue it")
-        try:
-            self._run(*args, retry=False)
-        except ClientError as exc:
-            if "pending execution" in str(exc).lower():
-                return ActionResult(shlex.join(args), False, f"job {job_id} already requeued")
-            raise
-        return ActionResult(shlex.join(args), True,
-                            f"job {job_id} requeued (restart {job.restart_count + 1})")
+        return requeue_stopped(self._job(job_id), self._scontrol)
 
     def requeue_hold(self, job_id: str) -> ActionResult:
         """Requeue a job held (priority 0) so it waits for a person to release it."""
-        args = ["scontrol", "requeuehold", str(job_id)]
-        job = self._job(job_id)
-        if job.state == "PENDING":
-            if _held(job):
-                return ActionResult(shlex.join(args), False, f"job {job_id} already held")
-            return self._act(["scontrol", "hold", str(job_id)], f"job {job_id} held")
-        try:
-            self._run(*args, retry=False)
-        except ClientError as exc:
-            if "pending execution" in str(exc).lower():
-                return ActionResult(shlex.join(args), False, f"job {job_id} already requeued")
-            raise
-        return ActionResult(shlex.join(args), True, f"job {job_id} requeued and held")
+        return requeue_held(self._job(job_id), self._scontrol,
+                            lambda: self._act(["scontrol", "hold", str(job_id)],
+                                              f"job {job_id} held"))
+
+    def _scontrol(self, args: list[str]) -> object:
+        return self._run(*args, retry=False)
+
+
+# --- requeue, the same rules whatever runs the command -------------------------------------------
+
+
+def requeue_stopped(job: SlurmJob, scontrol: Callable[[list[str]], object]) -> ActionResult:
+    """``scontrol requeue`` for a job that has stopped; nothing for one PENDING already, or
+    RUNNING (maybe requeued and started again: requeueing would restart it twice)."""
+    args = ["scontrol", "requeue", job.job_id]
+    if job.state == "PENDING":
+        return ActionResult(shlex.join(args), False, f"job {job.job_id} is already PENDING")
+    if job.state in ACTIVE_JOB_STATES:
+        return ActionResult(shlex.join(args), False,
+                            f"job {job.job_id} is {job.state}; cancel it first to requeue it")
+    return _requeue_run(job, args, scontrol,
+                        f"job {job.job_id} requeued (restart {job.restart_count + 1})")
+
+
+def requeue_held(job: SlurmJob, scontrol: Callable[[list[str]], object],
+                 hold: Callable[[], ActionResult]) -> ActionResult:
+    """``scontrol requeuehold``; a job still PENDING is only held (``hold``), once."""
+    args = ["scontrol", "requeuehold", job.job_id]
+    if job.state == "PENDING":
+        if _held(job):
+            return ActionResult(shlex.join(args), False, f"job {job.job_id} already held")
+        return hold()
+    return _requeue_run(job, args, scontrol, f"job {job.job_id} requeued and held")
+
+
+def _requeue_run(job: SlurmJob, args: list[str], scontrol: Callable[[list[str]], object],
+                 done: str) -> ActionResult:
+    try:
+        scontrol(args)
+    except ClientError as exc:
+        # Asked again while the requeue is in progress (a retried step).
+        if "pending execution" in str(exc).lower():
+            return ActionResult(shlex.join(args), False, f"job {job.job_id} already requeued")
+        raise
+    return ActionResult(shlex.join(args), True, done)
 
 
 def _held(job: SlurmJob) -> bool:

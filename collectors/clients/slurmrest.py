@@ -72,13 +72,14 @@ import requests
 from collectors.clients.base import SLURM_REASON_PREFIX, ActionResult, ClientError, SlurmJob, SlurmNode
 from collectors.clients.slurm import (
     ACTIVE_JOB_STATES,
-    _held,
     classify,
     owned_reason,
     parse_jobs,
     parse_nodes,
     parse_topology,
     payload_errors,
+    requeue_held,
+    requeue_stopped,
     signal_name,
 )
 
@@ -493,41 +494,18 @@ class SlurmRest:
 
     def requeue(self, job_id: str) -> ActionResult:
         """``scontrol requeue`` with the JWT, for a job that has stopped (no REST endpoint)."""
-        args = ["scontrol", "requeue", str(job_id)]
-        job = self._job(job_id)
-        if job.state == "PENDING":
-            return ActionResult(shlex.join(args), False, f"job {job_id} is already PENDING")
-        if job.state in ACTIVE_JOB_STATES:
-            return ActionResult(shlex.join(args), False,
-                                f"job {job_id} is {job.state}; cancel it first to requeue it")
-        try:
-            self._scontrol(args)
-        except ClientError as exc:
-            if "pending execution" in str(exc).lower():
-                return ActionResult(shlex.join(args), False, f"job {job_id} already requeued")
-            raise
-        return ActionResult(shlex.join(args), True,
-                            f"job {job_id} requeued (restart {job.restart_count + 1})")
+        return requeue_stopped(self._job(job_id), self._scontrol)
 
     def requeue_hold(self, job_id: str) -> ActionResult:
-        args = ["scontrol", "requeuehold", str(job_id)]
-        job = self._job(job_id)
-        if job.state == "PENDING":
-            if _held(job):
-                return ActionResult(shlex.join(args), False, f"job {job_id} already held")
+        def hold() -> ActionResult:
             # A pending job is held over REST: priority 0 is what `scontrol hold` sets.
             body = {"hold": True}
             path = f"job/{quote(str(job_id), safe='')}"
             self._call("POST", path, body)
             return ActionResult(self._call_text("POST", self._path(path), body), True,
                                 f"job {job_id} held")
-        try:
-            self._scontrol(args)
-        except ClientError as exc:
-            if "pending execution" in str(exc).lower():
-                return ActionResult(shlex.join(args), False, f"job {job_id} already requeued")
-            raise
-        return ActionResult(shlex.join(args), True, f"job {job_id} requeued and held")
+
+        return requeue_held(self._job(job_id), self._scontrol, hold)
 
     # --- the scontrol calls slurmrestd has no endpoint for --------------------------------------
 
