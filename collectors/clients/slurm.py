@@ -662,18 +662,10 @@ class SlurmCli:
         return parse_topology(out)
 
     def _node(self, name: str) -> SlurmNode:
-        for node in self.nodes():
-            if node.name == name:
-                return node
-        raise ClientError(f"Invalid node name specified: {name} is not a node of this cluster",
-                          permanent=True)
+        return node_named(self.nodes(), name)
 
     def _job(self, job_id: str) -> SlurmJob:
-        for job in self.jobs():
-            if job.job_id == str(job_id):
-                return job
-        raise ClientError(f"Invalid job id specified: job {job_id} is unknown to slurmctld "
-                          "(never existed, or ended more than MinJobAge ago)", permanent=True)
+        return job_with_id(self.jobs(), job_id)
 
     def _act(self, args: list[str], changed_detail: str,
              data: dict[str, object] | None = None) -> ActionResult:
@@ -772,6 +764,26 @@ class SlurmCli:
 
     def _scontrol(self, args: list[str]) -> object:
         return self._run(*args, retry=False)
+
+
+# --- what every transport shares ----------------------------------------------------------------
+
+
+def node_named(nodes: list[SlurmNode], name: str) -> SlurmNode:
+    """The node called ``name``; an unknown name is a permanent error, never "no state"."""
+    for node in nodes:
+        if node.name == name:
+            return node
+    raise ClientError(f"Invalid node name specified: {name} is not a node of this cluster",
+                      permanent=True)
+
+
+def job_with_id(jobs: list[SlurmJob], job_id: str) -> SlurmJob:
+    for job in jobs:
+        if job.job_id == str(job_id):
+            return job
+    raise ClientError(f"Invalid job id specified: job {job_id} is unknown to slurmctld "
+                      "(never existed, or ended more than MinJobAge ago)", permanent=True)
 
 
 # --- requeue, the same rules whatever runs the command -------------------------------------------

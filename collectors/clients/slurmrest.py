@@ -73,6 +73,8 @@ from collectors.clients.base import SLURM_REASON_PREFIX, ActionResult, ClientErr
 from collectors.clients.slurm import (
     ACTIVE_JOB_STATES,
     classify,
+    job_with_id,
+    node_named,
     owned_reason,
     parse_jobs,
     parse_nodes,
@@ -407,19 +409,10 @@ class SlurmRest:
                 raise
             raise ClientError(f"Invalid node name specified: {name} is not a node of this "
                               f"cluster ({exc})", permanent=True) from exc
-        nodes, _ = parse_nodes(answer.payload)
-        for node in nodes:
-            if node.name == name:
-                return node
-        raise ClientError(f"Invalid node name specified: {name} is not a node of this cluster",
-                          permanent=True)
+        return node_named(parse_nodes(answer.payload)[0], name)
 
     def _job(self, job_id: str) -> SlurmJob:
-        for job in self.jobs():
-            if job.job_id == str(job_id):
-                return job
-        raise ClientError(f"Invalid job id specified: job {job_id} is unknown to slurmctld "
-                          "(never existed, or ended more than MinJobAge ago)", permanent=True)
+        return job_with_id(self.jobs(), job_id)
 
     # --- node actions --------------------------------------------------------------------------
 
