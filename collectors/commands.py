@@ -9,12 +9,11 @@ stdout/stderr and raises ``CommandError`` to fail.
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
 from argparse import ArgumentParser, _SubParsersAction
 from collections.abc import Callable
 from functools import wraps
-from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -55,17 +54,12 @@ def subcommands(sub: _SubParsersAction[ArgumentParser]) -> dict[str, Handler]:
     sim.add_argument("--source-up", default="", help="bring a source back")
     sim.add_argument("--show", action="store_true", help="print the fleet state as JSON")
 
-    agent = sub.add_parser("agent", help="run the node agent on this GPU node")
-    agent.add_argument("--node", default=os.uname().nodename)
-    agent.add_argument("--url", required=True, help="FleetWatch's base URL")
-    agent.add_argument("--token-file", default="",
-                       help="file holding the node's token (else $FLEETWATCH_AGENT_TOKEN)")
-    agent.add_argument("--interval", type=float, default=5.0)
-    agent.add_argument("--passes", type=int, default=None, help="stop after N passes")
-    agent.add_argument("--spool", default="/var/lib/fleetwatch-agent/spool.jsonl")
-    agent.add_argument("--kmsg", default="/dev/kmsg", help="kernel log: /dev/kmsg or a file")
-    agent.add_argument("--sysfs-root", default="/sys/class/infiniband")
-    agent.add_argument("--no-nvml", action="store_true", help="no GPUs to read here")
+    # The node agent is a package of its own (collectors/agent, `fleetwatch-agent`); this is
+    # the same command for a node that has the server installed.
+    from collectors.agent.cli import parser as agent_parser
+
+    sub.add_parser("agent", parents=[agent_parser()], add_help=False,
+                   help="run the node agent on this GPU node (the fleetwatch-agent command)")
     return {"seed": clients_fail_as_command(_seed),
             "inject": clients_fail_as_command(_inject),
             "sim": clients_fail_as_command(_sim),
@@ -124,25 +118,12 @@ def _inject(command: BaseCommand, opts: dict[str, Any]) -> None:
 
 
 def _agent(command: BaseCommand, opts: dict[str, Any]) -> None:
-    from collectors import agent
+    from collectors.agent.cli import parser, run
 
-    token = (Path(opts["token_file"]).read_text().strip() if opts["token_file"]
-             else os.environ.get("FLEETWATCH_AGENT_TOKEN", ""))
-    if not token:
-        raise CommandError("no token: --token-file or FLEETWATCH_AGENT_TOKEN "
-                           "(create one with: manage.py fleetwatch agent-token --node NAME)")
-    node = opts["node"]
-    sources: list[Any] = [agent.KernelLogSource(node, opts["kmsg"]),
-                          agent.InfinibandSource(node, opts["sysfs_root"])]
-    if not opts["no_nvml"]:
-        import pynvml  # nvidia-ml-py: only the GPU nodes need the driver's library
-
-        sources.insert(0, agent.NvmlSource(node, pynvml))
-    runner = agent.Agent(node, agent.Spool(opts["spool"]), agent.Pusher(opts["url"], token),
-                         sources)
-    command.stdout.write(f"agent for {node}: pushing to {opts['url']} every "
-                         f"{opts['interval']} s")
-    runner.run(opts["interval"], opts["passes"])
+    names = vars(parser().parse_args([])).keys()
+    code = run(argparse.Namespace(**{k: v for k, v in opts.items() if k in names}))
+    if code:
+        raise CommandError(f"the agent stopped with status {code}")
 
 
 def _sim(command: BaseCommand, opts: dict[str, Any]) -> None:

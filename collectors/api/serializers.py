@@ -151,6 +151,19 @@ class CollectorRunSerializer(serializers.ModelSerializer):
                   "warnings"]
 
 
+class AgentProtocolsSerializer(serializers.Serializer):
+    oldest = serializers.IntegerField()
+    newest = serializers.IntegerField()
+
+
+class AgentInfoSerializer(serializers.Serializer):
+    """What a node agent checks at start (``GET /api/v1/agent/``)."""
+
+    version = serializers.CharField(help_text="the node agent built with this FleetWatch")
+    protocols = AgentProtocolsSerializer(help_text="the push protocols FleetWatch takes")
+    header = serializers.CharField(help_text="the request header naming an agent's protocol")
+
+
 class SourceSerializer(serializers.Serializer):
     """A collector's health (from ``selectors.sources_overview``)."""
 

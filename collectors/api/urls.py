@@ -15,3 +15,4 @@ def register(router: BaseRouter) -> None:
     router.register("jobs", views.JobViewSet, basename="job")
     router.register("signals", views.SignalViewSet, basename="signal")
     router.register("sources", views.SourceViewSet, basename="source")
+    router.register("agent", views.AgentViewSet, basename="agent")

@@ -27,9 +27,11 @@ from rest_framework.response import Response
 
 from collectors import filters, selectors
 from collectors import services as collectors
+from collectors.agent import __version__ as agent_version
 from collectors.api.pagination import SignalCursor
 from collectors.api.permissions import INGEST, READ, READ_ONLY
 from collectors.api.serializers import (
+    AgentInfoSerializer,
     ClusterSerializer,
     ErrorSerializer,
     GpuDetailSerializer,
@@ -40,6 +42,7 @@ from collectors.api.serializers import (
     SourceSerializer,
     StoredSerializer,
 )
+from collectors.knowledge import agent
 from collectors.models import Cluster, Gpu, Node, Signal
 from collectors.roles import push_rights
 
@@ -162,7 +165,10 @@ class SignalViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
                    413: OpenApiResponse(ErrorSerializer, description="Batch or body over the "
                                         "limit"),
                    422: OpenApiResponse(ErrorSerializer, description="Unknown node(s), or an "
-                                        "Idempotency-Key used for another batch")},
+                                        "Idempotency-Key used for another batch"),
+                   426: OpenApiResponse(ErrorSerializer, description="A node agent whose push "
+                                        "protocol (FleetWatch-Agent header) this server does "
+                                        "not take")},
         description="Push a batch of signals (node agents, other monitors), in the replay "
                     "format. All or nothing: a batch with one bad record stores nothing. What "
                     "a caller may push follows from who it is: an agent's token, its own "
@@ -170,6 +176,9 @@ class SignalViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
                     "job_log records for known nodes; nobody, collector, slurm or kubernetes "
                     "records (403, audited).")
     def create(self, request: Request) -> Response:
+        refused = agent_protocol_refusal(request)
+        if refused is not None:
+            return refused
         signals = request.data.get("signals") if isinstance(request.data, dict) else None
         if isinstance(signals, list) and len(signals) > settings.FLEETWATCH_INGEST_MAX_BATCH:
             return Response({"detail": f"batch of {len(signals)} signals is over the limit of "
@@ -209,6 +218,35 @@ class SignalViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
                            "signals of the largest size); split the batch"},
                 status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
         return super().handle_exception(exc)
+
+
+def agent_protocol_refusal(request: Request) -> Response | None:
+    """426 for a node agent whose push protocol this server does not take (its
+    FleetWatch-Agent header), saying which side to upgrade; None for any other caller."""
+    protocol = agent.header_protocol(request.headers.get(agent.AGENT_HEADER))
+    if protocol is None or agent.OLDEST_PROTOCOL <= protocol <= agent.PROTOCOL:
+        return None
+    shown = request.headers.get(agent.AGENT_HEADER, "")[:80]
+    side = ("upgrade FleetWatch" if protocol > agent.PROTOCOL
+            else "install the agent built from this FleetWatch's release")
+    return Response({"detail": f"agent {shown!r} speaks push protocol {protocol}; FleetWatch "
+                               f"takes {agent.OLDEST_PROTOCOL} to {agent.PROTOCOL}: {side}. "
+                               "Nothing stored."},
+                    status=status.HTTP_426_UPGRADE_REQUIRED)
+
+
+class AgentViewSet(viewsets.ViewSet):
+    """What a node agent checks at start: the push protocols this server takes and the
+    version of the agent built with it."""
+
+    access = {"list": INGEST}
+    answers_one_object = True  # for the schema (incidents.api.schema)
+
+    @extend_schema(responses=AgentInfoSerializer)
+    def list(self, request: Request) -> Response:
+        return Response({"version": agent_version,
+                         "protocols": {"oldest": agent.OLDEST_PROTOCOL, "newest": agent.PROTOCOL},
+                         "header": agent.AGENT_HEADER})
 
 
 # --- sources ------------------------------------------------------------------------------

@@ -44,6 +44,13 @@ class TokenAuthScheme(OpenApiAuthenticationExtension):
 
 
 class FleetWatchSchema(AutoSchema):
+    def _is_list_view(self, serializer: Any = None) -> bool:
+        # A viewset whose "list" answers one object (GET /api/v1/agent/) says so: without
+        # this the schema would describe an array.
+        if getattr(self.view, "answers_one_object", False):
+            return False
+        return bool(super()._is_list_view(serializer))
+
     def access_needed(self) -> str:
         """What the operation needs, read from the view's ``access`` table as
         ``FleetWatchAccess`` reads it."""

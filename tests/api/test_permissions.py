@@ -52,6 +52,7 @@ NEEDS: dict[tuple[str, str], str] = {
     ("GET", "/api/v1/signals/"): READ,
     ("POST", "/api/v1/signals/"): INGEST,
     ("GET", "/api/v1/sources/"): READ,
+    ("GET", "/api/v1/agent/"): INGEST,
     ("GET", "/api/v1/steps/"): READ,
     ("GET", "/api/v1/steps/{id}/"): READ,
     ("POST", "/api/v1/steps/{id}/retry/"): OPERATE,

@@ -426,11 +426,11 @@ class Drill:
             token.write_text(agent_token_create(FAILED, actor="system:drill")[1])
             token.chmod(0o600)
             self.kmsg.touch()
-            self._spawn("agent", [python, "manage.py", "fleetwatch", "agent", "--node", FAILED,
+            self._spawn("agent", [python, "-m", "collectors.agent", "--node", FAILED,
                                   "--url", f"http://127.0.0.1:{self.web_port}",
                                   "--token-file", str(token), "--interval", "1",
                                   "--spool", str(self.root / "agent" / "spool.jsonl"),
-                                  "--kmsg", str(self.kmsg), "--no-nvml",
+                                  "--kmsg", str(self.kmsg), "--no-nvml", "--kernel-log", "file",
                                   "--sysfs-root", str(self.kmsg.parent / "sys")])
         import requests
 

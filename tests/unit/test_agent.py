@@ -5,126 +5,146 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from collectors import agent
 from collectors import services as collectors
+from collectors.agent.infiniband import InfinibandSource
+from collectors.agent.kernel import FileReader, KernelLine
+from collectors.agent.nvml import NvmlEvents, NvmlSource
+from collectors.agent.push import Pusher
+from collectors.agent.runner import Agent, KernelLog, StateFile, pci_key
+from collectors.agent.spool import Spool
+from collectors.knowledge import agent as proto
+from collectors.knowledge import dcgm
 from collectors.models import Node, Signal
 from incidents import diagnosing
 from incidents.tokens import agent_token_create
-from tests.conftest import token_for
+from tests.conftest import token_for, wait_for
+from tests.harness.fake_nvml import FakeNvml
 
 XID79 = ("NVRM: Xid (PCI:0000:9b:00): 79, pid='<unknown>', name=<unknown>, "
          "GPU has fallen off the bus.")
 
 
-class FakeNvml:
-    """The pynvml functions the agent calls, over a list of GPUs a test changes."""
-
-    NVML_TEMPERATURE_GPU = 0
-    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
-    NVML_VOLATILE_ECC = 0
-    nvmlEventTypeXidCriticalError = 8
-
-    class NVMLError(Exception):
-        pass
-
-    class NVMLError_Timeout(NVMLError):
-        pass
-
-    def __init__(self, count: int = 2) -> None:
-        self.gpus = [dict(util=90, temp=60, clocks=0, dbe=0, remap=0) for _ in range(count)]
-        self.pending: list[tuple[int, int]] = []  # (gpu index, xid)
-        self.registered: list[int] = []
-
-    def nvmlInit(self) -> None:
-        pass
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
-        return i
-
-    def nvmlEventSetCreate(self) -> str:
-        return "events"
-
-    def nvmlDeviceRegisterEvents(self, handle: int, types: int, events: str) -> None:
-        self.registered.append(handle)
-
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
-        return SimpleNamespace(gpu=self.gpus[h]["util"])
-
-    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
-        return self.gpus[h]["temp"]
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
-        return self.gpus[h]["clocks"]
-
-    def nvmlDeviceGetTotalEccErrors(self, h: int, kind: int, counter: int) -> int:
-        return self.gpus[h]["dbe"]
-
-    def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, int, int]:
-        if self.gpus[h]["remap"] is None:
-            raise self.NVMLError("Not Supported")
-        return (0, 0, 0, self.gpus[h]["remap"])
-
-    def nvmlEventSetWait_v2(self, events: str, timeout_ms: int) -> Any:
-        if not self.pending:
-            raise self.NVMLError_Timeout()
-        gpu, xid = self.pending.pop(0)
-        return SimpleNamespace(device=gpu, eventData=xid)
+def _nvml(count: int = 2) -> tuple[FakeNvml, NvmlSource]:
+    nvml = FakeNvml(count)
+    return nvml, NvmlSource("gpu-003", nvml)
 
 
-def test_nvml_reports_xid_events_and_changes_not_samples() -> None:
-    nvml = FakeNvml(count=2)
-    source = agent.NvmlSource("gpu-003", nvml)
-    assert nvml.registered == [0, 1]
-    assert source.poll() == []  # a healthy GPU at work is not news
-    nvml.pending.append((1, 79))
-    assert source.xid_events() == [{"source": "dcgm", "node": "gpu-003", "gpu": 1, "via": "nvml",
-                                    "metric": "DCGM_FI_DEV_XID_ERRORS", "value": 79}]
-    assert source.xid_events() == []  # each event once
-    nvml.gpus[0].update(clocks=0x40, temp=91)  # hardware thermal slowdown
-    nvml.gpus[1].update(dbe=2, remap=1)
-    found = {(s["gpu"], s["metric"]): s["value"] for s in source.poll()}
-    assert found == {(0, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"): 0x40, (0, "DCGM_FI_DEV_GPU_TEMP"): 91,
-                     (1, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"): 2, (1, "DCGM_FI_DEV_ROW_REMAP_FAILURE"): 1}
-    # Still throttling: reported again (sustained is what thermal needs); the remap is not.
-    assert {(s["gpu"], s["metric"]) for s in source.poll()} == {
-        (0, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"), (0, "DCGM_FI_DEV_GPU_TEMP")}
+def test_fake_nvml_handles_compare_as_pynvml_handles_do() -> None:
+    # What broke the old agent: a handle from an event is a new ctypes pointer, never == to
+    # the one held (pynvml's handles compare by identity).
+    nvml = FakeNvml(1)
+    assert nvml.nvmlDeviceGetHandleByIndex(0) != nvml.nvmlDeviceGetHandleByIndex(0)
 
 
-def test_nvml_field_a_gpu_does_not_support_is_left_unknown() -> None:
-    nvml = FakeNvml(count=1)
-    nvml.gpus[0]["remap"] = None
-    source = agent.NvmlSource("gpu-003", nvml)
+def test_an_xid_event_names_the_gpu_it_happened_on() -> None:
+    nvml, source = _nvml(4)
+    seen: list[dict[str, Any]] = []
+    events = NvmlEvents(source, seen.extend)
+    events.start()
+    try:
+        assert sorted(g for g, _ in nvml.registered) == [0, 1, 2, 3]
+        nvml.fire(2, 79)
+        wait_for(lambda: seen, 3, "the XID event")
+        nvml.fire(3, dbe=True)
+        wait_for(lambda: len(seen) == 2, 3, "the double-bit ECC event")
+    finally:
+        events.stop()
+    assert seen[0] == {"source": "dcgm", "node": "gpu-003", "gpu": 2, "via": "nvml",
+                       "metric": dcgm.XID_ERRORS, "value": 79,
+                       "uuid": "GPU-00000002-0000-0000-0000-fakefakefake"}
+    assert (seen[1]["gpu"], seen[1]["metric"], seen[1]["event"]) == (3, dcgm.ECC_DBE_VOL_TOTAL,
+                                                                      "dbe")
+
+
+def test_nvml_reports_changes_not_samples() -> None:
+    nvml, source = _nvml(2)
+    assert source.poll() == []  # healthy GPUs at work are not news
     assert source.poll() == []
-    assert source.utilisation()[0].remap_failure is False and source.utilisation()[0].util == 90
+    nvml.gpus[0].update(clocks=dcgm.HW_THERMAL, temp=91)  # hardware thermal slowdown
+    nvml.gpus[1].update(dbe=2, remap=(0, 1, 1, 1))
+    found = {(s["gpu"], s["metric"]): s["value"] for s in source.poll()}
+    assert found == {(0, dcgm.CLOCKS_EVENT_REASONS): dcgm.HW_THERMAL, (0, dcgm.GPU_TEMP): 91,
+                     (1, dcgm.ECC_DBE_VOL_TOTAL): 2, (1, dcgm.UNCORRECTABLE_REMAPPED_ROWS): 1,
+                     (1, dcgm.ROW_REMAP_PENDING): 1, (1, dcgm.ROW_REMAP_FAILURE): 1}
+    # Still in slowdown: reported again (sustained is what diagnosis needs); the rest is not.
+    assert {(s["gpu"], s["metric"]) for s in source.poll()} == {(0, dcgm.CLOCKS_EVENT_REASONS)}
+    nvml.gpus[0].update(clocks=0, temp=62)
+    assert {(s["gpu"], s["metric"], s["value"]) for s in source.poll()} == {
+        (0, dcgm.CLOCKS_EVENT_REASONS, 0), (0, dcgm.GPU_TEMP, 62)}  # the end of it, once
+    assert source.poll() == []
 
 
-def test_kernel_log_sends_xid_and_link_lines_once(tmp_path: Path) -> None:
+def test_nvml_pcie_link_below_its_maximum_and_nvlink_down_are_reported() -> None:
+    nvml, source = _nvml(2)
+    nvml.gpus[1].update(pcie_width=8)  # trained at x8 at boot: news on the first reading
+    first = source.poll()
+    assert [(s["gpu"], s["metric"], s["value"], s["max"]) for s in first] == [
+        (1, dcgm.PCIE_LINK_WIDTH, 8, 16)]
+    nvml.gpus[0]["nvlink"][2] = False
+    nvml.gpus[0]["nvlink_errors"] = 7
+    got = {(s["metric"], s["value"]) for s in source.poll()}
+    assert got == {(proto.NVLINK_LINKS_DOWN, 1), (dcgm.NVLINK_REPLAY_ERRORS, 7)}
+
+
+def test_a_gpu_lost_and_a_driver_reload_are_reports_not_crashes() -> None:
+    nvml, source = _nvml(2)
+    source.poll()
+    nvml.gpus[1]["lost"] = True
+    got = source.poll()
+    assert [(r["event"], r["gpu"]) for r in got] == [(proto.GPU_LOST, 1)]
+    assert "GPU is lost" in got[0]["message"]
+    assert source.poll() == []  # once
+    nvml.gpus[1]["lost"] = False
+    assert [r["event"] for r in source.poll()] == [proto.GPU_BACK]
+    nvml.driver_loaded = False  # unloaded for an upgrade
+    assert [r["event"] for r in source.poll()] == [proto.NVML_UNAVAILABLE]
+    nvml.driver_loaded = True
+    assert [r["event"] for r in source.poll()] == [proto.NVML_REINIT]
+    assert nvml.inits == 2 and len(source.gpus) == 2
+
+
+def test_a_field_a_gpu_does_not_support_is_left_out() -> None:
+    nvml = FakeNvml(1)
+    nvml.gpus[0]["supported"] = False  # no ECC, no remapped rows (a consumer GPU)
+    source = NvmlSource("gpu-003", nvml)
+    assert source.poll() == []
+    assert source.utilisation() == {0: 90.0}
+
+
+def test_kernel_lines_from_a_file_are_sent_once(tmp_path: Path) -> None:
     kmsg = tmp_path / "kmsg"
     kmsg.write_text("6,100,1000,-;an old line from before the agent started\n")
-    source = agent.KernelLogSource("gpu-003", kmsg)
+    reader = FileReader(kmsg)
+    log = KernelLog("gpu-003", reader, StateFile(tmp_path / "state.json"), lambda r: None)
     with kmsg.open("a") as fh:
         fh.write(f"3,101,2000,-;{XID79}\n")
         fh.write("6,102,2100,-;usb 1-1: new high-speed USB device\n")
         fh.write("6,103,2200,-;mlx5_core 0000:0c:00.0 enp12s0np0: Link down\n")
         fh.write("6,104,2300,-;NVRM: Xid (PCI:0000:3b:00): 48, pid=12")  # still being written
-    got = source.poll()
+    got = log.records(reader.read(0))
     assert [s["message"] for s in got] == [XID79, "mlx5_core 0000:0c:00.0 enp12s0np0: Link down"]
     assert all(s["source"] == "kernel" and s["node"] == "gpu-003" for s in got)
     with kmsg.open("a") as fh:
         fh.write("34, name=python3, An uncorrectable double bit error\n")
-    assert [s["message"] for s in source.poll()] == [
+    assert [s["message"] for s in log.records(reader.read(0))] == [
         "NVRM: Xid (PCI:0000:3b:00): 48, pid=1234, name=python3, An uncorrectable double bit error"]
-    assert source.poll() == []
+    assert reader.read(0) == []
     kmsg.write_text(f"{XID79}\n")  # rotated: read from the start
-    assert [s["message"] for s in source.poll()] == [XID79]
+    assert [s["message"] for s in log.records(reader.read(0))] == [XID79]
+
+
+def test_a_kernel_xid_line_is_given_the_gpu_nvml_knows_at_that_pci_address(tmp_path: Path) -> None:
+    _, source = _nvml(4)  # GPUs at 18:00.0, 28:00.0, 38:00.0, 48:00.0
+    log = KernelLog("gpu-003", FileReader(tmp_path / "none"), StateFile(tmp_path / "s.json"),
+                    lambda r: None,
+                    lambda key: next((g.index for g in source.gpus if pci_key(g.pci) == key), None))
+    line = "NVRM: Xid (PCI:0000:38:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    assert log.records([KernelLine(line)])[0]["gpu"] == 2
+    assert "gpu" not in log.records([KernelLine(line.replace(":38:", ":99:"))])[0]
 
 
 def _port(root: Path, device: str, port: int, state: str, **counters: int) -> None:
@@ -138,7 +158,7 @@ def _port(root: Path, device: str, port: int, state: str, **counters: int) -> No
 def test_infiniband_sysfs_reports_state_changes_and_counter_rises(tmp_path: Path) -> None:
     _port(tmp_path, "mlx5_0", 1, "4: ACTIVE", link_downed=3, link_error_recovery=0, symbol_error=0)
     _port(tmp_path, "mlx5_1", 1, "4: ACTIVE", link_downed=0)
-    source = agent.InfinibandSource("gpu-004", tmp_path)
+    source = InfinibandSource("gpu-004", tmp_path)
     assert source.poll() == []  # the first reading is the baseline, whatever the totals
     _port(tmp_path, "mlx5_0", 1, "1: DOWN", link_downed=4, link_error_recovery=0, symbol_error=0)
     got = source.poll()
@@ -156,10 +176,11 @@ def fleet_nodes(transactional_db: None, sim_fleet: Any) -> None:
         collectors.collect_source(source)
 
 
-def _agent(tmp_path: Path, url: str, token: str, kmsg: Path) -> agent.Agent:
-    return agent.Agent("gpu-003", agent.Spool(tmp_path / "spool.jsonl"),
-                       agent.Pusher(url, token, timeout=2),
-                       [agent.KernelLogSource("gpu-003", kmsg)])
+def _agent(tmp_path: Path, url: str, token: str, kmsg: Path) -> Agent:
+    runner = Agent("gpu-003", Spool(tmp_path / "spool.jsonl"), Pusher(url, token, timeout=2))
+    runner.kernel = KernelLog("gpu-003", FileReader(kmsg, offset=0),
+                              StateFile(tmp_path / "state.json"), runner.spool.add)
+    return runner
 
 
 def test_agent_pushes_to_fleetwatch_and_keeps_signals_while_it_is_down(
@@ -170,7 +191,7 @@ def test_agent_pushes_to_fleetwatch_and_keeps_signals_while_it_is_down(
     # FleetWatch unreachable: the signal waits in the spool.
     down = _agent(tmp_path, "http://127.0.0.1:9", token, kmsg)
     kmsg.write_text(f"{XID79}\n")
-    assert down.collect() == 1
+    assert down.kernel is not None and down.kernel.pass_once(0) == 1
     assert down.flush() == 0
     assert len(down.spool) == 1 and not Signal.objects.filter(source="kernel").exists()
     # Back up: the same spool is sent, once.
@@ -248,7 +269,7 @@ def test_viewer_may_not_push(fleet_nodes: None, client: Any, viewer: Any) -> Non
 
 
 def test_agent_command_runs_a_pass_with_a_token_file(fleet_nodes: None, live_server: Any,
-                                                     tmp_path: Path, monkeypatch: Any) -> None:
+                                                     tmp_path: Path) -> None:
     from django.core.management import call_command
 
     token_file = tmp_path / "token"
@@ -259,24 +280,19 @@ def test_agent_command_runs_a_pass_with_a_token_file(fleet_nodes: None, live_ser
     sysfs = tmp_path / "ib"
     _port(sysfs, "mlx5_0", 1, "4: ACTIVE", link_downed=0)
 
-    class AppendAfterStart(agent.KernelLogSource):
-        # The agent starts at the end of the log; the line arrives after it started.
-        def poll(self) -> list[dict[str, Any]]:
-            with kmsg.open("a") as fh:
-                fh.write("6,1,1,-;mlx5_core 0000:0c:00.0 enp12s0np0: Link down\n")
-            return super().poll()
-
-    monkeypatch.setattr(agent, "KernelLogSource", AppendAfterStart)
+    with kmsg.open("a") as fh:  # a file is followed from where the state file says: 0
+        fh.write("6,1,1,-;mlx5_core 0000:0c:00.0 enp12s0np0: Link down\n")
+    (tmp_path / "state.json").write_text(json.dumps({"file": str(kmsg), "file_offset": 0}))
     call_command("fleetwatch", "agent", "--node", "gpu-006", "--url", live_server.url,
                  "--token-file", str(token_file), "--no-nvml", "--passes", "1",
                  "--interval", "0", "--kmsg", str(kmsg), "--sysfs-root", str(sysfs),
-                 "--spool", str(tmp_path / "spool.jsonl"))
+                 "--kernel-log", "file", "--state-dir", str(tmp_path))
     assert list(Signal.objects.filter(source="kernel").values_list("node_name", "message")) == [
         ("gpu-006", "mlx5_core 0000:0c:00.0 enp12s0np0: Link down")]
 
 
 def test_a_torn_spool_line_is_skipped_not_fatal(tmp_path: Path) -> None:
-    spool = agent.Spool(tmp_path / "spool.jsonl")
+    spool = Spool(tmp_path / "spool.jsonl")
     spool.add([{"at": "2026-12-03T10:00:00Z", "source": "kernel", "message": "a"}])
     with spool.path.open("a") as fh:
         fh.write('{"at": "2026-12-03T10:00:01Z", "sour')  # power lost mid-write

@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 
-from collectors import agent
 from collectors import services as collectors
+from collectors.agent.push import Pusher
+from collectors.agent.runner import Agent
+from collectors.agent.spool import Spool
 from collectors.models import Signal
 from incidents.tokens import agent_token_create
 
@@ -74,9 +76,9 @@ class Clock:
         return self.t
 
 
-def _agent(tmp_path: Path, url: str, clock: Clock, **kw: Any) -> agent.Agent:
-    return agent.Agent("gpu-003", agent.Spool(tmp_path / "spool.jsonl"),
-                       agent.Pusher(url, "fw_token", timeout=5), batch=1, now=clock, **kw)
+def _agent(tmp_path: Path, url: str, clock: Clock, **kw: Any) -> Agent:
+    return Agent("gpu-003", Spool(tmp_path / "spool.jsonl"),
+                       Pusher(url, "fw_token", timeout=5), batch=1, now=clock, **kw)
 
 
 def _line(message: str) -> dict[str, Any]:
@@ -140,12 +142,12 @@ def test_the_tries_and_backoff_come_from_the_environment(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEETWATCH_AGENT_MAX_TRIES", "7")
     monkeypatch.setenv("FLEETWATCH_AGENT_RETRY_BACKOFF", "2.5")
-    runner = agent.Agent("gpu-003", agent.Spool(tmp_path / "s.jsonl"),
-                         agent.Pusher("http://127.0.0.1:9", "fw_token"))
+    runner = Agent("gpu-003", Spool(tmp_path / "s.jsonl"),
+                         Pusher("http://127.0.0.1:9", "fw_token"))
     assert (runner.max_tries, runner.retry_backoff) == (7, 2.5)
     monkeypatch.setenv("FLEETWATCH_AGENT_MAX_TRIES", "lots")
-    runner = agent.Agent("gpu-003", agent.Spool(tmp_path / "s.jsonl"),
-                         agent.Pusher("http://127.0.0.1:9", "fw_token"))
+    runner = Agent("gpu-003", Spool(tmp_path / "s.jsonl"),
+                         Pusher("http://127.0.0.1:9", "fw_token"))
     assert runner.max_tries == 5
 
 
@@ -154,8 +156,8 @@ def test_a_batch_whose_answer_was_lost_is_stored_once(
     for source in ("slurm", "kubernetes", "telemetry"):
         collectors.collect_source(source)
     token = agent_token_create("gpu-003")[1]
-    runner = agent.Agent("gpu-003", agent.Spool(tmp_path / "spool.jsonl"),
-                         agent.Pusher(live_server.url, token, timeout=10), batch=10)
+    runner = Agent("gpu-003", Spool(tmp_path / "spool.jsonl"),
+                         Pusher(live_server.url, token, timeout=10), batch=10)
     runner.spool.add([_line(XID79), _line("mlx5_core 0000:0c:00.0: Link down")])
     # FleetWatch stores the sealed batch, and the agent dies before it hears so.
     batch = runner.spool.batch(runner.batch)
@@ -163,8 +165,8 @@ def test_a_batch_whose_answer_was_lost_is_stored_once(
     runner.pusher.push(batch.signals, key=batch.key)
     assert Signal.objects.filter(source="kernel").count() == 2
     # Restarted, it sends the same batch again under the same key: stored once.
-    restarted = agent.Agent("gpu-003", agent.Spool(tmp_path / "spool.jsonl"),
-                            agent.Pusher(live_server.url, token, timeout=10), batch=10)
+    restarted = Agent("gpu-003", Spool(tmp_path / "spool.jsonl"),
+                            Pusher(live_server.url, token, timeout=10), batch=10)
     assert restarted.flush() == 2 and len(restarted.spool) == 0
     assert Signal.objects.filter(source="kernel").count() == 2
     assert not (tmp_path / "spool.rejected").exists()
@@ -172,7 +174,7 @@ def test_a_batch_whose_answer_was_lost_is_stored_once(
 
 def test_sealing_a_batch_keeps_the_spool_and_a_restart_sends_the_batch_it_sealed(
         tmp_path: Path) -> None:
-    spool = agent.Spool(tmp_path / "spool.jsonl")
+    spool = Spool(tmp_path / "spool.jsonl")
     spool.add([_line(str(i)) for i in range(7)])
     sealed = spool.batch(3)
     assert sealed is not None and [s["message"] for s in sealed.signals] == ["0", "1", "2"]

@@ -1,0 +1,178 @@
+"""``fleetwatch-agent``: the node agent's command. Every option has an environment variable
+(for a DaemonSet or a systemd EnvironmentFile); the command line wins."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from collectors.agent import __version__
+from collectors.agent.infiniband import InfinibandSource
+from collectors.agent.kernel import open_kernel_log
+from collectors.agent.nvml import NvmlEvents, NvmlSource
+from collectors.agent.push import Pusher, VersionMismatch
+from collectors.agent.runner import Agent, KernelLog, Poller, StateFile, env_number, pci_key
+from collectors.agent.spool import Spool
+from collectors.knowledge import agent as proto
+
+log = logging.getLogger("fleetwatch-agent")
+
+EXIT_USAGE = 2  # a setting is wrong or missing: restarting will not help
+EXIT_VERSION = 3  # FleetWatch does not take this agent
+
+
+def parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(
+        prog="fleetwatch-agent",
+        description="FleetWatch's node agent: pushes this GPU node's kernel log lines, NVML "
+                    "events and changes, and InfiniBand port changes to FleetWatch.")
+    p.add_argument("--version", action="version",
+                   version=f"fleetwatch-agent {__version__} (protocol {proto.PROTOCOL})")
+    p.add_argument("--url", default=env("FLEETWATCH_URL", ""),
+                   help="FleetWatch's base URL ($FLEETWATCH_URL)")
+    p.add_argument("--node", default=env("FLEETWATCH_AGENT_NODE") or os.uname().nodename,
+                   help="this node's name in FleetWatch ($FLEETWATCH_AGENT_NODE; default: the "
+                        "host name)")
+    p.add_argument("--token-file", default=env("FLEETWATCH_AGENT_TOKEN_FILE", ""),
+                   help="file holding the node's token; '{node}' in it is replaced by the node "
+                        "name ($FLEETWATCH_AGENT_TOKEN_FILE; else $FLEETWATCH_AGENT_TOKEN)")
+    p.add_argument("--state-dir", default=env("FLEETWATCH_AGENT_STATE_DIR",
+                                              "/var/lib/fleetwatch-agent"),
+                   help="the spool and the state file ($FLEETWATCH_AGENT_STATE_DIR)")
+    p.add_argument("--spool", default="", help="the spool file (default: STATE_DIR/spool.jsonl)")
+    p.add_argument("--spool-max-mb", type=float,
+                   default=env_number("FLEETWATCH_AGENT_SPOOL_MAX_MB", 256),
+                   help="cap on the spool's size; at the cap newer records are dropped and "
+                        "counted ($FLEETWATCH_AGENT_SPOOL_MAX_MB, default 256)")
+    p.add_argument("--interval", type=float,
+                   default=env_number("FLEETWATCH_AGENT_INTERVAL", 5.0),
+                   help="seconds between NVML and InfiniBand readings; kernel lines and NVML "
+                        "events are sent as they come ($FLEETWATCH_AGENT_INTERVAL, default 5)")
+    p.add_argument("--passes", type=int, default=None, help="stop after N passes (tests)")
+    p.add_argument("--kmsg", default=env("FLEETWATCH_AGENT_KMSG", "/dev/kmsg"),
+                   help="the kernel log: /dev/kmsg, or a file to follow ($FLEETWATCH_AGENT_KMSG)")
+    p.add_argument("--kernel-log", choices=("auto", "kmsg", "journal", "file", "off"),
+                   default=env("FLEETWATCH_AGENT_KERNEL_LOG", "auto"),
+                   help="auto: /dev/kmsg, else journald ($FLEETWATCH_AGENT_KERNEL_LOG)")
+    p.add_argument("--journal-command", default=env("FLEETWATCH_AGENT_JOURNALCTL", "journalctl"),
+                   help="journalctl, for the journald fallback ($FLEETWATCH_AGENT_JOURNALCTL)")
+    p.add_argument("--sysfs-root", default=env("FLEETWATCH_AGENT_SYSFS_IB",
+                                               "/sys/class/infiniband"))
+    p.add_argument("--no-nvml", action="store_true",
+                   default=env("FLEETWATCH_AGENT_NO_NVML", "") not in ("", "0", "false"),
+                   help="no GPUs to read here ($FLEETWATCH_AGENT_NO_NVML=1)")
+    p.add_argument("--ca-bundle", default=env("FLEETWATCH_AGENT_CA_BUNDLE", ""),
+                   help="CA certificates for FleetWatch's HTTPS ($FLEETWATCH_AGENT_CA_BUNDLE)")
+    p.add_argument("--log-level", default=env("FLEETWATCH_AGENT_LOG_LEVEL", "INFO"))
+    return p
+
+
+def read_token(opts: argparse.Namespace) -> str:
+    if opts.token_file:
+        path = Path(opts.token_file.replace("{node}", opts.node))
+        try:
+            return path.read_text().strip()
+        except OSError as exc:
+            raise SystemExit(f"fleetwatch-agent: cannot read the token file {path}: "
+                             f"{exc.strerror or exc}") from exc
+    return os.environ.get("FLEETWATCH_AGENT_TOKEN", "").strip()
+
+
+def nvml_source(node: str) -> NvmlSource | None:
+    """NVML when this node has it; a node without the driver runs on (kernel log, NICs)."""
+    try:
+        import pynvml  # nvidia-ml-py: loads libnvidia-ml.so.1 only at nvmlInit
+    except ImportError as exc:
+        log.warning("NVML not read: %s", exc)
+        return None
+    try:
+        source = NvmlSource(node, pynvml)
+    except Exception as exc:  # no driver, no library, no device node
+        log.warning("NVML not read: %s", exc)
+        return None
+    log.info("NVML: %s", source.describe())
+    return source
+
+
+def build(opts: argparse.Namespace, token: str) -> Agent:
+    state_dir = Path(opts.state_dir)
+    spool_path = Path(opts.spool) if opts.spool else state_dir / "spool.jsonl"
+    pusher = Pusher(opts.url, token, verify=opts.ca_bundle or True)
+    agent = Agent(opts.node, Spool(spool_path, node=opts.node,
+                                   max_bytes=int(opts.spool_max_mb * 1024 * 1024)), pusher)
+    agent.spool.clock = agent.clock
+    nvml = None if opts.no_nvml else nvml_source(opts.node)
+    sources: list[Poller] = []
+    if nvml is not None:
+        sources.append(nvml)
+        agent.events = NvmlEvents(nvml, agent.urgent)
+    sources.append(InfinibandSource(opts.node, opts.sysfs_root))
+    agent.sources = sources
+
+    state = StateFile(spool_path.with_name("state.json"))
+    reader = None
+    if opts.kernel_log != "off":
+        reader, how = open_kernel_log(opts.kmsg, state.data, journal_command=opts.journal_command,
+                                      mode=opts.kernel_log)
+        if reader is None:
+            log.error("kernel log not read: %s", how)
+            agent.spool.add([{"at": agent.clock(), "source": "kernel", "node": opts.node,
+                              "event": proto.KERNEL_LOG_UNREADABLE,
+                              "message": f"fleetwatch-agent: kernel log not read: {how}"}])
+        else:
+            log.info("kernel log: %s", how)
+            if reader.kind == "file":
+                state.data["file"] = opts.kmsg
+
+    def gpu_for_pci(key: tuple[int, int, int]) -> int | None:
+        if nvml is None:
+            return None
+        return next((g.index for g in nvml.gpus if g.pci and pci_key(g.pci) == key), None)
+
+    if reader is not None:
+        agent.kernel = KernelLog(opts.node, reader, state, agent.urgent, gpu_for_pci)
+    return agent
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parser().parse_args(argv))
+
+
+def run(opts: argparse.Namespace) -> int:
+    """Run the agent until SIGTERM (or ``--passes``); the exit status."""
+    logging.basicConfig(level=opts.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not opts.url:
+        print("fleetwatch-agent: no FleetWatch URL (--url or FLEETWATCH_URL)", file=sys.stderr)
+        return EXIT_USAGE
+    token = read_token(opts)
+    if not token:
+        print("fleetwatch-agent: no token (--token-file, FLEETWATCH_AGENT_TOKEN_FILE or "
+              "FLEETWATCH_AGENT_TOKEN; FleetWatch makes one with: manage.py fleetwatch "
+              "agent-token --node NAME)", file=sys.stderr)
+        return EXIT_USAGE
+    agent = build(opts, token)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping after a last send", signum)
+        agent.stopping.set()
+        agent.wake.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("fleetwatch-agent %s for %s: pushing to %s, readings every %.1f s", __version__,
+             opts.node, opts.url, opts.interval)
+    try:
+        agent.check_version()
+        agent.run(opts.interval, opts.passes)
+    except VersionMismatch as exc:
+        print(f"fleetwatch-agent: {exc}", file=sys.stderr)
+        return EXIT_VERSION
+    return 0
+
