@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test lint install bench drill clean
+.PHONY: run test lint install bench drill clean agent-image
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt
 	deploy/bootstrap.sh run
@@ -61,6 +61,12 @@ drill: install
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.drill.run \
 	  --out reports/drill --grace $(DRILL_GRACE) --scrape $(DRILL_SCRAPE) \
 	  --cred-expire $(DRILL_CRED_EXPIRE) $(DRILL_ARGS)
+
+# The node agent's OCI image (localhost/fleetwatch-agent:<version> and :latest) with podman,
+# from this checkout's collectors/agent package: deploy/agent/README.md. Root; REBUILD_BASE=1
+# makes the Debian base again.
+agent-image:
+	deploy/agent/build-image.sh
 
 lint: install
 	$(BIN)/ruff check .
