@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from collectors import services as collectors
+from collectors.agent import __version__
 from collectors.agent.infiniband import InfinibandSource
 from collectors.agent.kernel import FileReader, KernelLine
 from collectors.agent.nvml import NvmlEvents, NvmlSource
@@ -301,3 +302,150 @@ def test_a_torn_spool_line_is_skipped_not_fatal(tmp_path: Path) -> None:
     assert [s["message"] for s in spool.pending(10)] == ["a", "b"]
     spool.drop(1)
     assert [s["message"] for s in spool.pending(10)] == ["b"]
+
+
+def test_the_spool_at_its_cap_keeps_the_older_records_and_reports_what_it_dropped(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    spool = Spool(tmp_path / "spool.jsonl", node="gpu-003", max_bytes=1000,
+                  clock=lambda: "2026-12-04T10:00:00.000Z")
+    records = [{"at": "2026-12-04T09:00:00Z", "source": "kernel", "node": "gpu-003",
+                "message": f"line {i:02d} " + "x" * 60} for i in range(20)]
+    written = spool.add(records)
+    assert 0 < written < 20 and spool.size() <= 1000
+    assert [r["message"] for r in spool.pending(100)] == [r["message"] for r in records[:written]]
+    assert spool.dropped == 20 - written
+    assert [r.message for r in caplog.records if r.levelname == "ERROR"] == [
+        f"spool {spool.path} is full ({spool.size()} bytes, cap 1000): newer records are dropped "
+        "until FleetWatch takes the older ones"]
+    spool.drop(written)  # FleetWatch is back and took them
+    spool.add(records[:1])
+    report, first = spool.pending(10)
+    assert (report["event"], report["dropped"], report["node"]) == (proto.SPOOL_FULL,
+                                                                   20 - written, "gpu-003")
+    assert report["since"] == "2026-12-04T10:00:00.000Z" and first == records[0]
+    assert spool.dropped == 0
+
+
+class _Server:
+    """A FleetWatch stand-in on a free port, answering what a test says."""
+
+    def __init__(self, answers: dict[tuple[str, str], tuple[int, Any]]) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.seen: list[tuple[str, str, dict[str, str]]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                outer.seen.append((self.command, self.path, dict(self.headers)))
+                code, body = answers.get((self.command, self.path), (404, {"detail": "no"}))
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+
+
+def _run_cli(tmp_path: Path, url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    from collectors.agent.cli import main
+
+    (tmp_path / "token").write_text("fw_token\n")
+    code = main(["--url", url, "--node", "gpu-003", "--token-file", str(tmp_path / "token"),
+                 "--state-dir", str(tmp_path / "state"), "--no-nvml", "--kernel-log", "off",
+                 "--sysfs-root", str(tmp_path / "none"), "--passes", "1", "--interval", "0"])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("answer", "says"), [
+    ((200, {"version": "0.9.0", "protocols": {"oldest": 5, "newest": 6}}),
+     "is too old for FleetWatch 0.9.0"),
+    ((200, {"version": "0.0.1", "protocols": {"oldest": 1, "newest": 1}}),
+     "is newer than FleetWatch 0.0.1"),
+    ((404, {"detail": "Not found."}), "has no agent endpoint (/api/v1/agent/): it is older"),
+])
+def test_an_agent_fleetwatch_does_not_take_stops_at_start_and_says_which_to_upgrade(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], answer: tuple[int, Any],
+        says: str) -> None:
+    server = _Server({("GET", "/api/v1/agent/"): answer})
+    try:
+        code, err = _run_cli(tmp_path, server.url, capsys)
+    finally:
+        server.close()
+    assert code == 3 and says in err
+    assert [(m, p) for m, p, _ in server.seen] == [("GET", "/api/v1/agent/")]  # nothing pushed
+
+
+def test_an_agent_that_cannot_reach_fleetwatch_at_start_spools_and_checks_later(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    code, _ = _run_cli(tmp_path, "http://127.0.0.1:9", capsys)
+    assert code == 0 and "version check postponed (signals are spooled meanwhile)" in caplog.text
+
+
+def test_a_push_answered_426_keeps_the_spool_whole(tmp_path: Path) -> None:
+    server = _Server({("POST", "/api/v1/signals/"): (426, {"detail": "agent speaks 2; upgrade"})})
+    try:
+        runner = Agent("gpu-003", Spool(tmp_path / "spool.jsonl"), Pusher(server.url, "t"))
+        runner.spool.add([{"at": "2026-12-04T10:00:00Z", "source": "kernel", "node": "gpu-003",
+                           "message": XID79}])
+        assert runner.flush() == 0
+        assert len(runner.spool) == 1 and not (tmp_path / "spool.rejected").exists()
+        headers = server.seen[0][2]
+        assert headers[proto.AGENT_HEADER] == f"fleetwatch-agent/{__version__} protocol={proto.PROTOCOL}"
+    finally:
+        server.close()
+
+
+def test_fleetwatch_tells_an_agent_which_protocols_it_takes_and_refuses_others(
+        fleet_nodes: None, client: Any) -> None:
+    token = agent_token_create("gpu-003")[1]
+    r = client.get("/api/v1/agent/", HTTP_AUTHORIZATION=f"Token {token}")
+    assert r.status_code == 200 and r.json() == {
+        "version": __version__, "protocols": {"oldest": proto.OLDEST_PROTOCOL,
+                                              "newest": proto.PROTOCOL},
+        "header": "FleetWatch-Agent"}
+    good = {"at": "2026-12-03T10:00:00Z", "source": "kernel", "node": "gpu-003", "message": XID79}
+    before = Signal.objects.count()
+    for header, says in (("fleetwatch-agent/9.0.0 protocol=99", "upgrade FleetWatch"),
+                         ("fleetwatch-agent/0.0.1 protocol=0", "install the agent built"),
+                         ("fleetwatch-agent/x protocol=two", "speaks push protocol -1")):
+        r = client.post("/api/v1/signals/", {"signals": [good]}, content_type="application/json",
+                        HTTP_AUTHORIZATION=f"Token {token}", HTTP_FLEETWATCH_AGENT=header)
+        assert r.status_code == 426 and says in r.json()["detail"], r.json()
+    assert Signal.objects.count() == before
+    for header in (proto.agent_header(__version__), None):  # this agent; an older one, or a monitor
+        extra = {"HTTP_FLEETWATCH_AGENT": header} if header else {}
+        r = client.post("/api/v1/signals/", {"signals": [good]}, content_type="application/json",
+                        HTTP_AUTHORIZATION=f"Token {token}", **extra)
+        assert r.status_code == 201
+
+
+def test_the_agent_package_imports_nothing_of_the_server() -> None:
+    # What a GPU node installs (collectors/agent/pyproject.toml): no Django, no server module.
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "for name in ('django', 'rest_framework', 'celery', 'collectors.models'):\n"
+            "    sys.modules[name] = None  # importing one fails\n"
+            "import collectors.agent.cli\n")
+    done = subprocess.run([sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
