@@ -29,7 +29,6 @@ import select
 import shlex
 import stat
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -290,7 +289,6 @@ class FileReader:
         self.path = Path(path)
         size = self.path.stat().st_size if self.path.exists() else 0
         self.offset = size if offset is None or offset > size else offset
-        self._stop = threading.Event()
 
     def read(self, timeout: float) -> list[KernelLine]:
         deadline = time.monotonic() + timeout
@@ -352,8 +350,9 @@ def open_kernel_log(path: str, state: dict[str, Any], *, journal_command: str = 
             try:
                 return KmsgReader(path, after), f"reading {path}"
             except OSError as exc:
-                why = ("no CAP_SYSLOG (kernel.dmesg_restrict=1)" if exc.errno == errno.EPERM
-                       else exc.strerror or str(exc))
+                why = ("not permitted: no CAP_SYSLOG where kernel.dmesg_restrict=1, or a "
+                       "container not granted the device (its device cgroup)"
+                       if exc.errno == errno.EPERM else exc.strerror or str(exc))
                 tried.append(f"{path}: {why}")
         elif st is not None and stat.S_ISREG(st.st_mode):
             offset = state.get("file_offset") if state.get("file") == path else None
