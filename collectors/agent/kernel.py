@@ -125,11 +125,14 @@ class KmsgReader:
         # Non-blocking: read returns EAGAIN when no record is waiting; poll() says when one is.
         self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self.last_seq: int | None = after_seq if after_seq is not None and after_seq >= 0 else None
-        if after_seq is None:
-            os.lseek(self.fd, 0, os.SEEK_END)
-        else:
-            os.lseek(self.fd, 0, os.SEEK_SET)
         self.lost = 0
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        if after_seq is None:
+            # "From the end", but knowing where the end is: the records held now are read and
+            # dropped (SEEK_END would leave the next sequence number unknown, and a first
+            # overrun could not be counted).
+            for record in self._records():
+                self.last_seq = record.seq
         self.poller = select.poll()
         self.poller.register(self.fd, select.POLLIN)
         # KERN_CONT fragments (flags "c" then "+", kernels before 4.9): joined into one line.

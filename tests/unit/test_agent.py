@@ -449,3 +449,48 @@ def test_the_agent_package_imports_nothing_of_the_server() -> None:
                           capture_output=True, text=True, timeout=60, check=False,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
+
+
+def test_an_nvml_xid_is_pushed_at_once_not_at_the_next_pass(fleet_nodes: None, live_server: Any,
+                                                            tmp_path: Path) -> None:
+    import threading
+
+    token = agent_token_create("gpu-003")[1]
+    nvml = FakeNvml(8)
+    source = NvmlSource("gpu-003", nvml)
+    runner = Agent("gpu-003", Spool(tmp_path / "spool.jsonl"),
+                   Pusher(live_server.url, token, timeout=5), [source])
+    runner.events = NvmlEvents(source, runner.urgent)
+    # One pass, then a wait of a minute before the next: only the event path can send it.
+    loop = threading.Thread(target=runner.run, args=(60.0, 2), daemon=True)
+    loop.start()
+    try:
+        wait_for(lambda: runner.version_ok, 10, "the agent's version check")
+        nvml.fire(5, 79)
+        # Well before the next pass, a minute away.
+        stored = wait_for(lambda: Signal.objects.filter(source="dcgm", node_name="gpu-003",
+                                                        gpu_index=5).first(), 20, "the XID")
+        assert loop.is_alive()
+    finally:
+        runner.stopping.set()
+        runner.wake.set()
+        loop.join(10)
+    assert (stored.data["metric"], stored.data["value"]) == (dcgm.XID_ERRORS, 79)
+    assert stored.data["uuid"] == "GPU-00000005-0000-0000-0000-fakefakefake"
+    assert not loop.is_alive()
+
+
+def test_a_lost_gpu_reaches_fleetwatch_as_a_signal(fleet_nodes: None, live_server: Any,
+                                                   tmp_path: Path) -> None:
+    token = agent_token_create("gpu-003")[1]
+    nvml = FakeNvml(2)
+    source = NvmlSource("gpu-003", nvml)
+    runner = Agent("gpu-003", Spool(tmp_path / "spool.jsonl"),
+                   Pusher(live_server.url, token, timeout=5), [source])
+    runner.collect()
+    nvml.gpus[1]["lost"] = True
+    runner.collect()
+    assert runner.flush() == 1
+    stored = Signal.objects.get(source="dcgm", node_name="gpu-003")
+    assert (stored.gpu_index, stored.data["event"]) == (1, proto.GPU_LOST)
+    assert "GPU is lost" in stored.message

@@ -228,6 +228,37 @@ def test_an_overrun_is_counted_and_reported_not_fatal(tmp_path: Path,
 
 
 @needs_kmsg
+def test_a_real_overrun_of_the_kernel_buffer_is_counted() -> None:
+    # The kernel keeps its log in a ring of a few hundred KiB: lines written faster than the
+    # agent reads overwrite the ones it has not read, and its next read() fails with EPIPE.
+    marker = uuid.uuid4().hex
+    reader = KmsgReader(KMSG)  # at the end, knowing the end's sequence number
+    written = 4000  # ~3.6 MB, several times any usual log_buf_len
+    read, lost = 0, 0
+    try:
+        pad = "x" * 900
+        for n in range(written):
+            fd = os.open(KMSG, os.O_WRONLY)  # the kernel rate-limits writes per open file
+            try:
+                os.write(fd, f"<7>fleetwatch overrun test {marker} {n} {pad}\n".encode())
+            finally:
+                os.close(fd)
+        kmsg_write(xid_line(marker))
+        for _ in range(50):
+            lines = reader.read(0.2)
+            read += sum(1 for line in lines if marker in line.message)
+            lost += reader.take_lost()
+            if any(line.message == xid_line(marker) for line in lines):
+                break
+    finally:
+        reader.close()
+    assert lost > 0
+    # Nothing invented, nothing missed: every line written since the start was read or
+    # counted lost (lost may also count other writers' lines).
+    assert read + lost >= written + 1 and read < written + 1
+
+
+@needs_kmsg
 def test_continuation_fragments_are_joined(monkeypatch: pytest.MonkeyPatch) -> None:
     # Kernels before 4.9 sent a KERN_CONT message in pieces: flags "c", then "+".
     answers: list[bytes | BaseException] = [
