@@ -28,12 +28,11 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from tests.bench.burst import _free_port, _get, _setup_database, _wait
+from tests.bench.burst import _free_port, _get, _wait, on_own_database
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 KMSG = Path("/dev/kmsg")
@@ -169,20 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runs may not exceed --nodes (one incident per node)")
     if not os.access(KMSG, os.W_OK):
         sys.exit("agent bench: writes to /dev/kmsg, which needs root")
-    sys.path.insert(0, str(ROOT))
-    admin, name = _setup_database()
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetwatch.settings")
-    with tempfile.TemporaryDirectory(prefix="fleetwatch-agent-bench-") as tmp:
-        os.environ["FLEETWATCH_DATA_DIR"] = str(Path(tmp) / "data")
-        import django
-
-        django.setup()
-        from tests.bench.collectors import _drop_database
-
-        try:
-            r = run(args, Path(tmp))
-        finally:
-            _drop_database(admin, name)
+    r = on_own_database("agent", run, args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "agent.json").write_text(json.dumps(r, indent=1))
     lines = [

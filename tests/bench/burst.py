@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +39,16 @@ FLOOD_NODES = [f"gpu-{n:03d}" for n in range(1, 9)]
 FAULT_NODE = "gpu-012"
 
 
-def _setup_database() -> tuple[str, str]:
+def _setup_database(suffix: str = "burst") -> tuple[str, str]:
     import dj_database_url
     import psycopg
 
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith("postgres") or not os.environ.get("CELERY_BROKER_URL", "").startswith(
             "redis://"):
-        sys.exit("burst bench: needs DATABASE_URL (PostgreSQL) and CELERY_BROKER_URL (Redis): "
-                 "run it with tests/harness/with-services.sh")
-    name = f"{dj_database_url.parse(url)['NAME']}_burst"
+        sys.exit(f"{suffix} bench: needs DATABASE_URL (PostgreSQL) and CELERY_BROKER_URL "
+                 "(Redis): run it with tests/harness/with-services.sh")
+    name = f"{dj_database_url.parse(url)['NAME']}_{suffix}"
     admin = url.rsplit("/", 1)[0] + "/postgres"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -261,6 +262,26 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     }
 
 
+def on_own_database(suffix: str, run: Callable[[argparse.Namespace, Path], dict[str, Any]],
+                    args: argparse.Namespace) -> dict[str, Any]:
+    """``run(args, tmp)`` with Django set up on a PostgreSQL database of its own
+    (``<name>_<suffix>``, dropped afterwards) and a temporary data folder."""
+    sys.path.insert(0, str(ROOT))
+    admin, name = _setup_database(suffix)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetwatch.settings")
+    with tempfile.TemporaryDirectory(prefix=f"fleetwatch-{suffix}-") as tmp:
+        os.environ["FLEETWATCH_DATA_DIR"] = str(Path(tmp) / "data")
+        import django
+
+        django.setup()
+        from tests.bench.collectors import _drop_database
+
+        try:
+            return run(args, Path(tmp))
+        finally:
+            _drop_database(admin, name)
+
+
 def _free_port() -> int:
     import socket
 
@@ -304,20 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="give up waiting for the incident after this many seconds")
     parser.add_argument("--out", type=Path, default=Path("reports"))
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    admin, name = _setup_database()
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetwatch.settings")
-    with tempfile.TemporaryDirectory(prefix="fleetwatch-burst-") as tmp:
-        os.environ["FLEETWATCH_DATA_DIR"] = str(Path(tmp) / "data")
-        import django
-
-        django.setup()
-        from tests.bench.collectors import _drop_database
-
-        try:
-            r = run(args, Path(tmp))
-        finally:
-            _drop_database(admin, name)
+    r = on_own_database("burst", run, args)
     lines = [
         "# Burst benchmark", "",
         f"{r['records']:,} {r['kind']} records in {r['batches']:,} batches of "

@@ -196,6 +196,21 @@ def test_without_cap_syslog_kmsg_is_refused_and_journald_is_followed(tmp_path: P
 # --- overruns and continuation lines (the kernel's answers, scripted) ----------------------
 
 
+def scripted(monkeypatch: pytest.MonkeyPatch, reader: KmsgReader,
+             answers: list[bytes | BaseException]) -> KmsgReader:
+    """``reader`` with the kernel's answers to its reads replaced by ``answers``, in order."""
+
+    def scripted_read(fd: int, size: int) -> bytes:
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(reader, "poller", SimpleNamespace(poll=lambda timeout: [(reader.fd, 1)]))
+    monkeypatch.setattr(kernel.os, "read", scripted_read)
+    return reader
+
+
 @needs_kmsg
 def test_an_overrun_is_counted_and_reported_not_fatal(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
@@ -208,15 +223,7 @@ def test_an_overrun_is_counted_and_reported_not_fatal(tmp_path: Path,
         BlockingIOError(),
     ]
 
-    def scripted_read(fd: int, size: int) -> bytes:
-        answer = answers.pop(0)
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
-
-    reader = KmsgReader(KMSG, after_seq=9)
-    monkeypatch.setattr(reader, "poller", SimpleNamespace(poll=lambda timeout: [(reader.fd, 1)]))
-    monkeypatch.setattr(kernel.os, "read", scripted_read)
+    reader = scripted(monkeypatch, KmsgReader(KMSG, after_seq=9), answers)
     spooled: list[dict[str, Any]] = []
     log = KernelLog("gpu-003", reader, StateFile(tmp_path / "state.json"), spooled.extend)
     log.pass_once(0)
@@ -268,15 +275,7 @@ def test_continuation_fragments_are_joined(monkeypatch: pytest.MonkeyPatch) -> N
         BlockingIOError(),
     ]
 
-    def scripted_read(fd: int, size: int) -> bytes:
-        answer = answers.pop(0)
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
-
-    reader = KmsgReader(KMSG, after_seq=19)
-    monkeypatch.setattr(reader, "poller", SimpleNamespace(poll=lambda timeout: [(reader.fd, 1)]))
-    monkeypatch.setattr(kernel.os, "read", scripted_read)
+    reader = scripted(monkeypatch, KmsgReader(KMSG, after_seq=19), answers)
     lines = reader.read(0)
     monkeypatch.undo()
     reader.close()
