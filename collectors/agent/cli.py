@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import logging
 import os
 import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 from collectors.agent import __version__
 from collectors.agent.infiniband import InfinibandSource
@@ -24,6 +26,8 @@ log = logging.getLogger("fleetwatch-agent")
 
 EXIT_USAGE = 2  # a setting is wrong or missing: restarting will not help
 EXIT_VERSION = 3  # FleetWatch does not take this agent
+KERNEL_LOG_CHOICES = ("auto", "kmsg", "journal", "file", "off")
+EXIT_RESTART = 4  # NVML needs a fresh process (a driver upgraded in place)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -57,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--passes", type=int, default=None, help="stop after N passes (tests)")
     p.add_argument("--kmsg", default=env("FLEETWATCH_AGENT_KMSG", "/dev/kmsg"),
                    help="the kernel log: /dev/kmsg, or a file to follow ($FLEETWATCH_AGENT_KMSG)")
-    p.add_argument("--kernel-log", choices=("auto", "kmsg", "journal", "file", "off"),
+    p.add_argument("--kernel-log", choices=KERNEL_LOG_CHOICES,
                    default=env("FLEETWATCH_AGENT_KERNEL_LOG", "auto"),
                    help="auto: /dev/kmsg, else journald ($FLEETWATCH_AGENT_KERNEL_LOG)")
     p.add_argument("--journal-command", default=env("FLEETWATCH_AGENT_JOURNALCTL", "journalctl"),
@@ -65,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sysfs-root", default=env("FLEETWATCH_AGENT_SYSFS_IB",
                                                "/sys/class/infiniband"))
     p.add_argument("--no-nvml", action="store_true",
-                   default=env("FLEETWATCH_AGENT_NO_NVML", "") not in ("", "0", "false"),
+                   default=env("FLEETWATCH_AGENT_NO_NVML", "").strip().lower()
+                   in ("1", "true", "yes", "on"),
                    help="no GPUs to read here ($FLEETWATCH_AGENT_NO_NVML=1)")
     p.add_argument("--ca-bundle", default=env("FLEETWATCH_AGENT_CA_BUNDLE", ""),
                    help="CA certificates for FleetWatch's HTTPS ($FLEETWATCH_AGENT_CA_BUNDLE)")
@@ -74,14 +79,48 @@ def parser() -> argparse.ArgumentParser:
 
 
 def read_token(opts: argparse.Namespace) -> str:
+    """The node's token; "" when none is given or the file cannot be read (said on stderr)."""
     if opts.token_file:
         path = Path(opts.token_file.replace("{node}", opts.node))
         try:
             return path.read_text().strip()
         except OSError as exc:
-            raise SystemExit(f"fleetwatch-agent: cannot read the token file {path}: "
-                             f"{exc.strerror or exc}") from exc
+            print(f"fleetwatch-agent: cannot read the token file {path}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            return ""
     return os.environ.get("FLEETWATCH_AGENT_TOKEN", "").strip()
+
+
+def settings_problem(opts: argparse.Namespace) -> str:
+    """What is wrong with settings that came from the environment (argparse checks only the
+    command line's)."""
+    if opts.kernel_log not in KERNEL_LOG_CHOICES:
+        return (f"FLEETWATCH_AGENT_KERNEL_LOG={opts.kernel_log!r}: one of "
+                f"{', '.join(KERNEL_LOG_CHOICES)}")
+    if not isinstance(logging.getLevelName(opts.log_level.upper()), int):
+        return f"log level {opts.log_level!r}: DEBUG, INFO, WARNING or ERROR"
+    if opts.interval < 0:
+        return f"interval {opts.interval}: seconds, 0 or more (at least 0.1 is used)"
+    if not opts.url:
+        return "no FleetWatch URL (--url or FLEETWATCH_URL)"
+    return ""
+
+
+def lock_state_dir(state_dir: Path) -> IO[str] | None:
+    """Hold the state directory for this process (two agents on one spool would undo each
+    other's writes); None when another agent holds it."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    handle = (state_dir / "agent.lock").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 def nvml_source(node: str) -> NvmlSource | None:
@@ -115,7 +154,7 @@ def build(opts: argparse.Namespace, token: str) -> Agent:
     sources.append(InfinibandSource(opts.node, opts.sysfs_root))
     agent.sources = sources
 
-    state = StateFile(spool_path.with_name("state.json"))
+    state = StateFile(state_dir / "state.json")
     reader = None
     if opts.kernel_log != "off":
         reader, how = open_kernel_log(opts.kmsg, state.data, journal_command=opts.journal_command,
@@ -127,8 +166,6 @@ def build(opts: argparse.Namespace, token: str) -> Agent:
                               "message": f"fleetwatch-agent: kernel log not read: {how}"}])
         else:
             log.info("kernel log: %s", how)
-            if reader.kind == "file":
-                state.data["file"] = opts.kmsg
 
     def gpu_for_pci(key: tuple[int, int, int]) -> int | None:
         if nvml is None:
@@ -146,10 +183,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(opts: argparse.Namespace) -> int:
     """Run the agent until SIGTERM (or ``--passes``); the exit status."""
+    problem = settings_problem(opts)
+    if problem:
+        print(f"fleetwatch-agent: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     logging.basicConfig(level=opts.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not opts.url:
-        print("fleetwatch-agent: no FleetWatch URL (--url or FLEETWATCH_URL)", file=sys.stderr)
+    lock = lock_state_dir(Path(opts.state_dir))
+    if lock is None:
+        print(f"fleetwatch-agent: another agent is running with {opts.state_dir} (its pid is "
+              f"in {Path(opts.state_dir) / 'agent.lock'})", file=sys.stderr)
         return EXIT_USAGE
     token = read_token(opts)
     if not token:
@@ -174,5 +217,5 @@ def run(opts: argparse.Namespace) -> int:
     except VersionMismatch as exc:
         print(f"fleetwatch-agent: {exc}", file=sys.stderr)
         return EXIT_VERSION
-    return 0
+    return EXIT_RESTART if agent.restart_needed else 0
 

@@ -27,19 +27,24 @@ import os
 import re
 import select
 import shlex
+import signal
 import stat
 import subprocess
+import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 log = logging.getLogger(__name__)
 
 # The kernel refuses a read into a buffer smaller than the record (EINVAL); a record is at
 # most CONSOLE_EXT_LOG_MAX (8 KiB) with its dictionary.
 READ_SIZE = 16384
+# A file is followed at most this much per read (a large backlog, a few reads).
+READ_FILE_MAX = 4 * 1024 * 1024
 _ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 # A record's header: "6,1234,5678,-;" (more comma fields may follow the flags on newer kernels)
 _HEADER = re.compile(r"^(\d+),(\d+),(\d+),([^,;]*)[^;]*;")
@@ -108,6 +113,10 @@ class KernelReader(Protocol):
 
     def take_lost(self) -> int:
         """Records lost since the last call (overwritten before they were read)."""
+        ...
+
+    def take_trouble(self) -> list[str]:
+        """What went wrong with the reader since the last call (it goes on, or will)."""
         ...
 
     def close(self) -> None: ...
@@ -191,11 +200,16 @@ class KmsgReader:
         return out
 
     def position(self) -> dict[str, Any]:
-        return {"kmsg_seq": self.last_seq} if self.last_seq is not None else {}
+        # The boot with it: sequence numbers start again at every boot.
+        return ({"kmsg_seq": self.last_seq, "kmsg_boot": boot_id()}
+                if self.last_seq is not None else {})
 
     def take_lost(self) -> int:
         lost, self.lost = self.lost, 0
         return lost
+
+    def take_trouble(self) -> list[str]:
+        return []
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -204,43 +218,78 @@ class KmsgReader:
 
 class JournalReader:
     """``journalctl -k -f -o json``: the kernel messages journald keeps, for a node where
-    /dev/kmsg cannot be read. Resumes after ``cursor``; without one, starts at the end."""
+    /dev/kmsg cannot be read. Resumes after ``cursor``; without one, starts at the end. A
+    journalctl that stops (journald restarted, the journal rotated away) is reported and
+    started again after its last cursor, ``RESTART_AFTER`` seconds later."""
 
     kind = "journal"
+    RESTART_AFTER = 5.0
 
     def __init__(self, command: str = "journalctl", cursor: str | None = None) -> None:
-        argv = [*shlex.split(command), "--dmesg", "--follow", "--output=json", "--no-pager"]
-        argv += [f"--after-cursor={cursor}"] if cursor else ["--lines=0"]
-        self.cursor = cursor
+        self.command, self.cursor = command, cursor
+        self.trouble: list[str] = []
+        self._restart_at: float | None = None
+        self._start()
+
+    def _start(self) -> None:
+        argv = [*shlex.split(self.command), "--dmesg", "--follow", "--output=json", "--no-pager"]
+        argv += [f"--after-cursor={self.cursor}"] if self.cursor else ["--lines=0"]
         self.argv = argv
+        # Its own process group, so a wrapper (nsenter, chroot) goes with it on close.
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL)
-        assert self.proc.stdout is not None
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        assert self.proc.stdout is not None and self.proc.stderr is not None
         self._buffer = b""
         self._out = self.proc.stdout
         os.set_blocking(self._out.fileno(), False)
         self.poller = select.poll()
         self.poller.register(self._out.fileno(), select.POLLIN)
+        # Its complaints are read as they come (a full pipe would stop it) and the last
+        # few kept for the report when it stops.
+        self._errors: deque[str] = deque(maxlen=20)
+        threading.Thread(target=self._drain_errors, args=(self.proc.stderr,),
+                         name="journalctl-stderr", daemon=True).start()
+
+    def _drain_errors(self, stream: IO[bytes]) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for line in stream:
+                self._errors.append(line.decode("utf-8", "replace").rstrip())
 
     def failed(self) -> str | None:
         """Why journalctl stopped, if it did."""
         code = self.proc.poll()
         if code is None:
             return None
-        err = self.proc.stderr.read().decode("utf-8", "replace") if self.proc.stderr else ""
-        return f"{shlex.join(self.argv)} exited with {code}: {err.strip()[:300]}"
+        time.sleep(0.05)  # its last words, read by the stderr thread
+        return (f"{shlex.join(self.argv)} exited with {code}: "
+                f"{' / '.join(self._errors)[-300:]}")
 
     def read(self, timeout: float) -> list[KernelLine]:
+        if self._restart_at is not None:
+            wait = self._restart_at - time.monotonic()
+            if wait > 0:
+                time.sleep(min(timeout, wait))
+                return []
+            self._restart_at = None
+            self._start()
+        ended = False
         if self.poller.poll(max(0, int(timeout * 1000))):
-            with contextlib.suppress(BlockingIOError):
+            try:
                 while chunk := os.read(self._out.fileno(), 65536):
                     self._buffer += chunk
+                ended = True  # end of file: journalctl is gone
+            except BlockingIOError:
+                pass
         *complete, self._buffer = self._buffer.split(b"\n")
-        out = []
-        for raw in complete:
-            line = self._line(raw)
-            if line is not None:
-                out.append(line)
+        out = [line for line in map(self._line, complete) if line is not None]
+        if ended:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(2)  # its exit status, which comes just after its output ends
+            why = self.failed() or f"{shlex.join(self.argv)} closed its output"
+            log.error("kernel log: %s; starting it again in %.0f s", why, self.RESTART_AFTER)
+            self.trouble.append(why)
+            self._stop_process()
+            self._restart_at = time.monotonic() + self.RESTART_AFTER
         return out
 
     def _line(self, raw: bytes) -> KernelLine | None:
@@ -262,7 +311,7 @@ class JournalReader:
             return None
         wall = None
         with contextlib.suppress(TypeError, ValueError):
-            wall = int(entry["__REALTIME_TIMESTAMP"]) / 1e6
+            wall = int(entry.get("__REALTIME_TIMESTAMP")) / 1e6  # type: ignore[arg-type]
         fields = {k.lstrip("_"): str(v) for k, v in entry.items()
                   if k in ("_KERNEL_SUBSYSTEM", "_KERNEL_DEVICE", "_BOOT_ID")}
         return KernelLine(message, wall=wall, fields=fields)
@@ -273,13 +322,25 @@ class JournalReader:
     def take_lost(self) -> int:
         return 0
 
-    def close(self) -> None:
+    def take_trouble(self) -> list[str]:
+        trouble, self.trouble = self.trouble, []
+        return trouble
+
+    def _stop_process(self) -> None:
         if self.proc.poll() is None:
-            self.proc.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(2)
         if self.proc.poll() is None:
-            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        with contextlib.suppress(OSError):
+            self._out.close()
+
+    def close(self) -> None:
+        self._stop_process()
 
 
 class FileReader:
@@ -308,7 +369,7 @@ class FileReader:
             self.offset = 0
         with self.path.open("rb") as fh:
             fh.seek(self.offset)
-            chunk = fh.read()
+            chunk = fh.read(READ_FILE_MAX)  # the rest on the next read
         complete = chunk.rfind(b"\n") + 1  # a half-written last line waits for its end
         self.offset += complete
         out = []
@@ -319,10 +380,13 @@ class FileReader:
         return out
 
     def position(self) -> dict[str, Any]:
-        return {"file_offset": self.offset}
+        return {"file": str(self.path), "file_offset": self.offset}
 
     def take_lost(self) -> int:
         return 0
+
+    def take_trouble(self) -> list[str]:
+        return []
 
     def close(self) -> None:
         pass
@@ -340,7 +404,8 @@ def open_kernel_log(path: str, state: dict[str, Any], *, journal_command: str = 
     ``/dev/kmsg`` (or the character device at ``path``), else journald, else nothing; a
     regular file at ``path`` is followed as a file. Returns the reader (None: no kernel log)
     and what was tried, for the log and the agent's report."""
-    same_boot = state.get("boot_id") == boot_id() and boot_id() != ""
+    kmsg_boot = state.get("kmsg_boot")
+    same_boot = kmsg_boot is not None and kmsg_boot == boot_id() != ""
     tried = []
     if mode in ("auto", "kmsg", "file"):
         try:
@@ -349,7 +414,9 @@ def open_kernel_log(path: str, state: dict[str, Any], *, journal_command: str = 
             st = None
             tried.append(f"{path}: {exc.strerror or exc}")
         if st is not None and stat.S_ISCHR(st.st_mode) and mode != "file":
-            after = state.get("kmsg_seq") if same_boot else (-1 if state.get("boot_id") else None)
+            # Same boot: after the last record spooled. Another boot: all of this one (the
+            # driver's probe messages among them). Never read before: from the end.
+            after = state.get("kmsg_seq") if same_boot else (-1 if kmsg_boot else None)
             try:
                 return KmsgReader(path, after), f"reading {path}"
             except OSError as exc:
@@ -358,7 +425,7 @@ def open_kernel_log(path: str, state: dict[str, Any], *, journal_command: str = 
                        if exc.errno == errno.EPERM else exc.strerror or str(exc))
                 tried.append(f"{path}: {why}")
         elif st is not None and stat.S_ISREG(st.st_mode):
-            offset = state.get("file_offset") if state.get("file") == path else None
+            offset = state.get("file_offset") if state.get("file") == str(path) else None
             return FileReader(path, offset), f"following the file {path}"
     if mode in ("auto", "journal"):
         cursor = state.get("journal_cursor")

@@ -33,6 +33,7 @@ ERROR_UNINITIALIZED = 1
 ERROR_NOT_SUPPORTED = 3
 ERROR_DRIVER_NOT_LOADED = 9
 ERROR_TIMEOUT = 10
+ERROR_FUNCTION_NOT_FOUND = 13
 ERROR_GPU_IS_LOST = 15
 ERROR_RESET_REQUIRED = 16
 ERROR_LIB_RM_VERSION_MISMATCH = 18
@@ -82,8 +83,16 @@ class NvmlSource:
         self.gpus: list[Gpu] = []
         self.driver = ""
         self.reports: list[dict[str, Any]] = []  # the agent's own news, sent with the next poll
-        self._lock = threading.Lock()  # the event thread and the poll share the GPU list
+        # Held around every NVML call of the event thread and around a restart of NVML, so
+        # NVML is never shut down under a wait in progress.
+        self.lock = threading.RLock()
         self.ready = False
+        # Counts NVML starts: the event thread registers again on new handles when it moves.
+        self.generation = 0
+        # After an in-place driver upgrade pynvml cannot load the new library: the process
+        # must start again (the agent exits with EXIT_RESTART; systemd or the kubelet restart it).
+        self.restart_needed = False
+        self._unavailable = ""  # the last reason reported, so it is reported once
         self._start()
 
     # --- set-up -------------------------------------------------------------------------
@@ -93,7 +102,13 @@ class NvmlSource:
         nvml.nvmlInit()
         gpus = []
         for i in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            except nvml.NVMLError as exc:
+                # One GPU off the bus (or hidden from this container) leaves the others read.
+                gpus.append(Gpu(i, None, lost=True))
+                self._report(proto.GPU_LOST, f"NVML: GPU {i} answers: {exc}", gpu=i)
+                continue
             gpu = Gpu(i, handle)
             for name, call in (("uuid", nvml.nvmlDeviceGetUUID), ("name", nvml.nvmlDeviceGetName)):
                 with contextlib.suppress(nvml.NVMLError):
@@ -104,8 +119,8 @@ class NvmlSource:
         with contextlib.suppress(nvml.NVMLError):
             self.driver = _text(nvml.nvmlSystemGetDriverVersion())
         before = len(self.gpus)
-        with self._lock:
-            self.gpus = gpus
+        self.gpus = gpus
+        self.generation += 1
         if self.ready and before != len(gpus):
             self._report(proto.GPU_COUNT_CHANGED, f"NVML lists {len(gpus)} GPUs, {before} before",
                          before=before, now=len(gpus))
@@ -124,15 +139,21 @@ class NvmlSource:
                 .replace("  ", " "))
 
     def reinit(self, why: str) -> None:
-        """The driver went away: start NVML again, or say it is unavailable."""
-        with contextlib.suppress(Exception):
-            self.nvml.nvmlShutdown()
-        try:
-            self._start()
-        except Exception as exc:
-            self.ready = False
-            self._report(proto.NVML_UNAVAILABLE, f"NVML unavailable ({why}): {exc}")
-            return
+        """The driver went away: start NVML again, or say (once) it is unavailable."""
+        with self.lock:
+            with contextlib.suppress(Exception):
+                self.nvml.nvmlShutdown()
+            try:
+                self._start()
+            except Exception as exc:
+                self.ready = False
+                if error_code(exc) == ERROR_LIB_RM_VERSION_MISMATCH:
+                    self.restart_needed = True
+                if str(exc) != self._unavailable:  # said once, not on every poll
+                    self._unavailable = str(exc)
+                    self._report(proto.NVML_UNAVAILABLE, f"NVML unavailable ({why}): {exc}")
+                return
+        self._unavailable = ""
         self._report(proto.NVML_REINIT, f"NVML started again after: {why}")
 
     # --- matching -----------------------------------------------------------------------
@@ -162,7 +183,7 @@ class NvmlSource:
             (dcgm.GPU_TEMP, lambda: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
             (dcgm.POWER_USAGE, lambda: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),  # mW -> W
             (dcgm.GPU_UTIL, lambda: nvml.nvmlDeviceGetUtilizationRates(h).gpu),
-            (dcgm.CLOCKS_EVENT_REASONS, lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(h)),
+            (dcgm.CLOCKS_EVENT_REASONS, lambda: self._clock_reasons(h)),
             (dcgm.ECC_DBE_VOL_TOTAL, lambda: nvml.nvmlDeviceGetTotalEccErrors(
                 h, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)),
             (dcgm.ECC_SBE_VOL_TOTAL, lambda: nvml.nvmlDeviceGetTotalEccErrors(
@@ -192,6 +213,16 @@ class NvmlSource:
                 raise
         out.update(self._nvlink(gpu))
         return out
+
+    def _clock_reasons(self, handle: Any) -> int:
+        """The clock-event reasons; drivers before R535 have only the older name."""
+        nvml = self.nvml
+        try:
+            return int(nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+        except (AttributeError, nvml.NVMLError) as exc:
+            if isinstance(exc, nvml.NVMLError) and error_code(exc) != ERROR_FUNCTION_NOT_FOUND:
+                raise
+            return int(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
 
     def _nvlink(self, gpu: Gpu) -> dict[str, float]:
         """Links down among those that were up at start, and the error counters summed."""
@@ -231,6 +262,8 @@ class NvmlSource:
             return self._take_reports()
         out: list[dict[str, Any]] = []
         for gpu in list(self.gpus):
+            if gpu.handle is None:
+                continue  # no handle at NVML's start: reported then; found again at a restart
             try:
                 now = self._read(gpu)
             except self.nvml.NVMLError as exc:
@@ -321,23 +354,39 @@ class NvmlEvents:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
         self.events: Any = None
+        self.generation = -1  # the NVML start the event set belongs to
 
     def _register(self) -> None:
-        nvml = self.source.nvml
-        self.events = nvml.nvmlEventSetCreate()
-        wanted = nvml.nvmlEventTypeXidCriticalError | getattr(
-            nvml, "nvmlEventTypeDoubleBitEccError", 0)
-        for gpu in self.source.gpus:
-            types = wanted
-            with contextlib.suppress(nvml.NVMLError, AttributeError):
-                types &= int(nvml.nvmlDeviceGetSupportedEventTypes(gpu.handle))
-            if not types:
-                log.warning("GPU %d: NVML offers no XID events", gpu.index)
-                continue
-            try:
-                nvml.nvmlDeviceRegisterEvents(gpu.handle, types, self.events)
-            except nvml.NVMLError as exc:  # some GPUs (or MIG modes) do not support events
-                log.warning("GPU %d: NVML events unavailable: %s", gpu.index, exc)
+        """A new event set on the GPUs NVML has now (after a restart of NVML, new handles);
+        the old set is freed."""
+        source, nvml = self.source, self.source.nvml
+        with source.lock:
+            self._free()
+            self.generation = source.generation
+            if not source.ready:
+                return
+            self.events = nvml.nvmlEventSetCreate()
+            wanted = nvml.nvmlEventTypeXidCriticalError | getattr(
+                nvml, "nvmlEventTypeDoubleBitEccError", 0)
+            for gpu in source.gpus:
+                if gpu.handle is None:
+                    continue
+                types = wanted
+                with contextlib.suppress(nvml.NVMLError, AttributeError):
+                    types &= int(nvml.nvmlDeviceGetSupportedEventTypes(gpu.handle))
+                if not types:
+                    log.warning("GPU %d: NVML offers no XID events", gpu.index)
+                    continue
+                try:
+                    nvml.nvmlDeviceRegisterEvents(gpu.handle, types, self.events)
+                except nvml.NVMLError as exc:  # some GPUs (or MIG modes) do not support events
+                    log.warning("GPU %d: NVML events unavailable: %s", gpu.index, exc)
+
+    def _free(self) -> None:
+        if self.events is not None:
+            with contextlib.suppress(Exception):
+                self.source.nvml.nvmlEventSetFree(self.events)
+            self.events = None
 
     def start(self) -> None:
         self._register()
@@ -346,31 +395,38 @@ class NvmlEvents:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=self.WAIT_MS / 1000 + 2)
-        with contextlib.suppress(Exception):
-            self.source.nvml.nvmlEventSetFree(self.events)
+        with self.source.lock:
+            self._free()
 
     def _run(self) -> None:
         nvml = self.source.nvml
+        complaint = ""
         while not self._stop.is_set():
             try:
-                event = nvml.nvmlEventSetWait_v2(self.events, self.WAIT_MS)
+                if self.events is None or self.generation != self.source.generation:
+                    if not self.source.ready:  # NVML is down: the poll restarts it
+                        self._stop.wait(2.0)
+                        continue
+                    self._register()
+                with self.source.lock:
+                    event = nvml.nvmlEventSetWait_v2(self.events, self.WAIT_MS)
             except nvml.NVMLError as exc:
                 if error_code(exc) == ERROR_TIMEOUT or isinstance(
                         exc, getattr(nvml, "NVMLError_Timeout", ())):
                     continue
-                # GPU lost or driver gone: the poll reports it and starts NVML again; wait
-                # for that, then register on the new handles.
-                log.warning("NVML event wait failed: %s", exc)
-                if self._stop.wait(2.0):
-                    return
-                with contextlib.suppress(Exception):
-                    self._register()
+                # A GPU lost or the driver gone: the poll reports it and restarts NVML when
+                # it must; meanwhile a fresh event set every few seconds.
+                if str(exc) != complaint:
+                    complaint = str(exc)
+                    log.warning("NVML event wait failed: %s", exc)
+                self.generation = -1
+                self._stop.wait(2.0)
                 continue
             except Exception:  # never let the thread die silently
                 log.exception("NVML event wait failed")
-                if self._stop.wait(2.0):
-                    return
+                self._stop.wait(2.0)
                 continue
+            complaint = ""
             try:
                 self.deliver([self.record(event)])
             except Exception:

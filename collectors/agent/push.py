@@ -26,8 +26,11 @@ class Pusher:
         # spool's job, so keep them short. Safe to repeat: every push carries its batch's key.
         # The last answer comes back (not an exception), so push() can tell a gateway's 502
         # or 504, which may be this batch's doing, from an unreachable server.
+        # Retry-After is not obeyed here: a proxy's "retry in an hour" would hold the agent
+        # (and its stop on SIGTERM) that long; the spool already waits between sends.
         retry = Retry(total=2, backoff_factor=0.5, status_forcelist=(502, 503, 504),
-                      allowed_methods=frozenset({"POST"}), raise_on_status=False)
+                      allowed_methods=frozenset({"POST"}), raise_on_status=False,
+                      respect_retry_after_header=False)
         self.session.mount("http://", HTTPAdapter(max_retries=retry))
         self.session.mount("https://", HTTPAdapter(max_retries=retry))
         self.session.headers["Authorization"] = f"Token {token}"
@@ -44,13 +47,15 @@ class Pusher:
         except requests.RequestException as exc:
             raise PushFailed(f"FleetWatch unreachable: {exc}", retry=True) from exc
         if response.status_code == 404:
-            raise VersionMismatch(
-                f"FleetWatch at {self.base} has no agent endpoint (/api/v1/agent/): it is older "
-                f"than this agent ({__version__}, protocol {proto.PROTOCOL}); upgrade FleetWatch "
-                "or run the agent that came with it (manage.py fleetwatch agent)")
+            # A FleetWatch older than this agent, a wrong URL, or an ingress mid-deploy: not
+            # a certain mismatch, so asked again later (the signals are spooled meanwhile).
+            raise PushFailed(
+                f"{self.base}/api/v1/agent/ answered 404: the URL is not FleetWatch's, or "
+                f"FleetWatch is older than this agent ({__version__}, protocol "
+                f"{proto.PROTOCOL}) and must be upgraded first", retry=True, status=404)
         if response.status_code != 200:
             raise PushFailed(f"FleetWatch answered {response.status_code} to the version check: "
-                             f"{response.text[:300]}", retry=True)
+                             f"{response.text[:300]}", retry=True, status=response.status_code)
         try:
             info = response.json()
             oldest, newest = int(info["protocols"]["oldest"]), int(info["protocols"]["newest"])
@@ -91,24 +96,27 @@ class Pusher:
         if code in (401, 404, 408, 429, 503):
             # A token being rotated, a proxy mid-deploy, "later, please": not this batch's
             # fault, so no try is counted and the spool waits as long as it takes.
-            raise PushFailed(message, retry=True)
+            raise PushFailed(message, retry=True, status=code)
         # Any other server error may be this very batch (a record the server trips on): tried
         # again a few times, then set aside. 400/403/413/422: refused, set aside at once.
-        raise PushFailed(message, retry=code >= 500, bounded=True)
+        raise PushFailed(message, retry=code >= 500, bounded=True, status=code)
 
 
 class PushFailed(Exception):
     """``retry``: worth sending again; ``bounded``: only a few times (the answer may be about
-    this batch), else for as long as it takes (FleetWatch is away)."""
+    this batch), else for as long as it takes (FleetWatch is away). ``status``: FleetWatch's
+    HTTP answer, if there was one."""
 
-    def __init__(self, message: str, *, retry: bool, bounded: bool = False) -> None:
+    def __init__(self, message: str, *, retry: bool, bounded: bool = False,
+                 status: int | None = None) -> None:
         super().__init__(message)
         self.retry = retry
         self.bounded = bounded
+        self.status = status
 
 
 class VersionMismatch(PushFailed):
     """FleetWatch does not take this agent's protocol (the message says which to upgrade)."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, retry=True)
+        super().__init__(message, retry=True, status=426)

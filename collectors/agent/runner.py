@@ -34,12 +34,16 @@ def iso(seconds: float | None = None) -> str:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def pci_key(text: str) -> tuple[int, int, int] | None:
-    """(domain, bus, device) of the first PCI address in ``text``: NVML writes
+def pci_keys(text: str) -> list[tuple[int, int, int]]:
+    """(domain, bus, device) of each PCI address in ``text``, in order: NVML writes
     ``00000000:9B:00.0``, the kernel ``0000:9b:00.0`` and the driver's XID lines
-    ``PCI:0000:9b:00``."""
-    match = _PCI.search(text)
-    return (int(match[1], 16), int(match[2], 16), int(match[3], 16)) if match else None
+    ``PCI:0000:9b:00``. An AER line names the root port first and the device after it."""
+    return [(int(m[1], 16), int(m[2], 16), int(m[3], 16)) for m in _PCI.finditer(text)]
+
+
+def pci_key(text: str) -> tuple[int, int, int] | None:
+    keys = pci_keys(text)
+    return keys[0] if keys else None
 
 
 def env_number(name: str, default: float) -> float:
@@ -49,6 +53,12 @@ def env_number(name: str, default: float) -> float:
     except ValueError:
         log.warning("%s=%r is not a number; using %s", name, raw, default)
         return default
+
+
+# What a kernel log reader's position() may hold (kernel.py).
+POSITION_KEYS = ("kmsg_seq", "kmsg_boot", "journal_cursor", "file", "file_offset")
+# The shortest interval between readings: a loop that never sleeps would starve the node.
+MIN_INTERVAL = 0.1
 
 
 class StateFile:
@@ -67,8 +77,12 @@ class StateFile:
             log.warning("state file %s unreadable (%s): starting at the kernel log's end",
                         self.path, exc)
 
-    def save(self, **values: Any) -> None:
-        self.data.update(values, boot_id=boot_id(), saved_at=iso())
+    def save(self, **position: Any) -> None:
+        """Record where the kernel log reader stands (its ``position()``), replacing where
+        any reader stood before: a node that went from journald back to /dev/kmsg must not
+        resume at an old sequence number."""
+        self.data = {k: v for k, v in self.data.items() if k not in POSITION_KEYS}
+        self.data.update(position, boot_id=boot_id(), saved_at=iso())
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         with tmp.open("w") as fh:
@@ -116,9 +130,9 @@ class KernelLog:
                                       "node": self.node, "message": line.message.strip()}
             if line.seq is not None:
                 record["seq"] = line.seq
-            key = pci_key(line.message)
-            if key and self.gpu_for_pci:
-                gpu = self.gpu_for_pci(key)
+            if self.gpu_for_pci:
+                gpu = next((g for g in map(self.gpu_for_pci, pci_keys(line.message))
+                            if g is not None), None)
                 if gpu is not None:
                     record["gpu"] = gpu
             out.append(record)
@@ -127,6 +141,10 @@ class KernelLog:
     def pass_once(self, timeout: float) -> int:
         lines = self.reader.read(timeout)
         records = self.records(lines)
+        for trouble in self.reader.take_trouble():
+            records.append({"at": iso(), "source": "kernel", "node": self.node,
+                            "event": proto.KERNEL_LOG_UNREADABLE,
+                            "message": f"fleetwatch-agent: kernel log: {trouble}"})
         lost = self.reader.take_lost()
         if lost:
             records.append({"at": iso(), "source": "kernel", "node": self.node,
@@ -175,6 +193,7 @@ class Agent:
     wake: threading.Event = field(default_factory=threading.Event)
     stopping: threading.Event = field(default_factory=threading.Event)
     version_ok: bool = False
+    restart_needed: bool = False  # stopped so that the service manager starts it afresh
 
     def urgent(self, signals: list[dict[str, Any]]) -> None:
         """From a reader thread: spool (durably) and have the loop send now."""
@@ -201,11 +220,18 @@ class Agent:
         except PushFailed as exc:
             log.warning("version check postponed (signals are spooled meanwhile): %s", exc)
 
-    def flush(self) -> int:
-        """Send the spool, oldest first. Returns how many signals left it (stored, or set
-        aside)."""
+    def flush(self, deadline: float | None = None) -> int:
+        """Send the spool, oldest first, until it is empty or a send fails; a stop
+        (``stopping``) ends it after the batch under way, unless a ``deadline``
+        (time.monotonic()) is given for a last send. Returns how many signals left the spool
+        (stored, or set aside)."""
         sent = 0
         while True:
+            if deadline is None and self.stopping.is_set():
+                return sent
+            if deadline is not None and time.monotonic() > deadline:
+                log.warning("stopping with %d signal(s) in the spool", len(self.spool))
+                return sent
             batch = self.spool.batch(self.batch)
             if batch is None or batch.next_at > self.now():
                 return sent  # empty, or this batch's next try is not due yet
@@ -216,9 +242,20 @@ class Agent:
                           len(self.spool), exc)
                 return sent
             except PushFailed as exc:
+                if exc.status == 413 and len(batch.signals) > 1:
+                    # Over FleetWatch's (or a proxy's) limit: smaller batches from now on.
+                    self.batch = max(1, len(batch.signals) // 2)
+                    self.spool.reseal(batch, self.batch)
+                    log.warning("FleetWatch took no batch of %d (413): sending %d at a time",
+                                len(batch.signals), self.batch)
+                    continue
                 if exc.retry and not exc.bounded:
-                    log.warning("push failed, %d signal(s) kept in the spool: %s",
-                                len(self.spool), exc)
+                    if exc.status == 401:
+                        log.error("FleetWatch does not know this node's token (401); %d "
+                                  "signal(s) kept in the spool: %s", len(self.spool), exc)
+                    else:
+                        log.warning("push failed, %d signal(s) kept in the spool: %s",
+                                    len(self.spool), exc)
                     return sent
                 batch.tries += 1
                 if exc.retry and batch.tries < self.max_tries:
@@ -248,36 +285,58 @@ class Agent:
                   len(batch.signals), rejected, exc)
 
     def run(self, interval: float, passes: int | None = None) -> None:
-        """Read every ``interval`` seconds and send; send at once whenever a reader thread
-        spooled something urgent. ``passes``: stop after that many periodic passes (tests);
-        ``stopping`` (SIGTERM) ends it after a last send."""
-        for reader in (self.kernel, self.events):
-            if reader is not None:
-                reader.start()
+        """Read the sources every ``interval`` seconds (in a thread of its own: an NVML call
+        that hangs on a bad GPU must not hold back what the readers spooled) and send
+        whenever something was spooled. ``passes``: stop after that many readings (tests);
+        ``stopping`` (SIGTERM) ends it after a last send of at most ``STOP_SEND`` seconds."""
+        interval = max(interval, MIN_INTERVAL)
+        poller = threading.Thread(target=self._poll_loop, args=(interval, passes),
+                                  name="readings", daemon=True)
+        started: list[Any] = []
         try:
-            done = 0
-            while not self.stopping.is_set() and (passes is None or done < passes):
-                due = time.monotonic() + interval
-                self.collect()
-                self._send()
-                done += 1
-                # Until the next pass: send whatever the readers spool, as it comes.
-                while not self.stopping.is_set():
-                    left = due - time.monotonic()
-                    if left <= 0 or not self.wake.wait(left):
-                        break
-                    self.wake.clear()
-                    self._send()
-            self._send()
-        finally:
             for reader in (self.kernel, self.events):
                 if reader is not None:
-                    with contextlib.suppress(Exception):
-                        reader.stop()
+                    reader.start()
+                    started.append(reader)
+            poller.start()
+            while not self.stopping.is_set():
+                self.wake.wait(interval)  # woken by a reader, or a retry that came due
+                self.wake.clear()
+                self._send()
+            self._send(deadline=time.monotonic() + self.STOP_SEND)
+        finally:
+            self.stopping.set()
+            for reader in started:
+                with contextlib.suppress(Exception):
+                    reader.stop()
+            poller.join(timeout=5)
 
-    def _send(self) -> None:
+    STOP_SEND = 5.0
+
+    def _poll_loop(self, interval: float, passes: int | None) -> None:
+        done = 0
+        while not self.stopping.is_set():
+            try:
+                self.collect()
+            except Exception:  # a spool that cannot be written is counted there; the rest
+                log.exception("reading the sources failed")
+            done += 1
+            self.wake.set()
+            if any(getattr(source, "restart_needed", False) for source in self.sources):
+                log.error("NVML needs this process to start again (a new driver under the old "
+                          "library): stopping")
+                self.restart_needed = True
+                self.stopping.set()
+                return
+            if passes is not None and done >= passes:
+                self.stopping.set()
+                self.wake.set()
+                return
+            self.stopping.wait(interval)
+
+    def _send(self, deadline: float | None = None) -> None:
         if not self.version_ok:
             self.check_version()
             if not self.version_ok:
                 return
-        self.flush()
+        self.flush(deadline)

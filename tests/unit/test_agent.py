@@ -315,7 +315,7 @@ def test_the_spool_at_its_cap_keeps_the_older_records_and_reports_what_it_droppe
     assert [r["message"] for r in spool.pending(100)] == [r["message"] for r in records[:written]]
     assert spool.dropped == 20 - written
     assert [r.message for r in caplog.records if r.levelname == "ERROR"] == [
-        f"spool {spool.path} is full ({spool.size()} bytes, cap 1000): newer records are dropped "
+        f"spool {spool.path} is full ({spool.size()} bytes waiting, cap 1000): newer records are dropped "
         "until FleetWatch takes the older ones"]
     spool.drop(written)  # FleetWatch is back and took them
     spool.add(records[:1])
@@ -329,7 +329,7 @@ def test_the_spool_at_its_cap_keeps_the_older_records_and_reports_what_it_droppe
 class _Server:
     """A FleetWatch stand-in on a free port, answering what a test says."""
 
-    def __init__(self, answers: dict[tuple[str, str], tuple[int, Any]]) -> None:
+    def __init__(self, answers: dict[tuple[str, str], Any]) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -339,9 +339,11 @@ class _Server:
         class Handler(BaseHTTPRequestHandler):
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                self.rfile.read(length)
+                self.rfile_body = self.rfile.read(length)
                 outer.seen.append((self.command, self.path, dict(self.headers)))
-                code, body = answers.get((self.command, self.path), (404, {"detail": "no"}))
+                raw = self.rfile_body
+                answer = answers.get((self.command, self.path), (404, {"detail": "no"}))
+                code, body = answer(json.loads(raw or b"null")) if callable(answer) else answer
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -377,7 +379,6 @@ def _run_cli(tmp_path: Path, url: str, capsys: pytest.CaptureFixture[str]) -> tu
      "is too old for FleetWatch 0.9.0"),
     ((200, {"version": "0.0.1", "protocols": {"oldest": 1, "newest": 1}}),
      "is newer than FleetWatch 0.0.1"),
-    ((404, {"detail": "Not found."}), "has no agent endpoint (/api/v1/agent/): it is older"),
 ])
 def test_an_agent_fleetwatch_does_not_take_stops_at_start_and_says_which_to_upgrade(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], answer: tuple[int, Any],
@@ -389,6 +390,21 @@ def test_an_agent_fleetwatch_does_not_take_stops_at_start_and_says_which_to_upgr
         server.close()
     assert code == 3 and says in err
     assert [(m, p) for m, p, _ in server.seen] == [("GET", "/api/v1/agent/")]  # nothing pushed
+
+
+def test_a_404_at_the_version_check_is_not_taken_for_a_mismatch(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    # A FleetWatch older than the agent, a wrong URL, or an ingress mid-deploy: the agent
+    # says so and keeps its signals until it can ask again.
+    server = _Server({("GET", "/api/v1/agent/"): (404, {"detail": "Not found."})})
+    try:
+        code, _ = _run_cli(tmp_path, server.url, capsys)
+    finally:
+        server.close()
+    assert code == 0
+    assert "answered 404: the URL is not FleetWatch's, or FleetWatch is older" in caplog.text
+    assert {m for m, _, _ in server.seen} == {"GET"}  # never pushed without a version check
 
 
 def test_an_agent_that_cannot_reach_fleetwatch_at_start_spools_and_checks_later(
@@ -494,3 +510,144 @@ def test_a_lost_gpu_reaches_fleetwatch_as_a_signal(fleet_nodes: None, live_serve
     stored = Signal.objects.get(source="dcgm", node_name="gpu-003")
     assert (stored.gpu_index, stored.data["event"]) == (1, proto.GPU_LOST)
     assert "GPU is lost" in stored.message
+
+
+def test_a_gpu_without_a_handle_at_start_leaves_the_others_read() -> None:
+    nvml = FakeNvml(3)
+    real = nvml.nvmlDeviceGetHandleByIndex
+
+    def handle(i: int) -> Any:
+        if i == 1:  # fell off the bus before the agent started
+            raise nvml.NVMLError(15)  # NVML_ERROR_GPU_IS_LOST
+        return real(i)
+
+    nvml.nvmlDeviceGetHandleByIndex = handle  # type: ignore[method-assign]
+    source = NvmlSource("gpu-003", nvml)
+    first = source.poll()
+    assert [(r["event"], r["gpu"]) for r in first] == [(proto.GPU_LOST, 1)]
+    nvml.gpus[2].update(dbe=1)
+    source.poll()  # baseline of the counters
+    nvml.gpus[2].update(dbe=2)
+    assert [(r["gpu"], r["metric"]) for r in source.poll()] == [(2, dcgm.ECC_DBE_VOL_TOTAL)]
+
+
+def test_nvml_unavailable_is_said_once_and_events_resume_after_nvml_restarts() -> None:
+    nvml, source = _nvml(2)
+    seen: list[dict[str, Any]] = []
+    events = NvmlEvents(source, seen.extend)
+    events.start()
+    try:
+        nvml.driver_loaded = False
+        reports = source.poll() + source.poll() + source.poll()
+        assert [r["event"] for r in reports] == [proto.NVML_UNAVAILABLE]
+        nvml.driver_loaded = True
+        assert [r["event"] for r in source.poll()] == [proto.NVML_REINIT]
+        # The event thread registers on the new handles and goes on.
+        wait_for(lambda: events.generation == source.generation, 10, "the new event set")
+        nvml.fire(1, 48)
+        wait_for(lambda: seen, 5, "an XID after the restart")
+    finally:
+        events.stop()
+    assert (seen[0]["gpu"], seen[0]["value"]) == (1, 48)
+
+
+def test_the_spool_drains_without_rewriting_itself_and_survives_a_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from collectors.agent import spool as spool_module
+
+    spool = Spool(tmp_path / "spool.jsonl")
+    spool.add([{"at": "2026-12-04T10:00:00Z", "source": "kernel", "message": f"m{i}"}
+               for i in range(100)])
+    size = spool.size()
+    sealed = spool.batch(30)
+    assert sealed is not None
+    spool.drop(30)
+    assert spool.size() == size and len(spool) == 70  # sent records are skipped, not copied
+    again = Spool(tmp_path / "spool.jsonl")  # a restart
+    assert len(again) == 70 and again.pending(1)[0]["message"] == "m30"
+    monkeypatch.setattr(spool_module, "COMPACT_BYTES", 100)
+    again.batch(40)
+    again.drop(40)  # past the threshold and half the file: the sent part is cut off
+    assert again.size() < size / 2 and again.head["offset"] == 0
+    assert [r["message"] for r in again.pending(100)] == [f"m{i}" for i in range(70, 100)]
+
+
+def test_a_spool_left_by_an_older_agent_is_sent_with_its_sealed_key(tmp_path: Path) -> None:
+    path = tmp_path / "spool.jsonl"
+    lines = [{"_batch": {"key": "k-old", "count": 2, "tries": 1}},
+             *({"at": "2026-12-04T10:00:00Z", "source": "kernel", "message": f"m{i}"}
+               for i in range(3))]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    spool = Spool(path)
+    batch = spool.batch(500)
+    assert batch is not None
+    assert (batch.key, [s["message"] for s in batch.signals], batch.tries) == ("k-old",
+                                                                                ["m0", "m1"], 1)
+    assert len(spool) == 3
+
+
+def test_a_full_disk_counts_records_as_dropped_not_a_crash(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from collectors.agent import spool as spool_module
+
+    spool = Spool(tmp_path / "spool.jsonl", node="gpu-003")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(spool_module.os, "fsync", full)
+    assert spool.add([{"at": "2026-12-04T10:00:00Z", "source": "kernel", "message": "x"}]) == 0
+    assert spool.dropped == 1
+    monkeypatch.undo()
+    spool.add([{"at": "2026-12-04T10:00:01Z", "source": "kernel", "message": "y"}])
+    got = spool.pending(10)
+    assert [(r.get("event"), r.get("dropped"), r["message"]) for r in got][1:] == [
+        (None, None, "y")]
+    assert (got[0]["event"], got[0]["dropped"]) == (proto.SPOOL_FULL, 1)
+
+
+def test_a_batch_too_large_for_fleetwatch_is_sent_in_halves(tmp_path: Path) -> None:
+    server = _Server({("POST", "/api/v1/signals/"): lambda body: (
+        (413, {"detail": "too large"}) if len(body["signals"]) > 2 else (201, {"stored": 1}))})
+    try:
+        runner = Agent("gpu-003", Spool(tmp_path / "spool.jsonl"), Pusher(server.url, "t"),
+                       batch=8)
+        runner.spool.add([{"at": "2026-12-04T10:00:00Z", "source": "kernel", "node": "gpu-003",
+                           "message": f"m{i}"} for i in range(7)])
+        assert runner.flush() == 7 and len(runner.spool) == 0
+        assert runner.batch <= 2 and not (tmp_path / "spool.rejected").exists()
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(("args", "env", "says"), [
+    (["--token-file", "/nonexistent/token"], {}, "cannot read the token file /nonexistent/token"),
+    ([], {"FLEETWATCH_AGENT_KERNEL_LOG": "jounral"}, "FLEETWATCH_AGENT_KERNEL_LOG='jounral'"),
+    ([], {"FLEETWATCH_AGENT_LOG_LEVEL": "LOUD"}, "log level 'LOUD'"),
+])
+def test_wrong_settings_stop_the_agent_with_status_2_and_say_which(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        args: list[str], env: dict[str, str], says: str) -> None:
+    from collectors.agent.cli import main
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("FLEETWATCH_AGENT_TOKEN", "fw_token")
+    code = main(["--url", "http://127.0.0.1:9", "--state-dir", str(tmp_path), "--no-nvml",
+                 "--passes", "1", *args])
+    assert code == 2 and says in capsys.readouterr().err
+
+
+def test_a_second_agent_on_the_same_state_directory_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from collectors.agent.cli import lock_state_dir, main
+
+    held = lock_state_dir(tmp_path)
+    assert held is not None
+    try:
+        code = main(["--url", "http://127.0.0.1:9", "--state-dir", str(tmp_path), "--no-nvml"])
+    finally:
+        held.close()
+    assert code == 2 and "another agent is running with" in capsys.readouterr().err

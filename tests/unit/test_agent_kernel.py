@@ -88,7 +88,7 @@ def test_kmsg_starts_at_the_end_and_reads_a_new_line_once() -> None:
         # The line from before it started is not read; the new one is, whole, with its place.
         assert [line.message for line in mine] == [xid_line(marker)]
         assert mine[0].seq is not None and mine[0].usec is not None
-        assert reader.position() == {"kmsg_seq": got[-1].seq}
+        assert reader.position() == {"kmsg_seq": got[-1].seq, "kmsg_boot": boot_id()}
         assert not [line for line in reader.read(0.1) if marker in line.message]
         assert reader.take_lost() == 0
     finally:
@@ -135,11 +135,11 @@ def test_open_kernel_log_resumes_in_the_same_boot_and_rereads_after_a_reboot() -
     seq = next(line.seq for line in read_until(probe, f"kept {marker}", tries=200)
                if f"kept {marker}" in line.message)
     probe.close()
-    same, _ = open_kernel_log(str(KMSG), {"boot_id": boot_id(), "kmsg_seq": seq - 1})
+    same, _ = open_kernel_log(str(KMSG), {"kmsg_boot": boot_id(), "kmsg_seq": seq - 1})
     assert same is not None
     assert f"kept {marker}" in [line.message for line in read_until(same, f"kept {marker}")]
     same.close()
-    rebooted, _ = open_kernel_log(str(KMSG), {"boot_id": "another-boot", "kmsg_seq": 10**12})
+    rebooted, _ = open_kernel_log(str(KMSG), {"kmsg_boot": "another-boot", "kmsg_seq": 10**12})
     assert rebooted is not None
     assert f"kept {marker}" in [line.message for line in read_until(rebooted, f"kept {marker}",
                                                                     tries=200)]
@@ -169,7 +169,7 @@ def test_the_agent_spools_a_real_xid_line_and_keeps_its_place(tmp_path: Path) ->
     # Stamped with when the kernel logged it (its timestamp since boot, as wall-clock time).
     assert mine[0]["at"].endswith("Z") and isinstance(mine[0]["seq"], int)
     saved = json.loads((tmp_path / "state.json").read_text())
-    assert saved["boot_id"] == boot_id() and saved["kmsg_seq"] >= mine[0]["seq"]
+    assert saved["kmsg_boot"] == boot_id() and saved["kmsg_seq"] >= mine[0]["seq"]
 
 
 @needs_kmsg
@@ -349,3 +349,43 @@ def test_no_kernel_log_at_all_is_said_plainly(tmp_path: Path) -> None:
     assert reader is None
     assert "/nonexistent/kmsg: No such file or directory" in how
     assert "No journal files were found." in how
+
+
+def test_a_journalctl_that_stops_is_reported_and_started_again_after_its_cursor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(JournalReader, "RESTART_AFTER", 0.3)
+    xid = "NVRM: Xid (PCI:0000:9b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    out = tmp_path / "entries.jsonl"
+    out.write_text(json.dumps(journal_entry("s=a;i=7", xid, 1_764_000_000_000_000)) + "\n")
+    script = tmp_path / "journalctl"
+    # Complains (200 KB: more than a pipe holds), prints its entry, and a moment later exits
+    # as journalctl does when journald goes away; the second time it just follows.
+    script.write_text(
+        f"#!{sys.executable}\nimport sys, time\n"
+        f"open({str(tmp_path / 'argv')!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        "if '--after-cursor=s=a;i=7' in sys.argv:\n    time.sleep(60)\n"
+        "sys.stderr.write('Journal file corrupted, ignoring file.\\n' * 5000)\n"
+        f"sys.stdout.write(open({str(out)!r}).read()); sys.stdout.flush()\n"
+        "time.sleep(0.5)\n"
+        "sys.stderr.write('Failed to get journal fields: Bad message\\n'); sys.exit(1)\n")
+    script.chmod(0o755)
+    reader, _ = open_kernel_log("/nonexistent/kmsg", {}, journal_command=str(script),
+                                mode="journal")
+    assert reader is not None
+    spooled: list[dict[str, Any]] = []
+    log = KernelLog("gpu-003", reader, StateFile(tmp_path / "state.json"), spooled.extend)
+    reads = 0
+    try:
+        for _ in range(40):
+            reads += 1
+            log.pass_once(0.2)
+            if len((tmp_path / "argv").read_text().splitlines()) == 2:
+                break
+    finally:
+        reader.close()
+    assert [s["message"] for s in spooled if "Xid" in s["message"]] == [xid]
+    [trouble] = [s for s in spooled if s.get("event") == proto.KERNEL_LOG_UNREADABLE]
+    assert "exited with 1" in trouble["message"]
+    assert "Failed to get journal fields: Bad message" in trouble["message"]
+    assert (tmp_path / "argv").read_text().splitlines()[1].endswith("--after-cursor=s=a;i=7")
+    assert reads < 40  # it came back, without spinning through the passes
