@@ -467,15 +467,20 @@ def test_the_agent_package_imports_nothing_of_the_server() -> None:
     assert done.returncode == 0, done.stderr
 
 
+def _nvml_agent(url: str, tmp_path: Path, gpus: int) -> tuple[FakeNvml, NvmlSource, Agent]:
+    """An agent for gpu-003 reading a fake NVML, pushing to ``url`` with the node's token."""
+    nvml = FakeNvml(gpus)
+    source = NvmlSource("gpu-003", nvml)
+    runner = Agent("gpu-003", Spool(tmp_path / "spool.jsonl"),
+                   Pusher(url, agent_token_create("gpu-003")[1], timeout=5), [source])
+    return nvml, source, runner
+
+
 def test_an_nvml_xid_is_pushed_at_once_not_at_the_next_pass(fleet_nodes: None, live_server: Any,
                                                             tmp_path: Path) -> None:
     import threading
 
-    token = agent_token_create("gpu-003")[1]
-    nvml = FakeNvml(8)
-    source = NvmlSource("gpu-003", nvml)
-    runner = Agent("gpu-003", Spool(tmp_path / "spool.jsonl"),
-                   Pusher(live_server.url, token, timeout=5), [source])
+    nvml, source, runner = _nvml_agent(live_server.url, tmp_path, 8)
     runner.events = NvmlEvents(source, runner.urgent)
     # One pass, then a wait of a minute before the next: only the event path can send it.
     loop = threading.Thread(target=runner.run, args=(60.0, 2), daemon=True)
@@ -498,11 +503,7 @@ def test_an_nvml_xid_is_pushed_at_once_not_at_the_next_pass(fleet_nodes: None, l
 
 def test_a_lost_gpu_reaches_fleetwatch_as_a_signal(fleet_nodes: None, live_server: Any,
                                                    tmp_path: Path) -> None:
-    token = agent_token_create("gpu-003")[1]
-    nvml = FakeNvml(2)
-    source = NvmlSource("gpu-003", nvml)
-    runner = Agent("gpu-003", Spool(tmp_path / "spool.jsonl"),
-                   Pusher(live_server.url, token, timeout=5), [source])
+    nvml, _, runner = _nvml_agent(live_server.url, tmp_path, 2)
     runner.collect()
     nvml.gpus[1]["lost"] = True
     runner.collect()
