@@ -10,6 +10,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 IB_COUNTERS = ("link_downed", "link_error_recovery", "symbol_error")
+# The state reported for a port that was there and is no more.
+ABSENT = "ABSENT"
 
 
 class InfinibandSource:
@@ -39,14 +41,22 @@ class InfinibandSource:
 
     def poll(self) -> list[dict[str, Any]]:
         out = []
-        for (device, port), now in self.read().items():
+        ports = self.read()
+        for (device, port), before in list(self.last.items()):
+            if (device, port) not in ports and before["state"] != ABSENT:
+                # The port went away (the HCA fell off the bus, its driver was unloaded):
+                # news, like a link going down. Its return is compared with this.
+                out.append({"source": "nic", "node": self.node, "device": device, "port": port,
+                            "state": ABSENT})
+                self.last[(device, port)] = {"state": ABSENT}
+        for (device, port), now in ports.items():
             before = self.last.get((device, port))
             self.last[(device, port)] = now
             if before is None:
                 continue  # the first reading is the baseline
             base = {"source": "nic", "node": self.node, "device": device, "port": port}
             for counter in IB_COUNTERS:
-                if counter in now and now[counter] > before.get(counter, now[counter]):
+                if counter in now and counter in before and now[counter] > before[counter]:
                     out.append({**base, "counter": counter, "value": now[counter],
                                 "previous": before[counter]})
             if now["state"] != before["state"]:

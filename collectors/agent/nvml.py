@@ -34,6 +34,8 @@ ERROR_NOT_SUPPORTED = 3
 ERROR_DRIVER_NOT_LOADED = 9
 ERROR_TIMEOUT = 10
 ERROR_FUNCTION_NOT_FOUND = 13
+# nvml.h's field id of the memory (HBM) temperature, in degrees C.
+FI_DEV_MEMORY_TEMP = 82
 ERROR_GPU_IS_LOST = 15
 ERROR_RESET_REQUIRED = 16
 ERROR_LIB_RM_VERSION_MISMATCH = 18
@@ -181,6 +183,7 @@ class NvmlSource:
         nvml, h = self.nvml, gpu.handle
         calls: list[tuple[str, Callable[[], float]]] = [
             (dcgm.GPU_TEMP, lambda: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
+            (dcgm.MEMORY_TEMP, lambda: self._memory_temp(h)),
             (dcgm.POWER_USAGE, lambda: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),  # mW -> W
             (dcgm.GPU_UTIL, lambda: nvml.nvmlDeviceGetUtilizationRates(h).gpu),
             (dcgm.CLOCKS_EVENT_REASONS, lambda: self._clock_reasons(h)),
@@ -213,6 +216,14 @@ class NvmlSource:
                 raise
         out.update(self._nvlink(gpu))
         return out
+
+    def _memory_temp(self, handle: Any) -> float:
+        """HBM temperature: a field value only (NVML_FI_DEV_MEMORY_TEMP), on GPUs that have it."""
+        nvml = self.nvml
+        [value] = nvml.nvmlDeviceGetFieldValues(handle, [FI_DEV_MEMORY_TEMP])
+        if value.nvmlReturn != 0:
+            raise nvml.NVMLError(value.nvmlReturn)
+        return float(value.value.uiVal)
 
     def _clock_reasons(self, handle: Any) -> int:
         """The clock-event reasons; drivers before R535 have only the older name."""
@@ -332,7 +343,7 @@ class NvmlSource:
             return False  # context for other readings, not news by itself
         if name in (dcgm.ROW_REMAP_PENDING, dcgm.ROW_REMAP_FAILURE, proto.NVLINK_LINKS_DOWN):
             return (before is None and value > 0) or (before is not None and before != value)
-        if name == dcgm.GPU_TEMP:
+        if name in (dcgm.GPU_TEMP, dcgm.MEMORY_TEMP):
             return before is not None and abs(value - before) >= TEMP_STEP
         if name == dcgm.POWER_USAGE:
             return before is not None and abs(value - before) >= POWER_STEP * max(before, 1.0)

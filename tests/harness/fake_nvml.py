@@ -20,7 +20,7 @@ NO_INSTANCE = 0xFFFFFFFF
 
 
 def healthy_gpu() -> dict[str, Any]:
-    return dict(util=90, temp=60, power=400_000, clocks=0, dbe=0, sbe=0, remap=(0, 0, 0, 0),
+    return dict(util=90, temp=60, memory_temp=70, power=400_000, clocks=0, dbe=0, sbe=0, remap=(0, 0, 0, 0),
                 pcie_gen=5, pcie_width=16, pcie_max_gen=5, pcie_max_width=16, replay=0,
                 nvlink=[True, True, True, True], nvlink_errors=0, lost=False,
                 supported=True)
@@ -127,6 +127,18 @@ class FakeNvml:
 
     def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
         return int(self._gpu(h)["temp"])
+
+    def nvmlDeviceGetFieldValues(self, h: Any, field_ids: list[int]) -> Any:
+        gpu = self._gpu(h)
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for value, field_id in zip(values, field_ids, strict=True):
+            value.fieldId = field_id
+            if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP and gpu["supported"]:
+                value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                value.value.uiVal = int(gpu["memory_temp"])
+            else:
+                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return values
 
     def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
         return int(self._gpu(h)["power"])

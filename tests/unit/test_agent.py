@@ -77,6 +77,11 @@ def test_nvml_reports_changes_not_samples() -> None:
     assert {(s["gpu"], s["metric"], s["value"]) for s in source.poll()} == {
         (0, dcgm.CLOCKS_EVENT_REASONS, 0), (0, dcgm.GPU_TEMP, 62)}  # the end of it, once
     assert source.poll() == []
+    nvml.gpus[1].update(memory_temp=74, power=420_000)  # small moves: not news
+    assert source.poll() == []
+    nvml.gpus[1].update(memory_temp=88, power=650_000)  # HBM heating, power up by half
+    assert {(s["metric"], s["value"], s["previous"]) for s in source.poll()} == {
+        (dcgm.MEMORY_TEMP, 88, 70), (dcgm.POWER_USAGE, 650, 400)}
 
 
 def test_nvml_pcie_link_below_its_maximum_and_nvlink_down_are_reported() -> None:
@@ -169,6 +174,16 @@ def test_infiniband_sysfs_reports_state_changes_and_counter_rises(tmp_path: Path
             "state": "DOWN"} in got
     assert len(got) == 2
     assert source.poll() == []
+    # The HCA falls off the bus: its ports go, which is news once; back, news again.
+    import shutil
+
+    shutil.rmtree(tmp_path / "mlx5_1")
+    assert source.poll() == [{"source": "nic", "node": "gpu-004", "device": "mlx5_1", "port": 1,
+                              "state": "ABSENT"}]
+    assert source.poll() == []
+    _port(tmp_path, "mlx5_1", 1, "4: ACTIVE", link_downed=0)
+    assert source.poll() == [{"source": "nic", "node": "gpu-004", "device": "mlx5_1", "port": 1,
+                              "state": "ACTIVE"}]
 
 
 @pytest.fixture
