@@ -234,6 +234,11 @@ CELERY_TASK_ROUTES = {
 }
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+# Only the beat holding the beat lock sends anything (fleetwatch/beat.py): a second beat
+# started by mistake stands by.
+CELERY_BEAT_SCHEDULER = "fleetwatch.beat:SingleBeatScheduler"
+# How long a beat that died holding the lock keeps the others from taking over.
+FLEETWATCH_BEAT_LOCK_SECONDS = env_float("FLEETWATCH_BEAT_LOCK_SECONDS", 30.0, minimum=1.0)
 
 # --- FleetWatch -----------------------------------------------------------------------------
 # "sim": the simulated fleet (the default, needs nothing). "real": the Slurm CLI, the
