@@ -115,8 +115,8 @@ DEV_OBJECTS = {
 }
 
 
-@pytest.mark.parametrize("name, expected", [("production", BASE_OBJECTS),
-                                            ("dev", BASE_OBJECTS | DEV_OBJECTS)])
+@pytest.mark.parametrize(("name", "expected"), [("production", BASE_OBJECTS),
+                                                ("dev", BASE_OBJECTS | DEV_OBJECTS)])
 def test_each_overlay_renders_its_objects(name: str, expected: set[tuple[str, str]]) -> None:
     objects = overlay(name)
     found = [(o["kind"], o["metadata"]["name"]) for o in objects]
@@ -143,10 +143,13 @@ def test_every_object_validates_against_the_kubernetes_schemas() -> None:
 
 
 def test_the_node_replace_component_adds_only_its_role(tmp_path: Path) -> None:
+    def rel(path: Path) -> str:  # kustomize takes no absolute paths
+        return os.path.relpath(path, tmp_path)
+
     (tmp_path / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources: [{KUBE / 'overlays' / 'production'}]\n"
-        f"components: [{KUBE / 'components' / 'node-replace'}]\n")
+        f"resources: [{rel(KUBE / 'overlays' / 'production')}]\n"
+        f"components: [{rel(KUBE / 'components' / 'node-replace')}]\n")
     objects = render(tmp_path)
     added = {(o["kind"], o["metadata"]["name"]) for o in objects} - BASE_OBJECTS
     assert added == {("ClusterRole", "fleetwatch-node-replace"),
