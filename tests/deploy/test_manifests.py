@@ -221,9 +221,15 @@ def test_the_web_serves_8000_with_healthz_probes(objects: list[Obj]) -> None:
     assert argv == ["gunicorn", "-c", "deploy/gunicorn.conf.py", "fleetwatch.wsgi"]
     (container,) = pod(web)["containers"]
     assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, probe
     config = find(objects, "ConfigMap", "fleetwatch")["data"]
+    allowed = config["ALLOWED_HOSTS"].split(",")
+    for probe in ("readinessProbe", "livenessProbe"):
+        get = container[probe]["httpGet"]
+        assert (get["path"], get["port"]) == ("/healthz", "http"), probe
+        # Django answers 400 to a Host not in ALLOWED_HOSTS, and the kubelet's default Host
+        # is the pod's IP: the probe names an allowed one.
+        (host,) = [h["value"] for h in get["httpHeaders"] if h["name"] == "Host"]
+        assert host in allowed, (probe, host)
     assert config["GUNICORN_BIND"] == "0.0.0.0:8000"
     service = find(objects, "Service", "fleetwatch")
     assert service["spec"]["selector"] == web["spec"]["selector"]["matchLabels"]
@@ -232,6 +238,7 @@ def test_the_web_serves_8000_with_healthz_probes(objects: list[Obj]) -> None:
     # The node agents push to this Service.
     agent_config = find(objects, "ConfigMap", "fleetwatch-agent")["data"]
     assert agent_config["FLEETWATCH_URL"] == "http://fleetwatch.fleetwatch.svc.cluster.local:8000"
+    assert "fleetwatch.fleetwatch.svc.cluster.local" in allowed
     pdb = find(objects, "PodDisruptionBudget", "fleetwatch-web")
     assert pdb["spec"]["selector"]["matchLabels"] == web["spec"]["selector"]["matchLabels"]
 
