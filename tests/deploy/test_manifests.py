@@ -399,6 +399,34 @@ def test_every_readme_setting_is_in_the_configmap_or_the_secret() -> None:
     assert set(dev_secret["stringData"]) == secret
 
 
+def test_the_settings_load_from_each_overlays_environment(objects: list[Obj]) -> None:
+    """Every value in the ConfigMap parses: Django's settings load from exactly the environment
+    the web container gets (ConfigMap, Secret, its own env), as FleetWatch starts."""
+    web = find(objects, "Deployment", "fleetwatch-web")
+    (container,) = pod(web)["containers"]
+    config = find(objects, "ConfigMap", "fleetwatch")["data"]
+    secrets = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == "fleetwatch"]
+    if secrets:
+        secret = secrets[0]["stringData"]
+    else:  # production: the example's shape, with the token its Slurm transport needs
+        (example,) = yaml.safe_load_all((KUBE / "base" / "secret.example.yaml").read_text())
+        secret = {**example["stringData"], "FLEETWATCH_SLURM_JWT": "test-token"}
+    env = {"PATH": os.environ["PATH"], **config, **secret,
+           **{e["name"]: e["value"] for e in container["env"] if "value" in e}}
+    probe = ("import django; django.setup(); from django.conf import settings as s; "
+             "import json; print(json.dumps([s.FLEETWATCH_FLEET, s.ALLOWED_HOSTS, "
+             "s.DATABASES['default']['ENGINE'], s.CELERY_BROKER_URL]))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False,
+                          env={**env, "DJANGO_SETTINGS_MODULE": "fleetwatch.settings"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    fleet, allowed, engine, broker = json.loads(done.stdout.strip().splitlines()[-1])
+    assert fleet == "real"
+    assert "fleetwatch" in allowed
+    assert "postgresql" in engine
+    assert broker.startswith(("redis://", "rediss://"))
+
+
 def replicas(objects: list[Obj]) -> dict[str, int]:
     return {o["metadata"]["name"]: o["spec"]["replicas"] for o in objects
             if o["kind"] in ("Deployment", "StatefulSet")}
