@@ -9,6 +9,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
+from django.db import connection
 from django.utils import timezone
 from prometheus_client.core import Metric
 
@@ -18,6 +20,7 @@ from collectors.selectors import fleet_counts
 from incidents.metrics import IncidentsCollector
 from incidents.models import Delivery, DiagnosisState, Incident, Remediation, Step
 from incidents.remediation import policy
+from tests.conftest import rerun_on_sqlite
 
 
 def samples(collector: Any) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -134,3 +137,9 @@ def test_diagnosis_queue_per_cluster(db: None) -> None:
     assert 25 <= v(got, "fleetwatch_diagnosis_running_seconds", cluster="busy-lab") < 100
     # The oldest of what waits: the running run's claim is older than the pending mark.
     assert 890 <= v(got, "fleetwatch_diagnosis_pending_seconds", cluster="busy-lab") < 1000
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="this run is the SQLite one")
+def test_the_same_on_sqlite(tmp_path: Any) -> None:
+    """The embedded demo's database: its aggregates of times come back differently typed."""
+    rerun_on_sqlite(__file__, tmp_path, "not sqlite")
