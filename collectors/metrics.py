@@ -1,5 +1,6 @@
-"""What collectors add to ``/metrics``: each source's health, read from the database at scrape
-time (the ``SourceHealth`` rows every worker shares, so any worker answers a scrape right).
+"""What collectors add to ``/metrics``: each source's health and the fleet's nodes and GPUs, read
+from the database at scrape time (the ``SourceHealth``, ``Node`` and ``Gpu`` rows every worker
+shares, so any worker answers a scrape right).
 
 The project's ``/metrics`` view (fleetwatch/metrics.py) finds ``COLLECTORS`` here through the
 app registry, as it does in every installed app; it imports no app by name. Labels carry only
@@ -13,7 +14,8 @@ from collections.abc import Iterator
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from collectors.models import SourceHealth
+from collectors.models import Node, SourceHealth
+from collectors.selectors import fleet_counts
 
 
 class SourceHealthCollector:
@@ -56,4 +58,34 @@ class SourceHealthCollector:
         yield from (up, lag, last_success, failures, duration, runs, errors)
 
 
-COLLECTORS = (SourceHealthCollector(),)
+class FleetCollector:
+    """The fleet at a glance, as the dashboard counts it (``selectors.fleet_counts``): nodes in
+    service by health and by Slurm state, drained, cordoned and not ready, and their GPUs by
+    health. Three aggregate queries, whatever the fleet's size."""
+
+    def collect(self) -> Iterator[Metric]:
+        counts = fleet_counts()
+        nodes = GaugeMetricFamily("fleetwatch_nodes", "Nodes in service, by health.",
+                                  labels=["health"])
+        for health in Node.Health.values:
+            nodes.add_metric([health], counts[health])
+        states = GaugeMetricFamily("fleetwatch_nodes_slurm_state",
+                                   "Nodes in service, by Slurm base state.", labels=["state"])
+        for state, n in counts["slurm_states"]:
+            states.add_metric([state], n)
+        flagged = GaugeMetricFamily(
+            "fleetwatch_nodes_flagged",
+            "Nodes in service drained in Slurm, cordoned or not Ready in Kubernetes.",
+            labels=["flag"])
+        for flag in ("drained", "cordoned", "k8s_not_ready"):
+            flagged.add_metric([flag], counts[flag])
+        gpus = GaugeMetricFamily(
+            "fleetwatch_gpus",
+            "GPUs of the nodes in service, by health (unknown: unknown or degraded).",
+            labels=["health"])
+        for health in ("healthy", "failed", "unknown"):
+            gpus.add_metric([health], counts[f"gpus_{health}"])
+        yield from (nodes, states, flagged, gpus)
+
+
+COLLECTORS = (SourceHealthCollector(), FleetCollector())

@@ -45,6 +45,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connections, router, transaction
+from django.db.models import Count, Max
 from django.utils import timezone
 
 from collectors.request_id import current_request_id
@@ -229,11 +230,18 @@ class Head:
 
 
 def audit_head(using: str | None = None) -> Head:
-    """The trail's newest entry and size now (two index reads)."""
+    """The trail's newest entry and size now. The count and the newest id come from one
+    statement, so they agree: read apart, an entry committed between the two reads would be
+    counted without being the head, and /metrics' copy (the alert rules compare count, id and
+    head from one scrape to the last) would look like a rewritten trail. An entry's hash never
+    changes, so reading it after is safe."""
     alias = using or router.db_for_read(AuditEntry)
     rows = AuditEntry.objects.using(alias)
-    last = rows.order_by("-id").values_list("id", "hash").first()
-    return Head(rows.count(), *(last or (None, "")))
+    size = rows.aggregate(count=Count("pk"), last_id=Max("pk"))
+    last_id: int | None = size["last_id"]
+    head = "" if last_id is None else (
+        rows.filter(pk=last_id).values_list("hash", flat=True).first() or "")
+    return Head(size["count"], last_id, head)
 
 
 def _checkpoint_key() -> bytes:

@@ -1,5 +1,6 @@
 """What incidents add to ``/metrics``: incidents by root cause and status, time to detect and to
-repair, remediation steps, and the audit trail's head, all read from the database at scrape
+repair, remediation steps (and those past their deadline), the storm brake, deliveries,
+coalesced diagnosis per cluster and the audit trail's head, all read from the database at scrape
 time (the one truth every worker shares: nothing to add up across processes). The queries are
 GROUP BY aggregates: a few rows back whatever the number of incidents.
 
@@ -14,7 +15,9 @@ from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, QuerySet, Sum
+from django.conf import settings
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Q, QuerySet, Sum
+from django.utils import timezone
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -23,7 +26,8 @@ from prometheus_client.core import (
 )
 
 from incidents.audit import audit_head
-from incidents.models import Incident, RootCause, Step
+from incidents.models import Delivery, DiagnosisState, Incident, RootCause, Step
+from incidents.remediation import policy
 
 # Seconds. Detection is signal-to-incident: seconds normally, minutes when a source lags.
 DETECT_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600)
@@ -35,6 +39,9 @@ REPAIR_BUCKETS: tuple[float, ...] = (60, 120, 300, 600, 900, 1800, 3600, 7200, 1
 # these counts can fall: they are gauges of the steps in each outcome now, not counters (a
 # counter that drops reads as a reset to Prometheus, and rate() would spike).
 STEP_OUTCOMES: tuple[str, ...] = tuple(str(status) for status in Step.DONE)
+# The statuses in which the engine is working a step (running it, or polling while it waits):
+# each has a deadline (the engine's step_timeout), and one still here past it is stuck.
+STEP_WORKING: tuple[str, ...] = (str(Step.Status.RUNNING), str(Step.Status.WAITING))
 
 
 def _seconds(value: Any) -> float:
@@ -72,11 +79,15 @@ def _bound(value: float) -> str:
 
 
 class IncidentsCollector:
-    """Incidents, remediation steps and the audit trail's head."""
+    """Incidents, remediation steps, the storm brake, deliveries, diagnosis and the audit
+    trail's head."""
 
     def collect(self) -> Iterator[Metric]:
         yield from self._incidents()
         yield from self._steps()
+        yield from self._storm()
+        yield from self._deliveries()
+        yield from self._diagnosis()
         yield from self._audit()
 
     def _incidents(self) -> Iterator[Metric]:
@@ -126,6 +137,112 @@ class IncidentsCollector:
             family.add_metric([row["kind"], row["status"]], row["n"])
         yield done
         yield active
+
+        # Steps the engine is working past their deadline. The engine fails a step that
+        # outlives its deadline the next time it runs or polls it, so one still working past
+        # it is stuck: nothing runs it any more (or its call hangs past its lease).
+        now = timezone.now()
+        overdue = GaugeMetricFamily(
+            "fleetwatch_remediation_steps_overdue",
+            "Remediation steps running or waiting past their deadline (the step's timeout), "
+            "by kind.", labels=["kind"])
+        oldest = GaugeMetricFamily(
+            "fleetwatch_remediation_step_oldest_seconds",
+            "Seconds since the longest-running unfinished step started, by kind (running or "
+            "waiting steps only).", labels=["kind"])
+        for row in (Step.objects.filter(status__in=STEP_WORKING, started_at__isnull=False)
+                    .values("kind").order_by()
+                    .annotate(overdue=Count("pk", filter=Q(deadline__lt=now)),
+                              started=Min("started_at"))):
+            overdue.add_metric([row["kind"]], row["overdue"])
+            oldest.add_metric([row["kind"]], max(0.0, (now - row["started"]).total_seconds()))
+        yield overdue
+        yield oldest
+
+    def _storm(self) -> Iterator[Metric]:
+        """The storm brake as the policy applies it (incidents.remediation.policy)."""
+        count = policy.storm_count()
+        window = GaugeMetricFamily(
+            "fleetwatch_storm_incidents",
+            "Incidents opened in the storm brake's window (FLEETWATCH_STORM_MINUTES), "
+            "application errors not counted.")
+        window.add_metric([], count)
+        limit = GaugeMetricFamily(
+            "fleetwatch_storm_threshold",
+            "Incidents in the window at which the storm brake engages "
+            "(FLEETWATCH_STORM_INCIDENTS).")
+        limit.add_metric([], settings.FLEETWATCH_STORM_INCIDENTS)
+        engaged = GaugeMetricFamily(
+            "fleetwatch_storm_brake_engaged",
+            "1 when the storm brake holds a new incident's automation for a person, else 0.")
+        engaged.add_metric([], 1 if policy.storm_brake_on(count) else 0)
+        yield from (window, limit, engaged)
+
+    def _deliveries(self) -> Iterator[Metric]:
+        """Every message sent out (webhook subscriptions and step notifications): one model,
+        one count. Rows can be deleted (an admin, a subscription removed), so these are gauges."""
+        rows = Delivery.objects.values("channel", "status").order_by().annotate(n=Count("pk"))
+        counts = {(r["channel"], r["status"]): r["n"] for r in rows}
+        current = GaugeMetricFamily("fleetwatch_deliveries",
+                                    "Deliveries (webhook events and notifications) by channel "
+                                    "and status.", labels=["channel", "status"])
+        # Every channel and status, zeros included, so a first failure is a change from 0.
+        for channel in Delivery.Channel.values:
+            for status in Delivery.Status.values:
+                current.add_metric([channel, status], counts.get((channel, status), 0))
+        yield current
+        now = timezone.now()
+        pending = GaugeMetricFamily(
+            "fleetwatch_deliveries_pending_oldest_seconds",
+            "Seconds since the oldest delivery still pending (being retried) was created, by "
+            "channel; 0 when none is.", labels=["channel"])
+        oldest = dict(Delivery.objects.filter(status=Delivery.Status.PENDING)
+                      .values("channel").order_by().annotate(at=Min("created_at"))
+                      .values_list("channel", "at"))
+        for channel in Delivery.Channel.values:
+            at = oldest.get(channel)
+            pending.add_metric([channel], 0.0 if at is None else
+                               max(0.0, (now - at).total_seconds()))
+        yield pending
+
+    def _diagnosis(self) -> Iterator[Metric]:
+        """Coalesced diagnosis per cluster (incidents.diagnosing): how long a queued run has
+        waited for a worker, how long the current run has taken, and how old the oldest
+        signal no run has diagnosed yet is."""
+        labels = ["cluster"]
+        queued = GaugeMetricFamily(
+            "fleetwatch_diagnosis_queued_seconds",
+            "Seconds the cluster's queued diagnosis run has waited for a worker (0: none queued).",
+            labels=labels)
+        running = GaugeMetricFamily(
+            "fleetwatch_diagnosis_running_seconds",
+            "Seconds the cluster's diagnosis run in progress has taken (0: none running).",
+            labels=labels)
+        pending = GaugeMetricFamily(
+            "fleetwatch_diagnosis_pending_seconds",
+            "Age of the oldest stored signal waiting for diagnosis, by its observation time "
+            "(0: none waiting).", labels=labels)
+        runs = CounterMetricFamily("fleetwatch_diagnosis_runs", "Diagnosis runs finished.",
+                                   labels=labels)
+        took = GaugeMetricFamily("fleetwatch_diagnosis_last_run_seconds",
+                                 "How long the cluster's last diagnosis run took.", labels=labels)
+        now = timezone.now()
+
+        def age(at: Any) -> float:
+            return 0.0 if at is None else max(0.0, (now - at).total_seconds())
+
+        for row in DiagnosisState.objects.values(
+                "cluster__name", "queued_at", "running_since", "pending_since", "running_from",
+                "runs", "last_run_ms").order_by("cluster__name"):
+            key = [row["cluster__name"]]
+            queued.add_metric(key, age(row["queued_at"]))
+            running.add_metric(key, age(row["running_since"]))
+            waiting = [t for t in (row["pending_since"], row["running_from"]) if t is not None]
+            pending.add_metric(key, age(min(waiting)) if waiting else 0.0)
+            runs.add_metric(key, row["runs"])
+            if row["last_run_ms"] is not None:
+                took.add_metric(key, row["last_run_ms"] / 1000)
+        yield from (queued, running, pending, runs, took)
 
     def _audit(self) -> Iterator[Metric]:
         """The audit trail's head, so Prometheus keeps a copy the database cannot rewrite: a

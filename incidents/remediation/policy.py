@@ -181,12 +181,19 @@ def hold_reason(incident: Incident, nodes: list[str], *, automatic: bool,
                 f"last {settings.FLEETWATCH_COOLDOWN_MINUTES} min "
                 "(FLEETWATCH_COOLDOWN_MINUTES); a person decides on a repeat")
     storm = storm_count(exclude=incident.pk)
-    if storm >= settings.FLEETWATCH_STORM_INCIDENTS:
+    if storm_brake_on(storm):
         return (f"storm brake: {storm + 1} incidents opened in the last "
                 f"{settings.FLEETWATCH_STORM_MINUTES} min (more than "
                 f"{settings.FLEETWATCH_STORM_INCIDENTS}); automation paused until a person "
                 "looks")
     return budget_exceeded(nodes) if budgeted else ""
+
+
+def storm_brake_on(storm: int) -> bool:
+    """Whether ``storm`` incidents already in the window hold the next one's automation: the
+    brake as ``hold_reason`` applies it, and as /metrics reports it (with ``storm_count()``:
+    what a new incident would find)."""
+    return storm >= settings.FLEETWATCH_STORM_INCIDENTS
 
 
 def storm_count(exclude: int | None = None) -> int:

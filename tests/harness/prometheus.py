@@ -11,6 +11,7 @@ of their own, such as one ``instance`` per simulated node).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -55,6 +56,25 @@ def find_binary() -> str:
             "/usr/bin/prometheus): install Debian's `prometheus` package "
             "(apt-get install prometheus) or set FLEETWATCH_PROMETHEUS_BIN")
     return binary
+
+
+PROMTOOL_ENV = "FLEETWATCH_PROMTOOL_BIN"
+
+
+def find_promtool() -> str:
+    """promtool, which ships with the prometheus package: $FLEETWATCH_PROMTOOL_BIN, beside the
+    prometheus binary in use, on PATH, or /usr/bin/promtool."""
+    beside = ""
+    with contextlib.suppress(PrometheusError):  # no prometheus: look elsewhere
+        beside = str(Path(find_binary()).with_name("promtool"))
+    for candidate in (os.environ.get(PROMTOOL_ENV), beside, shutil.which("promtool"),
+                      "/usr/bin/promtool"):
+        if candidate and Path(candidate).exists():
+            return candidate
+    raise PrometheusError(
+        f"promtool was not found (looked at ${PROMTOOL_ENV}, beside the prometheus binary, PATH "
+        "and /usr/bin/promtool): it comes with Debian's `prometheus` package, which "
+        "`make test` installs (deploy/bootstrap.sh test)")
 
 
 class PrometheusServer:

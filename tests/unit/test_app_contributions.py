@@ -47,6 +47,7 @@ def test_each_app_contributes_its_commands_and_metrics() -> None:
     assert [m.__name__ for m in app_modules("metrics")] == ["collectors.metrics",
                                                             "incidents.metrics"]
     assert [type(c).__name__ for c in app_collectors()] == ["SourceHealthCollector",
+                                                            "FleetCollector",
                                                             "IncidentsCollector"]
 
 
