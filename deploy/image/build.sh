@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Build FleetWatch's server image with podman; no image registry needed (README.md beside
+# this file; the recipe is shared/image/RECIPE.md).
+#
+#   deploy/image/build.sh            # or: make image
+#
+# Makes localhost/fleetwatch:<git short revision> and :latest from the checkout it is run from.
+# Environment:
+#   FLEETWATCH_SRC  the checkout to build from (default: the git repository holding this script)
+#   REBUILD_BASE=1  make the Debian base image again (for Debian's security updates); otherwise
+#                   it is made once and reused (the agent's image shares it)
+#   IMAGE           the image name (default localhost/fleetwatch)
+#   BASE_IMAGE      the base image name (default localhost/fleetwatch-base:bookworm)
+#   NO_CACHE=1      build every layer again (podman build --no-cache)
+# Needs root: mmdebstrap's root mode and rootful podman.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+src=${FLEETWATCH_SRC:-$(git -C "$here" rev-parse --show-toplevel)}
+src=$(cd "$src" && pwd)
+image=${IMAGE:-localhost/fleetwatch}
+base=${BASE_IMAGE:-localhost/fleetwatch-base:bookworm}
+
+# shellcheck source=lib.sh
+. "$here/lib.sh"  # the tools, podman's options, the base image, the context
+fw_tools_ensure
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/fleetwatch-image.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+fw_base_ensure "$base" "$work"
+
+# --- the context: the whole checkout as git sees it (no .git, venv or data folder) -----------
+fw_context "$src" "$work/ctx/src"
+cp "$here/Containerfile" "$work/ctx/"
+
+revision=$(git -C "$src" rev-parse HEAD 2>/dev/null || echo unknown)
+git -C "$src" diff --quiet HEAD 2>/dev/null || revision="$revision-dirty"
+version=0+g${revision:0:12}
+[ "$revision" = unknown ] && version=0+unknown
+
+# docker format: OCI image configs have no HEALTHCHECK (podman drops it with a warning).
+fw_build "$work/ctx" "$work/ctx/Containerfile" --format docker ${NO_CACHE:+--no-cache} \
+  --build-arg BASE="$base" --build-arg VERSION="$version" --build-arg REVISION="$revision" \
+  -t "$image:${version#0+}" -t "$image:latest"
+
+# The image must be able to load its settings and find its collected static files.
+"${PODMAN[@]}" run --rm --network none "${LIMITS[@]}" --read-only -v /data -e SECRET_KEY=build-check \
+  "$image:latest" manage check -v0 >/dev/null
+size=$("${PODMAN[@]}" image inspect --format '{{.Size}}' "$image:latest")
+echo "built $image:${version#0+} (and :latest), $((size / 1000000)) MB"
