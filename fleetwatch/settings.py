@@ -195,8 +195,10 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
-# Serve straight from STATICFILES_DIRS too, so a checkout works before collectstatic runs.
-WHITENOISE_USE_FINDERS = True
+# Serve straight from STATICFILES_DIRS too, so a checkout works before collectstatic runs. Not
+# where the files were collected ahead (the image): the finders' plain copies would replace
+# the compressed ones WhiteNoise serves from STATIC_ROOT.
+WHITENOISE_USE_FINDERS = not env_str("FLEETWATCH_STATIC_ROOT")
 
 # The cache holds the API's throttling counters, so every gunicorn worker must see the same
 # one: Redis when REDIS_URL is set, else files in the data folder (one machine, several
