@@ -30,12 +30,15 @@ trap 'rm -rf "$work"' EXIT
 
 fw_base_ensure "$base" "$work"
 
-# --- the context: the whole checkout as git sees it (no .git, venv or data folder) -----------
-fw_context "$src" "$work/ctx/src"
+# --- the context: what the server runs, as git sees it (no tests, no .git, venv or data) ------
+# A change to the tests or the docs then rebuilds nothing.
+fw_context "$src" "$work/ctx/src" manage.py requirements.txt fleetwatch collectors incidents \
+  templates static deploy/gunicorn.conf.py deploy/image/entrypoint.sh
 cp "$here/Containerfile" "$work/ctx/"
 
 revision=$(git -C "$src" rev-parse HEAD 2>/dev/null || echo unknown)
-git -C "$src" diff --quiet HEAD 2>/dev/null || revision="$revision-dirty"
+git -C "$src" diff --quiet HEAD -- manage.py requirements.txt fleetwatch collectors incidents \
+  templates static deploy 2>/dev/null || revision="$revision-dirty"
 version=0+g${revision:0:12}
 [ "$revision" = unknown ] && version=0+unknown
 
