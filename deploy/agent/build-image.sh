@@ -60,7 +60,8 @@ revision=$(git -C "$src" rev-parse HEAD 2>/dev/null || echo unknown)
 git -C "$src" diff --quiet HEAD -- collectors 2>/dev/null || revision="$revision-dirty"
 
 fw_build "$work/ctx" "$work/ctx/Containerfile" \
-  --build-arg BASE="$base" --build-arg VERSION="$version" --build-arg REVISION="$revision" \
+  --build-arg BASE="$base" --label org.opencontainers.image.version="$version" \
+  --label org.opencontainers.image.revision="$revision" \
   -t "$image:$version" -t "$image:latest"
 
 # The image must say the version it is tagged with.

@@ -4,7 +4,7 @@
 #
 #   deploy/image/build.sh            # or: make image
 #
-# Makes localhost/fleetwatch:<git short revision> and :latest from the checkout it is run from.
+# Makes localhost/fleetwatch:<version>-g<revision> and :latest from the checkout it is run from.
 # Environment:
 #   FLEETWATCH_SRC  the checkout to build from (default: the git repository holding this script)
 #   REBUILD_BASE=1  make the Debian base image again (for Debian's security updates); otherwise
@@ -39,16 +39,21 @@ cp "$here/Containerfile" "$work/ctx/"
 revision=$(git -C "$src" rev-parse HEAD 2>/dev/null || echo unknown)
 git -C "$src" diff --quiet HEAD -- manage.py requirements.txt fleetwatch collectors incidents \
   templates static deploy 2>/dev/null || revision="$revision-dirty"
-version=0+g${revision:0:12}
-[ "$revision" = unknown ] && version=0+unknown
+# The project's version (pyproject.toml) and the commit: 0.1.0+g<12 hex digits>; the tag the
+# same with "-" (a tag cannot hold "+").
+project=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' \
+  "$src/pyproject.toml" 2>/dev/null || echo 0)
+version=$project+g${revision:0:12}
+[ "$revision" = unknown ] && version=$project+unknown
 
 # docker format: OCI image configs have no HEALTHCHECK (podman drops it with a warning).
 fw_build "$work/ctx" "$work/ctx/Containerfile" --format docker ${NO_CACHE:+--no-cache} \
-  --build-arg BASE="$base" --build-arg VERSION="$version" --build-arg REVISION="$revision" \
-  -t "$image:${version#0+}" -t "$image:latest"
+  --build-arg BASE="$base" --label org.opencontainers.image.version="$version" \
+  --label org.opencontainers.image.revision="$revision" \
+  -t "$image:${version/+/-}" -t "$image:latest"
 
 # The image must be able to load its settings and find its collected static files.
 "${PODMAN[@]}" run --rm --network none "${LIMITS[@]}" --read-only -v /data -e SECRET_KEY=build-check \
   "$image:latest" manage check -v0 >/dev/null
 size=$("${PODMAN[@]}" image inspect --format '{{.Size}}' "$image:latest")
-echo "built $image:${version#0+} (and :latest), $((size / 1000000)) MB"
+echo "built $image:${version/+/-} (and :latest), $((size / 1000000)) MB"

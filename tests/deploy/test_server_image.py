@@ -189,6 +189,11 @@ def test_the_image_holds_no_build_or_test_tools(image: str) -> None:
     assert config["User"] == "10001:0"
     assert config["Entrypoint"] == ["/usr/bin/tini", "--", "/app/deploy/image/entrypoint.sh"]
     assert config["Cmd"] == ["web"]
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, timeout=60, check=False).stdout.strip()
+    labels = meta["Labels"]
+    assert labels["org.opencontainers.image.version"].startswith("0.1.0+g")
+    assert labels["org.opencontainers.image.revision"].startswith(head or "unknown")
     assert meta["Healthcheck"]["Test"] == ["CMD", "/app/deploy/image/entrypoint.sh",
                                              "healthcheck"]
     probe = ("import importlib.util as u, os, shutil\n"
