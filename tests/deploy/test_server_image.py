@@ -210,9 +210,15 @@ def test_the_image_holds_no_build_or_test_tools(image: str) -> None:
 
 
 def test_a_deployment_without_secret_key_stops_naming_it(fleet: Fleet) -> None:
-    done = fleet.run("manage", "check", SECRET_KEY="")
-    assert done.returncode != 0
-    assert "SECRET_KEY is not set" in done.stderr, done.stderr[-2000:]
+    """Every subcommand: at once, with the message, and web before any worker boots."""
+    for role in (["manage", "check"], ["web"], ["worker"], ["beat"]):
+        done = fleet.run(*role, SECRET_KEY="", PORT=str(free_port()), timeout=120)
+        assert done.returncode != 0, role
+        output = done.stdout + done.stderr
+        assert "SECRET_KEY is not set" in output, (role, output[-2000:])
+        if role == ["web"]:
+            assert "FleetWatch cannot start: SECRET_KEY is not set" in output, output[-2000:]
+            assert "Booting worker" not in output, output[-2000:]
 
 
 def test_web_worker_and_beat_from_one_image(migrated: Fleet) -> None:
