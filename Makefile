@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test lint install bench drill clean agent-image
+.PHONY: run test lint install bench drill clean agent-image image
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt
 	deploy/bootstrap.sh run
@@ -69,6 +69,12 @@ drill: install
 # makes the Debian base again.
 agent-image:
 	deploy/agent/build-image.sh
+
+# FleetWatch's server image (localhost/fleetwatch:<revision> and :latest) with podman: web,
+# Celery worker and beat, management commands: deploy/image/README.md. Root; REBUILD_BASE=1
+# makes the Debian base again, NO_CACHE=1 every layer.
+image:
+	deploy/image/build.sh
 
 lint: install
 	$(BIN)/ruff check .

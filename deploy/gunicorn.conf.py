@@ -62,6 +62,22 @@ logconfig_dict = logging_config(os.environ.get("FLEETWATCH_LOG_FORMAT") or "json
                                 loglevel.upper(), gunicorn=True)
 
 
+def on_starting(server: Any) -> None:
+    """The settings, read once in the master before any worker starts: a missing or wrong
+    setting (SECRET_KEY in a deployment, an unknown FLEETWATCH_FLEET...) then stops gunicorn
+    with its one-line message, instead of each worker failing to boot with a traceback.
+    Importing the settings writes nothing and opens no connection (fleetwatch/settings.py)."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleetwatch.settings")
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        settings.SECRET_KEY  # noqa: B018 (the first read imports the settings module)
+    except ImproperlyConfigured as exc:
+        server.log.error("FleetWatch cannot start: %s", exc)
+        sys.exit(2)
+
+
 def child_exit(server: Any, worker: Any) -> None:
     from prometheus_client import multiprocess
 

@@ -34,10 +34,20 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = data_dir()
 
 
-def _secret_key() -> str:
+def _secret_key(deployed: str | None) -> str:
     key = env_str("SECRET_KEY")
     if key:
         return key
+    if deployed:
+        # A deployment's processes (several web pods, workers, beat) must sign with one key
+        # that outlives each of them: a key saved in one pod's data folder, or made up per
+        # process, would log people out at each restart and break the signed audit
+        # checkpoints. Refused before anything starts, rather than running on such a key.
+        raise ImproperlyConfigured(
+            f"SECRET_KEY is not set, and {deployed} means a deployment: set SECRET_KEY to a "
+            "long random string shared by every FleetWatch process (web, worker, beat, "
+            "management commands), e.g. from a Kubernetes Secret; "
+            "python3 -c 'import secrets; print(secrets.token_urlsafe(50))' makes one.")
     # The embedded default keeps a random key in the data folder (written by the first program
     # to start, data_dir_prepare) so sessions survive restarts without anyone having to
     # invent a secret for a demo.
@@ -48,7 +58,6 @@ def _secret_key() -> str:
     return secrets.token_urlsafe(50)
 
 
-SECRET_KEY = _secret_key()
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -178,13 +187,18 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = DATA_DIR / "staticfiles"
+# The image collects static files at build time into its own read-only folder
+# (FLEETWATCH_STATIC_ROOT=/app/staticfiles, deploy/image/Containerfile); elsewhere they go to the
+# data folder.
+STATIC_ROOT = Path(env_str("FLEETWATCH_STATIC_ROOT") or DATA_DIR / "staticfiles")
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
-# Serve straight from STATICFILES_DIRS too, so a checkout works before collectstatic runs.
-WHITENOISE_USE_FINDERS = True
+# Serve straight from STATICFILES_DIRS too, so a checkout works before collectstatic runs. Not
+# where the files were collected ahead (the image): the finders' plain copies would replace
+# the compressed ones WhiteNoise serves from STATIC_ROOT.
+WHITENOISE_USE_FINDERS = not env_str("FLEETWATCH_STATIC_ROOT")
 
 # The cache holds the API's throttling counters, so every gunicorn worker must see the same
 # one: Redis when REDIS_URL is set, else files in the data folder (one machine, several
@@ -254,6 +268,12 @@ if env_str("FLEETWATCH_FLEET") is None and _db["ENGINE"] != "django.db.backends.
         "names, or FLEETWATCH_FLEET=sim to run the simulated fleet (a demo or a test). "
         f"Allowed values: {', '.join(_FLEETS)}.")
 FLEETWATCH_FLEET = env_choice("FLEETWATCH_FLEET", "sim", _FLEETS)
+# Set here, after the database and the fleet: which of them make this a deployment decides
+# whether a saved or made-up key may stand in for SECRET_KEY.
+SECRET_KEY = _secret_key(
+    "FLEETWATCH_FLEET=real" if FLEETWATCH_FLEET == "real"
+    else f"DATABASE_URL naming a database server ({_db['ENGINE'].rsplit('.', 1)[-1]})"
+    if _db["ENGINE"] != "django.db.backends.sqlite3" else None)
 FLEETWATCH_CLUSTER = env_str("FLEETWATCH_CLUSTER", "sim")
 FLEETWATCH_SOURCES = env_subset(
     "FLEETWATCH_SOURCES", ["slurm", "kubernetes", "telemetry"], ["slurm", "kubernetes", "telemetry"]

@@ -2,7 +2,7 @@
 # Run a command with PostgreSQL and Redis available, as the test suite needs them.
 # Uses the ones answering on 127.0.0.1:5432 / :6379 when there are; otherwise starts private
 # instances (temporary data dir, a free loopback port) and stops them afterwards.
-# Exports DATABASE_URL and CELERY_BROKER_URL for the command.
+# Exports DATABASE_URL, CELERY_BROKER_URL and SECRET_KEY for the command.
 # FLEETWATCH_PRIVATE_SERVICES=1 skips the shared ones (to test this script's private path).
 set -euo pipefail
 tmp=$(mktemp -d /tmp/fleetwatch-services.XXXXXX)
@@ -66,6 +66,10 @@ export FLEETWATCH_DATA_DIR=${FLEETWATCH_DATA_DIR:-$tmp/data}
 # The suite runs the simulated fleet on PostgreSQL; the settings refuse a database server
 # without a named fleet (a deployment that forgot it), so the tests name theirs.
 export FLEETWATCH_FLEET=${FLEETWATCH_FLEET:-sim}
+# A database server means a deployment, which the settings refuse without SECRET_KEY (a key
+# saved in one data folder would not be shared by every process of a real one): one key for
+# this run, shared by the suite and every process it starts.
+export SECRET_KEY=${SECRET_KEY:-$(python3 -c 'import secrets; print(secrets.token_urlsafe(50))')}
 # The data folder and its saved secret key, made as make run makes them, before any process
 # reads the settings: the suite's own process and the workers it starts share that key.
 (cd "$(dirname "$0")/../.." &&

@@ -22,6 +22,7 @@ from fleetwatch.datadir import data_dir_prepare
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 POSTGRES = "postgres://fleetwatch@db.example.org:5432/fleetwatch"
+KEY = "k" * 60  # a deployment's SECRET_KEY (tests/unit/test_secret_key_required.py)
 SHOW = ("import django, json; django.setup(); from django.conf import settings as s; "
         "import fleetwatch.urls; "
         "print(json.dumps([s.FLEETWATCH_FLEET, s.FLEETWATCH_DEMO_CONTROLS, s.SECRET_KEY, "
@@ -60,10 +61,12 @@ def test_the_refusal_comes_before_anything_runs(tmp_path: Path, command: list[st
 
 
 def test_a_database_server_with_a_named_fleet(tmp_path: Path) -> None:
-    sim = _python(tmp_path, {"DATABASE_URL": POSTGRES, "FLEETWATCH_FLEET": "sim"}, "-c", SHOW)
+    sim = _python(tmp_path, {"DATABASE_URL": POSTGRES, "FLEETWATCH_FLEET": "sim",
+                             "SECRET_KEY": KEY}, "-c", SHOW)
     assert sim.returncode == 0, sim.stderr
     assert json.loads(sim.stdout)[:2] == ["sim", True]
     real = _python(tmp_path, {"DATABASE_URL": POSTGRES, "FLEETWATCH_FLEET": "real",
+                              "SECRET_KEY": KEY,
                               "FLEETWATCH_PROMETHEUS_URL": "http://prometheus:9090"}, "-c", SHOW)
     assert real.returncode == 0, real.stderr
     assert json.loads(real.stdout)[:2] == ["real", False]  # no fault-injection buttons
