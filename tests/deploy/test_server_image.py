@@ -260,9 +260,9 @@ def test_web_worker_and_beat_from_one_image(migrated: Fleet) -> None:
     # SIGTERM (podman stop): gunicorn stops its workers gracefully and exits 0.
     stopping = time.monotonic()
     subprocess.run([*PODMAN, "stop", "-t", "25", web], capture_output=True, timeout=60, check=True)
-    took = time.monotonic() - stopping
+    print(f"podman stop (web): {time.monotonic() - stopping:.1f} s")
+    # 0, not 137: gunicorn stopped on SIGTERM before podman's 25 s ran out and it sent SIGKILL.
     assert exit_code(web) == "0", podman_logs(web)[-3000:]
-    assert took < 20, f"podman stop took {took:.1f} s: SIGTERM did not stop gunicorn"
     # The worker's warm shutdown and beat stop on SIGTERM too, through tini, exit 0.
     for name in (worker, beat):
         subprocess.run([*PODMAN, "stop", "-t", "25", name], capture_output=True, timeout=60,
