@@ -130,6 +130,11 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(image: str, database_url: str, data_dir: Path) -> Iterator[Fleet]:
     fleet = Fleet(image, database_url, data_dir)
+    # Earlier tests leave tasks queued for their own databases in the suite's Redis: a worker
+    # container must not take them (as tests/conftest.py's worker fixture does).
+    import redis
+
+    redis.Redis.from_url(fleet.env["CELERY_BROKER_URL"]).flushdb()
     try:
         yield fleet
     finally:
