@@ -379,6 +379,8 @@ NOT_IN_CONFIGMAP = {
     "HOST", "PORT",                          # make run's bind; GUNICORN_BIND is set instead
     "FLEETWATCH_URL", "FLEETWATCH_AGENT_MAX_TRIES", "FLEETWATCH_AGENT_RETRY_BACKOFF",
     "FLEETWATCH_AGENT_TOKEN",                # the node agent's: agent/configmap.yaml, its Secret
+    "FLEETWATCH_STATIC_ROOT",                # set by the image (its ENV)
+    "FLEETWATCH_MIGRATE",                    # the migration Job migrates, not the web pods
 }
 
 
