@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.deploy.test_manifests import render  # kubectl kustomize, parsed
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 KUSTOMIZE_DIR = ROOT / "deploy" / "kubernetes" / "agent"
 UNIT = ROOT / "deploy" / "agent" / "fleetwatch-agent.service"
@@ -25,19 +27,9 @@ KUBERNETES_VERSION = "1.30.0"  # the oldest release the manifests are checked ag
 IMAGE = "localhost/fleetwatch-agent"
 
 
-def render(path: Path = KUSTOMIZE_DIR) -> list[dict[str, Any]]:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed")
-    done = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
-
-
 @pytest.fixture(scope="module")
 def objects() -> list[dict[str, Any]]:
-    return render()
+    return render(KUSTOMIZE_DIR)
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +83,7 @@ def test_every_object_validates_against_the_kubernetes_schemas(with_journal: boo
         assert {"/var/log/journal", "/run/log/journal", "/etc/machine-id"} <= {
             m["mountPath"] for m in container(ds)["volumeMounts"] if m.get("readOnly")}
     else:
-        objects = render()
+        objects = render(KUSTOMIZE_DIR)
     # Strict: a misspelt or misplaced field is an error, not silently ignored.
     for obj in [*objects, *yaml.safe_load_all((KUSTOMIZE_DIR / "secret.example.yaml").read_text())]:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)

@@ -11,14 +11,12 @@ run as processes in tests/integration); here the sources are the simulated fleet
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from typing import Any
 
 import pytest
 
-# The image's fixtures come from conftest.py: this module gets a database and a /data of its
-# own.
+from tests.conftest import wait_for
 from tests.deploy.test_server_image import (
     PODMAN,
     Fleet,
@@ -28,17 +26,13 @@ from tests.deploy.test_server_image import (
     wait_for_log,
 )
 
-pytestmark = [pytest.mark.image, pytest.mark.timeout(1200)]
+# The playbook's outside actions for an XID 79 on gpu-003 (verb, target), as the
+# process-level chaos test counts them.
+from tests.integration.test_chaos import ACTIONS, BAD_NODE, SPARE
 
-BAD_NODE, SPARE = "gpu-003", "gpu-017"
-# Every outside action the gpu_hardware playbook makes for an XID 79 on gpu-003 (as in
-# tests/integration/test_chaos.py), by (verb, target).
-ACTIONS = {
-    ("notify", "on-call"), ("slurm.drain", BAD_NODE), ("slurm.cancel", "job 3001"),
-    ("slurm.requeue", "job 3001"), ("k8s.cordon", BAD_NODE),
-    ("k8s.evict", f"slurm/slurmd-{BAD_NODE}"), ("provider.replace", BAD_NODE),
-    ("slurm.resume", SPARE),
-}
+# The image's fixtures come from conftest.py: this module gets a database and a /data of its
+# own.
+pytestmark = [pytest.mark.image, pytest.mark.timeout(1200)]
 
 
 def query(url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -49,14 +43,13 @@ def query(url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
 
 
 def wait(predicate: Any, timeout: float, what: str, explain: Any = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}"
-                         + (f"\n{explain()}" if explain else ""))
+    """tests.conftest.wait_for, saying what the containers logged when it times out."""
+    try:
+        return wait_for(predicate, timeout, what, interval=0.2)
+    except AssertionError:
+        if explain:
+            print(explain())
+        raise
 
 
 @pytest.fixture
