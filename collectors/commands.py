@@ -35,6 +35,8 @@ def subcommands(sub: _SubParsersAction[ArgumentParser]) -> dict[str, Handler]:
                            "login gets a generated one and an existing login keeps its own")
 
     inject = sub.add_parser("inject", help="inject a fault into the simulated fleet")
+    inject.add_argument("--cluster", default=None,
+                        help="the simulated cluster (default: FLEETWATCH_CLUSTER)")
     kinds = inject.add_subparsers(dest="fault", required=True)
     xid = kinds.add_parser("xid", help="an XID error on one GPU")
     xid.add_argument("--node", required=True)
@@ -47,6 +49,8 @@ def subcommands(sub: _SubParsersAction[ArgumentParser]) -> dict[str, Handler]:
     switch.add_argument("--switch", required=True)
 
     sim = sub.add_parser("sim", help="change the simulated fleet's surroundings")
+    sim.add_argument("--cluster", default=None,
+                     help="the simulated cluster (default: FLEETWATCH_CLUSTER)")
     sim.add_argument("--node", default="")
     sim.add_argument("--no-auto-replace", choices=["on", "off"],
                      help="label the node's pods fleetwatch.io/no-auto-replace=true")
@@ -81,16 +85,19 @@ def clients_fail_as_command(handler: Handler) -> Handler:
 
 
 def _seed(command: BaseCommand, opts: dict[str, Any]) -> None:
-    from django.conf import settings
-
     from collectors.roles import OPERATOR, roles_ensure, user_with_role
+    from collectors.sources import cluster_names, sources_of
 
-    if settings.FLEETWATCH_FLEET == "sim":
-        created = faults.fleet_seed(reset=opts["reset"])
-        command.stdout.write("simulated fleet " + ("created" if created else "already there"))
-    else:
-        command.stdout.write("real sources: the fleet is whatever Slurm, Kubernetes and "
-                             "Prometheus report")
+    clusters = cluster_names()
+    for cluster in clusters:
+        which = f" {cluster}" if len(clusters) > 1 else ""
+        if sources_of(cluster).fleet == "sim":
+            created = faults.fleet_seed(reset=opts["reset"], cluster=cluster)
+            command.stdout.write(f"simulated fleet{which} "
+                                 + ("created" if created else "already there"))
+        else:
+            command.stdout.write(f"real sources{which}: the fleet is whatever Slurm, "
+                                 "Kubernetes and Prometheus report")
     roles_ensure()
     if opts["demo_user"]:
         from django.contrib.auth import get_user_model
@@ -112,7 +119,7 @@ def _inject(command: BaseCommand, opts: dict[str, Any]) -> None:
     what = faults.fault_inject(
         fault, node=opts.get("node", ""), gpu=opts.get("gpu", 0),
         code=opts.get("code", 79), count=opts.get("count", 1),
-        switch=opts.get("switch", ""),
+        switch=opts.get("switch", ""), cluster=opts.get("cluster"),
     )
     command.stdout.write(f"injected: {what}")
 
@@ -131,10 +138,14 @@ def _sim(command: BaseCommand, opts: dict[str, Any]) -> None:
         if not opts["node"]:
             raise CommandError("--no-auto-replace needs --node")
         command.stdout.write(faults.pod_label_set(
-            opts["node"], no_auto_replace=opts["no_auto_replace"] == "on"))
+            opts["node"], no_auto_replace=opts["no_auto_replace"] == "on",
+            cluster=opts["cluster"]))
     if opts["source_down"]:
-        command.stdout.write(faults.source_outage_set(opts["source_down"], down=True))
+        command.stdout.write(faults.source_outage_set(opts["source_down"], down=True,
+                                                      cluster=opts["cluster"]))
     if opts["source_up"]:
-        command.stdout.write(faults.source_outage_set(opts["source_up"], down=False))
+        command.stdout.write(faults.source_outage_set(opts["source_up"], down=False,
+                                                      cluster=opts["cluster"]))
     if opts["show"]:
-        command.stdout.write(json.dumps(faults.fleet_snapshot(), indent=1, sort_keys=True))
+        command.stdout.write(json.dumps(faults.fleet_snapshot(opts["cluster"]), indent=1,
+                                        sort_keys=True))

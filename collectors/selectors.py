@@ -12,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import django.dispatch
-from django.conf import settings
 from django.db.models import Count, F, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
@@ -21,6 +20,7 @@ from collectors.clients import get_telemetry
 from collectors.clients.base import ClientError
 from collectors.knowledge.slurm import index_ranges
 from collectors.models import Cluster, CollectorRun, Gpu, GpuSample, Job, Node, Signal, SourceHealth
+from collectors.sources import sources_of
 
 # Sent with ``node=`` (``job=``) while a node's (job's) page is read; each receiver returns a
 # dict of more context for the page's template.
@@ -45,19 +45,20 @@ def telemetry_points(cluster: Cluster, names: list[str], start: datetime,
     """(node, gpu, at, utilisation, temperature) for the nodes' GPUs between the two times:
     from the stored samples (the simulated fleet), or from Prometheus range queries when
     FleetWatch reads a real one. Raises ClientError when the telemetry source fails."""
-    if settings.FLEETWATCH_STORE_GPU_SAMPLES:
+    if sources_of(cluster.name).store_gpu_samples:
         rows = (GpuSample.objects.filter(node__name__in=names, node__cluster=cluster,
                                          at__range=(start, end))
                 .values_list("node__name", "gpu_index", "at", "utilization", "temperature"))
         return list(rows)
-    return _history_points(names, start, min(end, timezone.now()))
+    return _history_points(cluster, names, start, min(end, timezone.now()))
 
 
-def _history_points(names: list[str], start: datetime, end: datetime) -> list[TelemetryPoint]:
+def _history_points(cluster: Cluster, names: list[str], start: datetime,
+                    end: datetime) -> list[TelemetryPoint]:
     if end <= start or not names:
         return []
     out = []
-    for node, gpus in get_telemetry().gpu_history(names, start, end, 15.0).items():
+    for node, gpus in get_telemetry(cluster.name).gpu_history(names, start, end, 15.0).items():
         for index, points in gpus.items():
             out += [(node, int(index), datetime.fromtimestamp(p.at, tz=UTC), p.utilization,
                      p.temperature) for p in points]
@@ -90,11 +91,17 @@ def node_telemetry(node: Node, minutes: int = 60) -> dict[str, Any]:
 _UNHEALTHY_GPU = (Node.Health.UNKNOWN, Node.Health.DEGRADED)
 
 
-def fleet_counts() -> dict[str, Any]:
-    """Counts by node health, Slurm state and GPU health: three aggregate queries, whatever
-    the fleet's size."""
-    H = Node.Health
+def _in_service(cluster: str | None) -> QuerySet[Node]:
+    """The nodes in service, of one cluster (by name) or of all of them."""
     nodes = Node.objects.filter(in_service=True)
+    return nodes.filter(cluster__name=cluster) if cluster else nodes
+
+
+def fleet_counts(cluster: str | None = None) -> dict[str, Any]:
+    """Counts by node health, Slurm state and GPU health (of one cluster, or all): three
+    aggregate queries, whatever the fleet's size."""
+    H = Node.Health
+    nodes = _in_service(cluster)
     # A flag is matched as its JSON string ('"DRAIN"' in '["IDLE", "DRAIN"]'): JSON
     # containment is not available on SQLite (the embedded demo).
     drained = Q(slurm_flags__icontains='"DRAIN"') | Q(slurm_flags__icontains='"DRAINED"')
@@ -112,7 +119,7 @@ def fleet_counts() -> dict[str, Any]:
         (row["slurm_state"] or "unknown", row["n"])
         for row in nodes.values("slurm_state").annotate(n=Count("id")).order_by("-n", "slurm_state")
     ]
-    gpus = Gpu.objects.filter(node__in_service=True).aggregate(
+    gpus = Gpu.objects.filter(node__in=nodes).aggregate(
         gpus=Count("id"),
         gpus_healthy=Count("id", filter=Q(health=H.HEALTHY)),
         gpus_failed=Count("id", filter=Q(health=H.FAILED)),
@@ -129,19 +136,20 @@ GRID_ALL_MAX = 64
 GRID_MAX_NODES = 512
 
 
-def gpu_groups(by: str = "leaf") -> list[dict[str, Any]]:
+def gpu_groups(by: str = "leaf", cluster: str | None = None) -> list[dict[str, Any]]:
     """Per leaf switch (or pool): nodes, and GPUs healthy / failed / unknown. Two grouped
     queries, so the dashboard stays fast at thousands of nodes."""
     field = GROUP_FIELDS.get(by, "leaf_switch")
     H = Node.Health
     groups: dict[str, dict[str, Any]] = {}
-    for row in (Node.objects.filter(in_service=True).values(field)
+    nodes = _in_service(cluster)
+    for row in (nodes.values(field)
                 .annotate(nodes=Count("id"), nodes_failed=Count("id", filter=Q(health=H.FAILED)))
                 .order_by(field)):
         groups[row[field]] = {"name": row[field], "nodes": row["nodes"],
                               "nodes_failed": row["nodes_failed"], "gpus": 0, "healthy": 0,
                               "failed": 0, "unknown": 0}
-    for row in (Gpu.objects.filter(node__in_service=True).values(f"node__{field}")
+    for row in (Gpu.objects.filter(node__in=nodes).values(f"node__{field}")
                 .annotate(gpus=Count("id"), healthy=Count("id", filter=Q(health=H.HEALTHY)),
                           failed=Count("id", filter=Q(health=H.FAILED)))
                 .order_by(f"node__{field}")):
@@ -180,13 +188,14 @@ def gpu_group_default(groups: list[dict[str, Any]], total_nodes: int) -> str | N
     return max(groups, key=lambda g: (g["failed"], g["unknown"], -len(g["name"])))["name"]
 
 
-def gpu_grid(by: str = "leaf", group: str | None = None) -> dict[str, Any]:
+def gpu_grid(by: str = "leaf", group: str | None = None,
+             cluster: str | None = None) -> dict[str, Any]:
     """Node-by-GPU health for the dashboard heatmap (z: 0 healthy, 1 unknown, 2 failed), for
     one group's nodes or, without one, for the first GRID_MAX_NODES nodes."""
     code = {Node.Health.HEALTHY: 0, Node.Health.UNKNOWN: 1, Node.Health.DEGRADED: 1,
             Node.Health.FAILED: 2}
     field = GROUP_FIELDS.get(by, "leaf_switch")
-    nodes = Node.objects.filter(in_service=True)
+    nodes = _in_service(cluster)
     if group is not None:
         nodes = nodes.filter(**{field: group})
     total = nodes.count()
@@ -226,12 +235,14 @@ def _num(value: float | None, unit: str) -> str:
 # --- sources --------------------------------------------------------------------------------
 
 
-def sources_health() -> list[dict[str, Any]]:
-    """Each collector's health with its lag (now - last success)."""
+def sources_health(cluster: str | None = None) -> list[dict[str, Any]]:
+    """Each collector's health with its lag (now - last success), per cluster."""
     now = timezone.now()
+    rows = SourceHealth.objects.select_related("cluster").order_by("cluster__name", "name")
+    if cluster:
+        rows = rows.filter(cluster__name=cluster)
     return [{"source": s, "lag": (now - s.last_success_at).total_seconds()
-             if s.last_success_at else None}
-            for s in SourceHealth.objects.select_related("cluster")]
+             if s.last_success_at else None} for s in rows]
 
 
 def sources_overview(runs_per_source: int = 10) -> list[dict[str, Any]]:

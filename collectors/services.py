@@ -54,6 +54,7 @@ from collectors.models import (
 )
 from collectors.normalize import SignalDraft
 from collectors.push import INGEST_SOURCES, PushRights
+from collectors.sources import cluster_names, sources_of
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,19 @@ class CollectResult:
 
 
 def cluster_default() -> Cluster:
-    what = "the simulated fleet" if settings.FLEETWATCH_FLEET == "sim" else "real sources"
-    cluster, _ = Cluster.objects.get_or_create(name=settings.FLEETWATCH_CLUSTER,
-                                               defaults={"description": what})
+    """The cluster pushes and commands that name none go to (FLEETWATCH_CLUSTER)."""
+    return cluster_get(settings.FLEETWATCH_CLUSTER)
+
+
+def cluster_get(name: str) -> Cluster:
+    """The cluster's row, made on first use; raises ClientError for a cluster FleetWatch
+    has no settings for (FLEETWATCH_CLUSTERS)."""
+    known = cluster_names()
+    if name not in known:
+        raise ClientError(f"unknown cluster {name!r}; this FleetWatch watches "
+                          f"{', '.join(known)}", permanent=True)
+    what = "the simulated fleet" if sources_of(name).fleet == "sim" else "real sources"
+    cluster, _ = Cluster.objects.get_or_create(name=name, defaults={"description": what})
     return cluster
 
 
@@ -80,14 +91,16 @@ class RunLog:
     warnings: list[str] = field(default_factory=list)
 
 
-def collect_source(source: str, *, clients: Clients | None = None) -> CollectResult:
-    """Run one collector. A source that cannot be read marks itself unhealthy and changes no
-    node: a missing source is never read as a failed node."""
+def collect_source(source: str, cluster_name: str | None = None, *,
+                   clients: Clients | None = None) -> CollectResult:
+    """Run one collector on one cluster (None: the default one). A source that cannot be
+    read marks itself unhealthy and changes no node: a missing source is never read as a
+    failed node."""
     collector = COLLECTORS.get(source)
     if collector is None:
         raise ValueError(f"unknown source {source!r}; known: {', '.join(COLLECTORS)}")
-    clients = clients or get_clients()
-    cluster = cluster_default()
+    cluster = cluster_get(cluster_name) if cluster_name else cluster_default()
+    clients = clients or get_clients(cluster.name)
     started, started_at = time.monotonic(), timezone.now()
     run = RunLog()
     try:
@@ -564,7 +577,7 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
     samples = []
     touched: set[int] = set()  # nodes with a GPU read or judged this poll
     failing: set[int] = set()  # nodes with a failed GPU, read or as stored
-    keep_samples = settings.FLEETWATCH_STORE_GPU_SAMPLES
+    keep_samples = sources_of(cluster.name).store_gpu_samples
     unsampled_u, unsampled_t = read.unsampled_utilization, read.unsampled_temperature
     failed_health = Node.Health.FAILED
     for key, (pk, last_xid, last_xid_at, clocks, dbe, remap, uuid, util, temp,

@@ -11,8 +11,9 @@ from collectors import queueing, services
 
 
 @shared_task(name=queueing.COLLECT_SOURCE, ignore_result=True)
-def collect_source(source: str) -> None:
-    services.collect_source(source)
+def collect_source(source: str, cluster: str | None = None) -> None:
+    # cluster None: a message from before several clusters, for the default one.
+    services.collect_source(source, cluster)
 
 
 @shared_task(name=queueing.PRUNE_TELEMETRY, ignore_result=True)

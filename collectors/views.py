@@ -47,7 +47,8 @@ def grid_group(request: HttpRequest) -> tuple[str | None, bool]:
 
 
 def gpu_grid(request: HttpRequest) -> JsonResponse:
-    return json_answer(selectors.gpu_grid(request.GET.get("by", "leaf"), grid_group(request)[0]))
+    return json_answer(selectors.gpu_grid(request.GET.get("by", "leaf"), grid_group(request)[0],
+                                          request.GET.get("cluster") or None))
 
 
 def node_list(request: HttpRequest) -> HttpResponse:

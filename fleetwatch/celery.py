@@ -97,21 +97,24 @@ def _beat_schedule(sender: Celery, **_: object) -> None:
     from django.conf import settings
 
     from collectors import queueing  # the task names: the wire contract, written once
+    from collectors.sources import cluster_names, sources_of
 
     interval = settings.FLEETWATCH_COLLECT_INTERVAL
-    # One entry per source, so a slow source never delays the others.
+    clusters = cluster_names()
+    # One entry per cluster and source, so a slow source (or a cluster far away) never
+    # delays the others.
     schedule = {
-        f"collect-{source}": {
+        f"collect-{source}" if len(clusters) == 1 else f"collect-{cluster}-{source}": {
             "task": queueing.COLLECT_SOURCE,
             "schedule": interval,
-            "args": [source],
+            "args": [source, cluster],
             # A collection that waited longer than this is dropped (the next one reads the
             # same source anyway), so an outage leaves no backlog. Not less than 10 s: with
             # short intervals a busy worker would otherwise drop every run of its slowest
             # source and stop seeing it at all.
             "options": {"expires": max(interval * 2, 10.0)},
         }
-        for source in settings.FLEETWATCH_SOURCES
+        for cluster in clusters for source in sources_of(cluster).sources
     }
     schedule["prune-telemetry"] = {"task": queueing.PRUNE_TELEMETRY, "schedule": 600.0}
     # Steps whose message a killed worker or a restarted broker lost.

@@ -7,6 +7,7 @@ broker in ``FLEETWATCH_DATA_DIR`` and the simulated fleet, so ``make run`` needs
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import secrets
 from pathlib import Path
@@ -14,9 +15,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from collectors.knowledge import causes as _causes  # lower case: not a setting itself
-from fleetwatch.datadir import broker_dir, data_dir, secret_key_saved
-from fleetwatch.env import (
+from collectors.env import (
     env_bool,
     env_choice,
     env_float,
@@ -24,8 +23,10 @@ from fleetwatch.env import (
     env_list,
     env_map,
     env_str,
-    env_subset,
 )
+from collectors.knowledge import causes as _causes  # lower case: not a setting itself
+from collectors.sources import FLEETS, SourceSettings, cluster_default_name, clusters_load
+from fleetwatch.datadir import broker_dir, data_dir, secret_key_saved
 from fleetwatch.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -257,7 +258,6 @@ FLEETWATCH_BEAT_LOCK_SECONDS = env_float("FLEETWATCH_BEAT_LOCK_SECONDS", 30.0, m
 # --- FleetWatch -----------------------------------------------------------------------------
 # "sim": the simulated fleet (the default, needs nothing). "real": the Slurm CLI, the
 # Kubernetes API and Prometheus, configured by the variables below.
-_FLEETS = ["sim", "real"]
 if env_str("FLEETWATCH_FLEET") is None and _db["ENGINE"] != "django.db.backends.sqlite3":
     # A database server means a deployment: one that forgot to name its fleet must not come
     # up on the simulated fleet, with buttons that inject faults, and look healthy.
@@ -266,18 +266,24 @@ if env_str("FLEETWATCH_FLEET") is None and _db["ENGINE"] != "django.db.backends.
         f"({_db['ENGINE'].rsplit('.', 1)[-1]}), not the embedded SQLite: set "
         "FLEETWATCH_FLEET=real to watch the Slurm, Kubernetes and Prometheus the environment "
         "names, or FLEETWATCH_FLEET=sim to run the simulated fleet (a demo or a test). "
-        f"Allowed values: {', '.join(_FLEETS)}.")
-FLEETWATCH_FLEET = env_choice("FLEETWATCH_FLEET", "sim", _FLEETS)
+        f"Allowed values: {', '.join(FLEETS)}.")
+# The sources (fleet, Slurm, Kubernetes, Prometheus, provider) as the environment sets them:
+# read and checked in collectors/sources.py, where each cluster of FLEETWATCH_CLUSTERS reads
+# its own by the same rules.
+_sources = SourceSettings.from_env(os.environ, sim_state=DATA_DIR / "sim-fleet.json")
+FLEETWATCH_FLEET = _sources.fleet
 # Set here, after the database and the fleet: which of them make this a deployment decides
 # whether a saved or made-up key may stand in for SECRET_KEY.
 SECRET_KEY = _secret_key(
     "FLEETWATCH_FLEET=real" if FLEETWATCH_FLEET == "real"
     else f"DATABASE_URL naming a database server ({_db['ENGINE'].rsplit('.', 1)[-1]})"
     if _db["ENGINE"] != "django.db.backends.sqlite3" else None)
-FLEETWATCH_CLUSTER = env_str("FLEETWATCH_CLUSTER", "sim")
-FLEETWATCH_SOURCES = env_subset(
-    "FLEETWATCH_SOURCES", ["slurm", "kubernetes", "telemetry"], ["slurm", "kubernetes", "telemetry"]
-)
+# Several clusters in one FleetWatch: each cluster's name and its own source settings (a YAML
+# or JSON file, or the JSON itself); unset, one cluster, FLEETWATCH_CLUSTER, on the above.
+FLEETWATCH_CLUSTERS = clusters_load(env_str("FLEETWATCH_CLUSTERS"), os.environ, data_dir=DATA_DIR)
+# The cluster (of FLEETWATCH_CLUSTERS, the first by default) that pushes naming none go to.
+FLEETWATCH_CLUSTER = cluster_default_name(FLEETWATCH_CLUSTERS, env_str("FLEETWATCH_CLUSTER"))
+FLEETWATCH_SOURCES = _sources.sources
 FLEETWATCH_COLLECT_INTERVAL = env_float("FLEETWATCH_COLLECT_INTERVAL", 5.0, minimum=0.2)
 FLEETWATCH_POLICY_MODE = env_choice("FLEETWATCH_POLICY_MODE", "auto", ["auto", "approve", "observe"])
 FLEETWATCH_SLURM_GRACE_SECONDS = env_int("FLEETWATCH_SLURM_GRACE_SECONDS", 120, minimum=0)
@@ -319,11 +325,9 @@ FLEETWATCH_NODE_BACK_MINUTES = env_float("FLEETWATCH_NODE_BACK_MINUTES", 15.0, m
 FLEETWATCH_FLAPS_BEFORE_REPLACE = env_int("FLEETWATCH_FLAPS_BEFORE_REPLACE", 3, minimum=1)
 # Where replacement, reboot and GPU reset come from: the simulation, Slurm's own reboot, a
 # Kubernetes node pool (delete the node, wait for a new one), or a site's program.
-FLEETWATCH_PROVIDER = env_choice(
-    "FLEETWATCH_PROVIDER", "sim" if FLEETWATCH_FLEET == "sim" else "none",
-    ["sim", "none", "slurm", "kubernetes", "command"])
-FLEETWATCH_PROVIDER_COMMAND = env_str("FLEETWATCH_PROVIDER_COMMAND", "")
-FLEETWATCH_PROVIDER_TIMEOUT = env_float("FLEETWATCH_PROVIDER_TIMEOUT", 600.0, minimum=1)
+FLEETWATCH_PROVIDER = _sources.provider
+FLEETWATCH_PROVIDER_COMMAND = _sources.provider_command
+FLEETWATCH_PROVIDER_TIMEOUT = _sources.provider_timeout
 # Notifiers, each used when set: a JSON webhook (signed with the secret, HMAC-SHA256), a
 # Slack-compatible incoming webhook, e-mail through Django's mail backend.
 FLEETWATCH_NOTIFY_WEBHOOK_SECRET = env_str("FLEETWATCH_NOTIFY_WEBHOOK_SECRET", "")
@@ -381,70 +385,44 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = max(
     2_621_440, FLEETWATCH_INGEST_MAX_BATCH * FLEETWATCH_INGEST_SIGNAL_MAX_BYTES + 64 * 1024)
 # How long a push's Idempotency-Key is remembered (its retry is then answered, not stored).
 FLEETWATCH_INGEST_IDEMPOTENCY_HOURS = env_int("FLEETWATCH_INGEST_IDEMPOTENCY_HOURS", 24, minimum=1)
-FLEETWATCH_SIM_STATE = Path(env_str("FLEETWATCH_SIM_STATE", str(DATA_DIR / "sim-fleet.json")))
-FLEETWATCH_SIM_SPEED = env_float("FLEETWATCH_SIM_SPEED", 20.0, minimum=0.01)
+FLEETWATCH_SIM_STATE = _sources.sim_state
+FLEETWATCH_SIM_SPEED = _sources.sim_speed
 FLEETWATCH_DEMO_CONTROLS = env_bool("FLEETWATCH_DEMO_CONTROLS", FLEETWATCH_FLEET == "sim")
 # Real sources. Slurm: its CLI (squeue/sinfo/scontrol/scancel) from this directory ("" = PATH),
 # reading SLURM_CONF like any Slurm command. Kubernetes: this kubeconfig ("" = the in-cluster
 # service account). Prometheus: the server that scrapes dcgm-exporter and node-exporter.
-FLEETWATCH_SLURM_BIN_DIR = env_str("FLEETWATCH_SLURM_BIN_DIR")
-FLEETWATCH_SLURM_CONF = env_str("FLEETWATCH_SLURM_CONF")  # else SLURM_CONF, else Slurm's default
-FLEETWATCH_SLURM_TIMEOUT = env_float("FLEETWATCH_SLURM_TIMEOUT", 20.0, minimum=0.5)
+FLEETWATCH_SLURM_BIN_DIR = _sources.slurm_bin_dir
+FLEETWATCH_SLURM_CONF = _sources.slurm_conf  # else SLURM_CONF, else Slurm's default
+FLEETWATCH_SLURM_TIMEOUT = _sources.slurm_timeout
 # How FleetWatch talks to Slurm: "cli" (the commands above, with munge) or "rest" (slurmrestd
 # with JWT, as under Slinky, where the FleetWatch pod has no Slurm binaries or munge).
-FLEETWATCH_SLURM_TRANSPORT = env_str("FLEETWATCH_SLURM_TRANSPORT", "cli").lower()
+FLEETWATCH_SLURM_TRANSPORT = _sources.slurm_transport
 # Slurm node name -> machine (Kubernetes node / host) where they differ and no slurm-operator
 # pods say so: "slurmname=machine" pairs (commas or spaces), or the path of a file of them.
 # Under Slinky the slurmd pods' spec.nodeName gives the mapping by itself.
-FLEETWATCH_SLURM_NODE_MAP = env_str("FLEETWATCH_SLURM_NODE_MAP")
-FLEETWATCH_SLURMRESTD_URL = env_str("FLEETWATCH_SLURMRESTD_URL")
+FLEETWATCH_SLURM_NODE_MAP = _sources.slurm_node_map
+FLEETWATCH_SLURMRESTD_URL = _sources.slurmrestd_url
 # X-SLURM-USER-NAME (optional with a user's own token); the "sun" of minted tokens.
-FLEETWATCH_SLURM_USER = env_str("FLEETWATCH_SLURM_USER")
+FLEETWATCH_SLURM_USER = _sources.slurm_user
 # The JWT: the token itself, a file holding it (re-read when it changes or nears its exp:
 # a rotated Secret), or slurmctld's HS256 key to mint short-lived tokens with.
-FLEETWATCH_SLURM_JWT = env_str("FLEETWATCH_SLURM_JWT")
-FLEETWATCH_SLURM_JWT_FILE = env_str("FLEETWATCH_SLURM_JWT_FILE")
-FLEETWATCH_SLURM_JWT_KEY_FILE = env_str("FLEETWATCH_SLURM_JWT_KEY_FILE")
-FLEETWATCH_SLURM_JWT_LIFESPAN = env_int("FLEETWATCH_SLURM_JWT_LIFESPAN", 1800, minimum=120)
+FLEETWATCH_SLURM_JWT = _sources.slurm_jwt
+FLEETWATCH_SLURM_JWT_FILE = _sources.slurm_jwt_file
+FLEETWATCH_SLURM_JWT_KEY_FILE = _sources.slurm_jwt_key_file
+FLEETWATCH_SLURM_JWT_LIFESPAN = _sources.slurm_jwt_lifespan
 # slurmctld's own HTTP endpoints (25.11+: /readyz, /metrics), on SlurmctldPort; optional.
-FLEETWATCH_SLURMCTLD_URL = env_str("FLEETWATCH_SLURMCTLD_URL")
+FLEETWATCH_SLURMCTLD_URL = _sources.slurmctld_url
 # slurmrestd has no topology: a copy of the cluster's topology.conf gives the leaf switches.
-FLEETWATCH_SLURM_TOPOLOGY_FILE = env_str("FLEETWATCH_SLURM_TOPOLOGY_FILE")
-if FLEETWATCH_SLURM_TRANSPORT not in ("cli", "rest"):
-    raise ImproperlyConfigured(f"FLEETWATCH_SLURM_TRANSPORT={FLEETWATCH_SLURM_TRANSPORT!r}: "
-                               "expected cli or rest")
-if FLEETWATCH_SLURM_TRANSPORT == "rest":
-    if not FLEETWATCH_SLURMRESTD_URL:
-        raise ImproperlyConfigured(
-            "FLEETWATCH_SLURM_TRANSPORT=rest needs FLEETWATCH_SLURMRESTD_URL, slurmrestd's "
-            "address (e.g. http://slurm-restapi.slurm:6820)")
-    if not (FLEETWATCH_SLURM_JWT or FLEETWATCH_SLURM_JWT_FILE or FLEETWATCH_SLURM_JWT_KEY_FILE):
-        raise ImproperlyConfigured(
-            "FLEETWATCH_SLURM_TRANSPORT=rest needs a token: FLEETWATCH_SLURM_JWT, "
-            "FLEETWATCH_SLURM_JWT_FILE (e.g. a mounted Secret) or FLEETWATCH_SLURM_JWT_KEY_FILE "
-            "(slurmctld's jwt_hs256.key, to mint tokens)")
-    if FLEETWATCH_SLURM_JWT_KEY_FILE and not FLEETWATCH_SLURM_USER:
-        raise ImproperlyConfigured(
-            "FLEETWATCH_SLURM_JWT_KEY_FILE mints tokens for FLEETWATCH_SLURM_USER: set it (a "
-            "Slurm operator or admin, e.g. slurm)")
-FLEETWATCH_KUBECONFIG = env_str("FLEETWATCH_KUBECONFIG")
-FLEETWATCH_KUBE_CONTEXT = env_str("FLEETWATCH_KUBE_CONTEXT")
-FLEETWATCH_PROMETHEUS_URL = env_str("FLEETWATCH_PROMETHEUS_URL")
+FLEETWATCH_SLURM_TOPOLOGY_FILE = _sources.slurm_topology_file
+FLEETWATCH_KUBECONFIG = _sources.kubeconfig
+FLEETWATCH_KUBE_CONTEXT = _sources.kube_context
+FLEETWATCH_PROMETHEUS_URL = _sources.prometheus_url
 # Label matchers added to every query, when one Prometheus holds more than this fleet
 # (e.g. 'cluster="a100-east"'); a bearer token; TLS verification (true/false or a CA file).
-FLEETWATCH_PROMETHEUS_MATCHERS = env_str("FLEETWATCH_PROMETHEUS_MATCHERS", "")
-FLEETWATCH_PROMETHEUS_TOKEN = env_str("FLEETWATCH_PROMETHEUS_TOKEN", "")
-_verify = env_str("FLEETWATCH_PROMETHEUS_VERIFY_TLS", "true")
-FLEETWATCH_PROMETHEUS_VERIFY_TLS: bool | str = (
-    _verify.lower() not in ("0", "false", "no", "off") if _verify.lower() in (
-        "0", "1", "true", "false", "yes", "no", "on", "off") else _verify)
-if FLEETWATCH_FLEET == "real" and "telemetry" in FLEETWATCH_SOURCES and not FLEETWATCH_PROMETHEUS_URL:
-    raise ImproperlyConfigured(
-        "FLEETWATCH_FLEET=real collects telemetry from Prometheus: set FLEETWATCH_PROMETHEUS_URL "
-        "(or leave telemetry out of FLEETWATCH_SOURCES)")
-# Per-scrape GPU samples in the database, for the charts. With Prometheus the charts use its
-# range queries instead, so a 100,000-GPU fleet does not write 100,000 rows every scrape.
-FLEETWATCH_STORE_GPU_SAMPLES = env_bool("FLEETWATCH_STORE_GPU_SAMPLES", FLEETWATCH_FLEET == "sim")
+FLEETWATCH_PROMETHEUS_MATCHERS = _sources.prometheus_matchers
+FLEETWATCH_PROMETHEUS_TOKEN = _sources.prometheus_token
+FLEETWATCH_PROMETHEUS_VERIFY_TLS = _sources.prometheus_verify_tls
+FLEETWATCH_STORE_GPU_SAMPLES = _sources.store_gpu_samples
 
 # API tokens: django-rest-knox keeps a SHA-512 digest, never the token; our model adds names,
 # scopes and revocation. New tokens last FLEETWATCH_API_TOKEN_TTL_DAYS unless told otherwise

@@ -55,7 +55,7 @@ def _incident_record(cluster_id: int, diagnosis: Diagnosis) -> tuple[Incident, b
     if existing is None and diagnosis.root_cause == RootCause.NODE_UNREACHABLE:
         # A node FleetWatch is repairing (draining, rebooting, replacing) stops answering
         # because of the repair: that is the repair's evidence, not a new incident.
-        holding = policy.remediation_holding(diagnosis.nodes)
+        holding = policy.remediation_holding(cluster_id, diagnosis.nodes)
         if holding is not None:
             existing = Incident.objects.select_for_update().get(pk=holding.incident_id)
     if existing is not None:

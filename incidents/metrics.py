@@ -25,6 +25,7 @@ from prometheus_client.core import (
     Metric,
 )
 
+from collectors.models import Cluster
 from incidents.audit import audit_head
 from incidents.models import Delivery, DiagnosisState, Incident, RootCause, Step
 from incidents.remediation import policy
@@ -160,13 +161,12 @@ class IncidentsCollector:
         yield oldest
 
     def _storm(self) -> Iterator[Metric]:
-        """The storm brake as the policy applies it (incidents.remediation.policy)."""
-        count = policy.storm_count()
+        """The storm brake as the policy applies it (incidents.remediation.policy): per
+        cluster, as it counts."""
         window = GaugeMetricFamily(
             "fleetwatch_storm_incidents",
-            "Incidents opened in the storm brake's window (FLEETWATCH_STORM_MINUTES), "
-            "application errors not counted.")
-        window.add_metric([], count)
+            "Incidents opened in the cluster in the storm brake's window "
+            "(FLEETWATCH_STORM_MINUTES), application errors not counted.", labels=["cluster"])
         limit = GaugeMetricFamily(
             "fleetwatch_storm_threshold",
             "Incidents in the window at which the storm brake engages "
@@ -174,8 +174,12 @@ class IncidentsCollector:
         limit.add_metric([], settings.FLEETWATCH_STORM_INCIDENTS)
         engaged = GaugeMetricFamily(
             "fleetwatch_storm_brake_engaged",
-            "1 when the storm brake holds a new incident's automation for a person, else 0.")
-        engaged.add_metric([], 1 if policy.storm_brake_on(count) else 0)
+            "1 when the storm brake holds a new incident's automation in the cluster for a "
+            "person, else 0.", labels=["cluster"])
+        for pk, name in Cluster.objects.values_list("pk", "name").order_by("name"):
+            count = policy.storm_count(pk)
+            window.add_metric([name], count)
+            engaged.add_metric([name], 1 if policy.storm_brake_on(count) else 0)
         yield from (window, limit, engaged)
 
     def _deliveries(self) -> Iterator[Metric]:

@@ -18,6 +18,7 @@ from collectors.knowledge import dcgm
 from collectors.models import Cluster, Job, Node, Signal
 from collectors.redaction import redact_url
 from collectors.selectors import TelemetryPoint, json_list_has
+from collectors.sources import cluster_names, sources_of
 from incidents.audit import audit_verify
 from incidents.diagnosis import JobInfo, Observation, facts
 from incidents.models import AuditEntry, Incident, Remediation, RootCause, Step
@@ -286,15 +287,24 @@ def repairs_in_flight(limit: int = 50) -> list[dict[str, Any]]:
     return out
 
 
-def dashboard(by: str = "leaf", group: str | None = None, *,
-              group_given: bool = False) -> dict[str, Any]:
-    """Everything the dashboard shows, in a fixed number of queries."""
-    counts = fleet.fleet_counts()
-    groups = fleet.gpu_groups(by)
+def dashboard(by: str = "leaf", group: str | None = None, *, group_given: bool = False,
+              cluster: str | None = None) -> dict[str, Any]:
+    """Everything the dashboard shows, of one cluster or all of them, in a fixed number of
+    queries."""
+    counts = fleet.fleet_counts(cluster)
+    groups = fleet.gpu_groups(by, cluster)
     if not group_given:
         group = fleet.gpu_group_default(groups, counts["nodes"])
     open_incidents = incidents_open().select_related("cluster")
+    recent = Incident.objects.filter(status=Incident.Status.RESOLVED)
+    if cluster:
+        open_incidents = open_incidents.filter(cluster__name=cluster)
+        recent = recent.filter(cluster__name=cluster)
+    clusters = cluster_names()
     return {
+        # The cluster chooser, where there is more than one.
+        "clusters": clusters if len(clusters) > 1 else [],
+        "cluster": cluster or "",
         "counts": counts,
         "groups": fleet.gpu_group_tiles(groups, group),
         "group_names": [g["name"] for g in groups] if len(groups) > fleet.GROUP_TILES_MAX else [],
@@ -302,11 +312,10 @@ def dashboard(by: str = "leaf", group: str | None = None, *,
         "group": group,
         "open_incidents": list(open_incidents[:50]),
         "open_total": open_incidents.count(),
-        "recent": list(Incident.objects.filter(status=Incident.Status.RESOLVED)
-                       .order_by("-resolved_at")[:10]),
+        "recent": list(recent.order_by("-resolved_at")[:10]),
         "repairs": repairs_in_flight(),
         "mttr": policy.mean_time_to_repair(7),
-        "sources": fleet.sources_health(),
+        "sources": fleet.sources_health(cluster),
     }
 
 
@@ -391,7 +400,6 @@ def policy_overview() -> dict[str, Any]:
     used_by: dict[str, list[str]] = {}
     for rc, name in FOR_ROOT_CAUSE.items():
         used_by.setdefault(name, []).append(rc)
-    command = settings.FLEETWATCH_PROVIDER_COMMAND.split()
     return {
         "default_mode": settings.FLEETWATCH_POLICY_MODE,
         "root_causes": root_causes,
@@ -421,12 +429,8 @@ def policy_overview() -> dict[str, Any]:
             ("Step attempts", settings.FLEETWATCH_STEP_MAX_ATTEMPTS,
              "FLEETWATCH_STEP_MAX_ATTEMPTS"),
         ],
-        "now": {"storm": policy.storm_count(),
-                "busy_nodes": sorted(policy.nodes_in_remediation())},
-        "provider": settings.FLEETWATCH_PROVIDER,
-        # The program only: its arguments may carry credentials.
-        "provider_command": command[0] if command else "",
-        "fleet": settings.FLEETWATCH_FLEET,
+        # Each cluster's sources and where its rails stand now (they count per cluster).
+        "clusters": [_cluster_now(name) for name in cluster_names()],
         "notifiers": [
             ("Webhook", redact_url(settings.FLEETWATCH_NOTIFY_WEBHOOK_URL)
              if settings.FLEETWATCH_NOTIFY_WEBHOOK_URL else "",
@@ -438,6 +442,17 @@ def policy_overview() -> dict[str, Any]:
              if settings.FLEETWATCH_NOTIFY_EMAIL else ""),
         ],
     }
+
+
+def _cluster_now(name: str) -> dict[str, Any]:
+    sources = sources_of(name)
+    row = Cluster.objects.filter(name=name).values_list("pk", flat=True).first()
+    command = sources.provider_command.split()
+    return {"name": name, "fleet": sources.fleet, "provider": sources.provider,
+            # The program only: its arguments may carry credentials.
+            "provider_command": command[0] if command else "",
+            "storm": policy.storm_count(row) if row is not None else 0,
+            "busy_nodes": sorted(policy.nodes_in_remediation(row)) if row is not None else []}
 
 
 def policy_budgets() -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import messages
-from django.core.exceptions import BadRequest, PermissionDenied
+from django.core.exceptions import BadRequest, ImproperlyConfigured, PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
@@ -35,7 +35,8 @@ def _require_operator(request: HttpRequest) -> None:
 
 def _dashboard_context(request: HttpRequest) -> dict[str, object]:
     group, given = grid_group(request)
-    return selectors.dashboard(request.GET.get("by", "leaf"), group, group_given=given)
+    return selectors.dashboard(request.GET.get("by", "leaf"), group, group_given=given,
+                               cluster=request.GET.get("cluster") or None)
 
 
 def dashboard(request: HttpRequest) -> HttpResponse:
@@ -177,8 +178,9 @@ def inject_fault(request: HttpRequest) -> HttpResponse:
         what = faults.fault_inject(
             kind, node=request.POST.get("node", ""), gpu=int(request.POST.get("gpu") or 0),
             code=int(request.POST.get("code") or 79), switch=request.POST.get("switch", ""),
+            cluster=request.POST.get("cluster") or None,
         )
-    except (ClientError, ValueError) as exc:
+    except (ClientError, ValueError, ImproperlyConfigured) as exc:
         messages.error(request, f"Not injected: {exc}")
         return redirect("dashboard")
     audit_record("demo.inject", what, actor=actor_name(request.user), result=what)

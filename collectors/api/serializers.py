@@ -12,6 +12,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from collectors.models import Cluster, CollectorRun, Gpu, Job, Node, Signal
+from collectors.sources import cluster_names
 
 # --- errors (for the schema: what a 4xx answer carries) --------------------------------------
 
@@ -130,7 +131,18 @@ class SignalInSerializer(serializers.Serializer):
 
 
 class SignalBatchSerializer(serializers.Serializer):
+    cluster = serializers.CharField(
+        required=False, max_length=64,
+        help_text="the cluster the signals come from (one of FLEETWATCH_CLUSTERS); "
+                  "left out: FLEETWATCH_CLUSTER")
     signals = SignalInSerializer(many=True, allow_empty=False)
+
+    def validate_cluster(self, value: str) -> str:
+        known = cluster_names()
+        if value not in known:
+            raise serializers.ValidationError(
+                f"unknown cluster {value!r}; this FleetWatch watches {', '.join(known)}")
+        return value
 
 
 class StoredSerializer(serializers.Serializer):

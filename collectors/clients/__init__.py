@@ -1,8 +1,9 @@
-"""One client per outside system, chosen by ``FLEETWATCH_FLEET``.
+"""One client per outside system and cluster, chosen by the cluster's settings.
 
-Callers ask for ``get_clients()`` and use only the interfaces in ``base``; which
-implementation stands behind them (the simulated fleet, or the real Slurm CLI, Kubernetes API
-and Prometheus) is configuration.
+Callers ask for ``get_clients(cluster)`` and use only the interfaces in ``base``; which
+implementation stands behind them (the simulated fleet, or the real Slurm CLI or slurmrestd,
+Kubernetes API and Prometheus) is configuration: ``FLEETWATCH_FLEET`` and the rest, or a
+cluster's own entry in ``FLEETWATCH_CLUSTERS`` (collectors/sources.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collectors.clients.base import (
     TelemetryClient,
 )
 from collectors.clients.notify import Notifier, notifier_from_settings
+from collectors.sources import SourceSettings, sources_of
 
 if TYPE_CHECKING:
     from collectors.clients.kubernetes import KubernetesApi
@@ -36,31 +38,34 @@ class Clients:
     notifier: Notifier
 
 
-def sim_fleet() -> SimFleet:
+def sim_fleet(cluster: str | None = None) -> SimFleet:
     # Imported here: only the simulated fleet needs the simulator loaded.
     from collectors.sim import fleet
 
-    return fleet.SimFleet(settings.FLEETWATCH_SIM_STATE, settings.FLEETWATCH_SIM_SPEED)
+    config = sources_of(cluster)
+    return fleet.SimFleet(config.sim_state, config.sim_speed)
 
 
-def get_clients() -> Clients:
+def get_clients(cluster: str | None = None) -> Clients:
+    """The clients of one cluster (None: the default cluster)."""
     notifier = notifier_from_settings()
-    if settings.FLEETWATCH_FLEET == "sim":
+    config = sources_of(cluster)
+    if config.fleet == "sim":
         from collectors.sim.fleet import SimKubernetes, SimProvider, SimSlurm, SimTelemetry
 
-        fleet = sim_fleet()
+        fleet = sim_fleet(cluster)
         # A simulated fleet can still be repaired through another provider (a site's program
         # under test, say): FLEETWATCH_PROVIDER decides, "sim" being the default.
-        provider = (SimProvider(fleet) if settings.FLEETWATCH_PROVIDER == "sim"
-                    else provider_from_settings())
+        provider = (SimProvider(fleet) if config.provider == "sim"
+                    else provider_from_settings(cluster))
         return Clients(SimSlurm(fleet), SimKubernetes(fleet), SimTelemetry(fleet), provider,
                        notifier)
-    return Clients(real_slurm(), real_kubernetes(), real_telemetry(), provider_from_settings(),
-                   notifier)
+    return Clients(real_slurm(cluster), real_kubernetes(config), real_telemetry(config),
+                   provider_from_settings(cluster), notifier)
 
 
-def provider_from_settings() -> NodeProvider:
-    """The node provider FLEETWATCH_PROVIDER names.
+def provider_from_settings(cluster: str | None = None) -> NodeProvider:
+    """The node provider the cluster's FLEETWATCH_PROVIDER names.
 
     sim: the simulated fleet's spare pool; none: refuses every action; slurm: Slurm's own
     reboot (no replacement, no GPU reset); kubernetes: replacement from the node's pool,
@@ -68,58 +73,62 @@ def provider_from_settings() -> NodeProvider:
     """
     from collectors.clients import providers
 
-    choice = settings.FLEETWATCH_PROVIDER
+    config = sources_of(cluster)
+    choice = config.provider
     if choice == "none":
         return NoProvider()
     if choice == "sim":
         from collectors.sim.fleet import SimProvider
 
-        return SimProvider(sim_fleet())
+        return SimProvider(sim_fleet(cluster))
     if choice == "slurm":
-        return providers.SlurmRebootProvider(real_slurm())
+        return providers.SlurmRebootProvider(real_slurm(cluster))
     if choice == "kubernetes":
         # The pool provider needs the real API's node and pool calls, beyond the interface.
         return providers.CompositeProvider(
-            replace=providers.KubernetesPoolProvider(cast("KubernetesApi", real_kubernetes())),
-            reboot=providers.SlurmRebootProvider(real_slurm()))
+            replace=providers.KubernetesPoolProvider(cast("KubernetesApi",
+                                                          real_kubernetes(config))),
+            reboot=providers.SlurmRebootProvider(real_slurm(cluster)))
     if choice == "command":
-        command = settings.FLEETWATCH_PROVIDER_COMMAND
+        command = config.provider_command
         if not command.strip():
             raise ImproperlyConfigured(
                 "FLEETWATCH_PROVIDER=command needs FLEETWATCH_PROVIDER_COMMAND: the program to "
                 "run, e.g. /opt/site/fleetwatch-provider.sh (see deploy/providers/)")
-        return providers.CommandProvider(command, settings.FLEETWATCH_PROVIDER_TIMEOUT)
+        return providers.CommandProvider(command, config.provider_timeout)
     raise ImproperlyConfigured(f"FLEETWATCH_PROVIDER={choice!r}: expected one of sim, none, "
                                "slurm, kubernetes, command")
 
 
-def get_telemetry() -> TelemetryClient:
+def get_telemetry(cluster: str | None = None) -> TelemetryClient:
     """The telemetry client alone (charts need no Slurm or Kubernetes connection)."""
-    if settings.FLEETWATCH_FLEET == "sim":
+    config = sources_of(cluster)
+    if config.fleet == "sim":
         from collectors.sim.fleet import SimTelemetry
 
-        return SimTelemetry(sim_fleet())
-    return real_telemetry()
+        return SimTelemetry(sim_fleet(cluster))
+    return real_telemetry(config)
 
 
 # The real clients, imported on first use: the embedded demo needs none of their libraries.
 
 
-def real_slurm() -> SlurmClient:
-    """The configured Slurm transport, speaking machine names (collectors/clients/naming.py):
+def real_slurm(cluster: str | None = None) -> SlurmClient:
+    """The cluster's Slurm transport, speaking machine names (collectors/clients/naming.py):
     Slurm's own node names are translated on the way in and out."""
     from collectors.clients.naming import SlurmNames
 
-    return SlurmNames(slurm_transport(), slurm_node_names)
+    config = sources_of(cluster)
+    return SlurmNames(slurm_transport(config), lambda: slurm_node_names(cluster))
 
 
-def slurm_node_names() -> dict[str, str]:
+def slurm_node_names(cluster: str | None = None) -> dict[str, str]:
     """{Slurm node name: machine}: FLEETWATCH_SLURM_NODE_MAP, then what the slurmd pods said
     (Node.slurm_name, kept by the Kubernetes collector), which wins where both name a node."""
     from collectors.clients.naming import parse_node_map
     from collectors.models import Node
 
-    raw: str = settings.FLEETWATCH_SLURM_NODE_MAP or ""
+    raw: str = sources_of(cluster).slurm_node_map or ""
     try:
         if raw.startswith("/"):
             with open(raw) as handle:
@@ -127,55 +136,59 @@ def slurm_node_names() -> dict[str, str]:
         names = parse_node_map(raw)
     except (OSError, ValueError) as exc:
         raise ImproperlyConfigured(f"FLEETWATCH_SLURM_NODE_MAP: {exc}") from exc
-    names.update(Node.objects.exclude(slurm_name="").values_list("slurm_name", "name"))
+    nodes = Node.objects.exclude(slurm_name="")
+    if settings.FLEETWATCH_CLUSTERS:
+        # Each cluster's own slurmd pods (one cluster: whatever its row is called).
+        nodes = nodes.filter(cluster__name=cluster or settings.FLEETWATCH_CLUSTER)
+    names.update(nodes.values_list("slurm_name", "name"))
     return names
 
 
-def slurm_transport() -> SlurmClient:
+def slurm_transport(config: SourceSettings) -> SlurmClient:
     """The CLI transport, or slurmrestd with FLEETWATCH_SLURM_TRANSPORT=rest."""
-    if settings.FLEETWATCH_SLURM_TRANSPORT == "rest":
+    if config.slurm_transport == "rest":
         from collectors.clients.slurmrest import SlurmRest, TokenSource
 
         # The settings refuse transport=rest without a URL or a token source.
-        tokens = TokenSource(token=settings.FLEETWATCH_SLURM_JWT or "",
-                             token_file=settings.FLEETWATCH_SLURM_JWT_FILE or "",
-                             key_file=settings.FLEETWATCH_SLURM_JWT_KEY_FILE or "",
-                             user=settings.FLEETWATCH_SLURM_USER or "",
-                             lifespan=settings.FLEETWATCH_SLURM_JWT_LIFESPAN)
-        return SlurmRest(cast(str, settings.FLEETWATCH_SLURMRESTD_URL), tokens,
-                         user=settings.FLEETWATCH_SLURM_USER or "",
-                         timeout=settings.FLEETWATCH_SLURM_TIMEOUT,
-                         ctld_url=settings.FLEETWATCH_SLURMCTLD_URL or "",
-                         topology_file=settings.FLEETWATCH_SLURM_TOPOLOGY_FILE or "",
-                         bin_dir=settings.FLEETWATCH_SLURM_BIN_DIR or "",
-                         slurm_conf=settings.FLEETWATCH_SLURM_CONF or "")
+        tokens = TokenSource(token=config.slurm_jwt or "",
+                             token_file=config.slurm_jwt_file or "",
+                             key_file=config.slurm_jwt_key_file or "",
+                             user=config.slurm_user or "",
+                             lifespan=config.slurm_jwt_lifespan)
+        return SlurmRest(cast(str, config.slurmrestd_url), tokens,
+                         user=config.slurm_user or "",
+                         timeout=config.slurm_timeout,
+                         ctld_url=config.slurmctld_url or "",
+                         topology_file=config.slurm_topology_file or "",
+                         bin_dir=config.slurm_bin_dir or "",
+                         slurm_conf=config.slurm_conf or "")
     from collectors.clients.slurm import SlurmCli
 
-    conf = settings.FLEETWATCH_SLURM_CONF
-    return SlurmCli(bin_dir=settings.FLEETWATCH_SLURM_BIN_DIR or None,
-                    timeout=settings.FLEETWATCH_SLURM_TIMEOUT,
+    conf = config.slurm_conf
+    return SlurmCli(bin_dir=config.slurm_bin_dir or None,
+                    timeout=config.slurm_timeout,
                     env={"SLURM_CONF": conf} if conf else None)
 
 
-def real_kubernetes() -> KubernetesClient:
+def real_kubernetes(config: SourceSettings) -> KubernetesClient:
     from collectors.clients.kubernetes import KubernetesApi
 
     # An eviction a PodDisruptionBudget holds back is retried inside one step run for at most
     # a third of the Celery soft time limit; after that the step fails transiently and the
     # engine retries it later, instead of the time limit killing it mid-call.
-    return KubernetesApi(kubeconfig=settings.FLEETWATCH_KUBECONFIG or None,
-                         context=settings.FLEETWATCH_KUBE_CONTEXT or None,
+    return KubernetesApi(kubeconfig=config.kubeconfig or None,
+                         context=config.kube_context or None,
                          timeout=settings.FLEETWATCH_HTTP_TIMEOUT * 2,
                          evict_max_wait=settings.CELERY_TASK_SOFT_TIME_LIMIT / 3)
 
 
-def real_telemetry() -> TelemetryClient:
+def real_telemetry(config: SourceSettings) -> TelemetryClient:
     from collectors.clients.prometheus import PrometheusTelemetry
 
-    token = settings.FLEETWATCH_PROMETHEUS_TOKEN
+    token = config.prometheus_token
     # The settings refuse a real fleet that collects telemetry without this URL.
-    return PrometheusTelemetry(cast(str, settings.FLEETWATCH_PROMETHEUS_URL),
+    return PrometheusTelemetry(cast(str, config.prometheus_url),
                                timeout=settings.FLEETWATCH_HTTP_TIMEOUT,
                                headers={"Authorization": f"Bearer {token}"} if token else None,
-                               verify_tls=settings.FLEETWATCH_PROMETHEUS_VERIFY_TLS,
-                               matchers=settings.FLEETWATCH_PROMETHEUS_MATCHERS)
+                               verify_tls=config.prometheus_verify_tls,
+                               matchers=config.prometheus_matchers)

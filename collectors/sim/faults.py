@@ -2,27 +2,31 @@
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from collectors.clients import sim_fleet
 from collectors.sim import fleet as simulator
+from collectors.sources import sources_of
 
 
-def _fleet() -> simulator.SimFleet:
-    if settings.FLEETWATCH_FLEET != "sim":
-        raise ImproperlyConfigured("fault injection only works on the simulated fleet")
-    return sim_fleet()
+def _fleet(cluster: str | None) -> simulator.SimFleet:
+    """The cluster's simulated fleet (None: the default cluster's)."""
+    if sources_of(cluster).fleet != "sim":
+        raise ImproperlyConfigured("fault injection only works on the simulated fleet"
+                                   + (f" (cluster {cluster} reads real sources)" if cluster
+                                      else ""))
+    return sim_fleet(cluster)
 
 
-def fleet_seed(*, reset: bool = False, nodes: int = 16, spares: int = 3) -> bool:
-    return _fleet().seed(nodes=nodes, spares=spares, reset=reset)
+def fleet_seed(*, reset: bool = False, nodes: int = 16, spares: int = 3,
+               cluster: str | None = None) -> bool:
+    return _fleet(cluster).seed(nodes=nodes, spares=spares, reset=reset)
 
 
 def fault_inject(kind: str, *, node: str = "", gpu: int = 0, code: int = 79, count: int = 1,
-                 switch: str = "") -> str:
+                 switch: str = "", cluster: str | None = None) -> str:
     """Inject a fault; returns a one-line description. Raises ClientError on a bad target."""
-    fleet = _fleet()
+    fleet = _fleet(cluster)
     with fleet.transaction() as state:
         now = fleet.clock.now()
         if kind == "xid":
@@ -34,15 +38,15 @@ def fault_inject(kind: str, *, node: str = "", gpu: int = 0, code: int = 79, cou
         raise ValueError(f"unknown fault {kind!r}")
 
 
-def pod_label_set(node: str, *, no_auto_replace: bool) -> str:
-    with _fleet().transaction() as state:
+def pod_label_set(node: str, *, no_auto_replace: bool, cluster: str | None = None) -> str:
+    with _fleet(cluster).transaction() as state:
         return simulator.set_no_auto_replace(state, node, no_auto_replace)
 
 
-def source_outage_set(source: str, *, down: bool) -> str:
-    with _fleet().transaction() as state:
+def source_outage_set(source: str, *, down: bool, cluster: str | None = None) -> str:
+    with _fleet(cluster).transaction() as state:
         return simulator.set_source_down(state, source, down)
 
 
-def fleet_snapshot() -> simulator.State:
-    return _fleet().snapshot()
+def fleet_snapshot(cluster: str | None = None) -> simulator.State:
+    return _fleet(cluster).snapshot()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from rest_framework import serializers
@@ -145,6 +146,13 @@ class PolicyNowSerializer(serializers.Serializer):
                                        help_text="nodes in a remediation now")
 
 
+class PolicyClusterSerializer(PolicyNowSerializer):
+    name = serializers.CharField()
+    fleet = serializers.CharField(help_text="sim or real")
+    provider = serializers.CharField()
+    provider_command = serializers.CharField(allow_blank=True, help_text="the program only")
+
+
 class NotifierSerializer(serializers.Serializer):
     channel = serializers.CharField()
     target = serializers.CharField(allow_blank=True, help_text="redacted; empty when off")
@@ -157,17 +165,26 @@ class PolicySerializer(serializers.Serializer):
     risks = serializers.ListField(child=serializers.CharField())
     playbooks = PlaybookSerializer(many=True)
     budgets = BudgetsSerializer()
-    now = PolicyNowSerializer()
-    provider = serializers.CharField()
-    provider_command = serializers.CharField(allow_blank=True)
-    fleet = serializers.CharField()
+    clusters = PolicyClusterSerializer(
+        many=True, help_text="each cluster's sources and its rails' counts now (the rails "
+                             "count per cluster)")
+    # The default cluster's (FLEETWATCH_CLUSTER), as before there were several.
+    now = PolicyNowSerializer(help_text="the default cluster's; see clusters")
+    provider = serializers.CharField(help_text="the default cluster's; see clusters")
+    provider_command = serializers.CharField(allow_blank=True,
+                                             help_text="the default cluster's; see clusters")
+    fleet = serializers.CharField(help_text="the default cluster's; see clusters")
     notifiers = NotifierSerializer(many=True)
 
     def to_representation(self, instance: dict[str, Any]) -> dict[str, Any]:
         # The page's notifier rows are (channel, target, detail) tuples.
         rows = [dict(zip(("channel", "target", "detail"), row, strict=True))
                 for row in instance["notifiers"]]
-        return super().to_representation({**instance, "notifiers": rows})
+        default = next(c for c in instance["clusters"]
+                       if c["name"] == settings.FLEETWATCH_CLUSTER)
+        return super().to_representation({
+            **instance, "notifiers": rows, "now": default, "provider": default["provider"],
+            "provider_command": default["provider_command"], "fleet": default["fleet"]})
 
 
 # --- tokens ---------------------------------------------------------------------------------

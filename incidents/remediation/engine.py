@@ -253,7 +253,8 @@ def _step_context(step: Step) -> StepContext:
 
     return StepContext(
         incident_id=incident.pk, root_cause=incident.root_cause,
-        explanation=incident.explanation, nodes=list(incident.nodes), clients=get_clients(),
+        explanation=incident.explanation, nodes=list(incident.nodes),
+        clients=get_clients(incident.cluster.name),
         grace_seconds=settings.FLEETWATCH_SLURM_GRACE_SECONDS, state=dict(step.result),
         previous=previous, audit=audit, remediation_id=rem.pk, gpus=_incident_gpus(incident),
         done_calls=set(step.done_calls), on_call_done=lambda key: _step_call_done(step.pk, key),

@@ -10,6 +10,8 @@ Read by ``transitions.remediation_open`` and on approval. The rails, in the orde
 - the fleet budget: at most FLEETWATCH_BUDGET_MAX_NODES nodes, and FLEETWATCH_BUDGET_MAX_PERCENT
   of a node pool or a leaf switch, in remediation at once.
 A rail never refuses outright: it holds the remediation for a person's approval and says why.
+Every rail counts within the incident's cluster (node names repeat across clusters; a storm
+in one cluster must not stop repairs in another); the limits are FleetWatch's.
 """
 
 from __future__ import annotations
@@ -81,12 +83,13 @@ def step_mode(risk: str, playbook_mode: str) -> str:
     return settings.FLEETWATCH_STEP_MODES.get(risk, Remediation.Mode.AUTO)
 
 
-def _node_history(nodes: Iterable[str], since: timedelta, exclude: int | None = None,
-                  root_cause: str | None = None) -> list[Remediation]:
-    """Remediations that acted on any of ``nodes`` (not observe-only ones) since then."""
+def _node_history(cluster_id: int, nodes: Iterable[str], since: timedelta,
+                  exclude: int | None = None, root_cause: str | None = None) -> list[Remediation]:
+    """Remediations that acted on any of the cluster's ``nodes`` (not observe-only ones)
+    since then."""
     wanted = set(nodes)
     rows = (Remediation.objects.select_related("incident")
-            .filter(created_at__gte=timezone.now() - since)
+            .filter(created_at__gte=timezone.now() - since, incident__cluster_id=cluster_id)
             .exclude(status__in=[Remediation.Status.OBSERVED, Remediation.Status.CANCELLED]))
     if exclude is not None:
         rows = rows.exclude(incident_id=exclude)
@@ -104,7 +107,7 @@ def playbook_choose(incident: Incident) -> tuple[Playbook | None, str]:
     playbook = playbook_get(name)
     if playbook is None or not incident.nodes:
         return playbook, ""
-    before = _node_history(incident.nodes, WEEK, exclude=incident.pk,
+    before = _node_history(incident.cluster_id, incident.nodes, WEEK, exclude=incident.pk,
                            root_cause=incident.root_cause)
     if incident.root_cause == RootCause.GPU_MEMORY and before:
         return REPLACE_AND_RMA, (f"GPU memory fault again on {', '.join(incident.nodes)} "
@@ -136,11 +139,12 @@ def decide(incident: Incident, *, automatic: bool) -> Decision:
     return Decision(playbook, mode, hold, rma, step_modes, escalation)
 
 
-def remediation_holding(nodes: Iterable[str],
+def remediation_holding(cluster_id: int, nodes: Iterable[str],
                         exclude_incident: int | None = None) -> Remediation | None:
-    """The live remediation acting on any of ``nodes``, if one is."""
+    """The live remediation acting on any of the cluster's ``nodes``, if one is."""
     wanted = set(nodes)
-    live = (Remediation.objects.filter(status__in=HOLDING).select_related("incident")
+    live = (Remediation.objects.filter(status__in=HOLDING, incident__cluster_id=cluster_id)
+            .select_related("incident")
             .exclude(incident_id=exclude_incident))  # type: ignore[misc]  # None: IS NULL, excludes none
     for rem in live:
         # A remediation held before it acted (approve mode, a rail) holds no node yet.
@@ -151,8 +155,8 @@ def remediation_holding(nodes: Iterable[str],
     return None
 
 
-def node_busy(nodes: Iterable[str], exclude_incident: int | None = None) -> str:
-    rem = remediation_holding(nodes, exclude_incident)
+def node_busy(cluster_id: int, nodes: Iterable[str], exclude_incident: int | None = None) -> str:
+    rem = remediation_holding(cluster_id, nodes, exclude_incident)
     if rem is None:
         return ""
     busy = set(nodes) & set(rem.nodes or rem.incident.nodes)
@@ -163,30 +167,30 @@ def node_busy(nodes: Iterable[str], exclude_incident: int | None = None) -> str:
 def hold_reason(incident: Incident, nodes: list[str], *, automatic: bool,
                 budgeted: bool = True) -> str:
     """Why this remediation must wait for a person; empty when it may run now."""
-    busy = node_busy(nodes, exclude_incident=incident.pk)
+    busy = node_busy(incident.cluster_id, nodes, exclude_incident=incident.pk)
     if busy:
         return busy  # even a person's click waits for the other remediation to finish
     if not automatic:
         return ""
-    week = _node_history(nodes, WEEK, exclude=incident.pk)
+    week = _node_history(incident.cluster_id, nodes, WEEK, exclude=incident.pk)
     if len(week) >= settings.FLEETWATCH_RMA_AFTER:
         return (f"escalated for RMA: {', '.join(nodes)} remediated {len(week)} times in the "
                 f"last 7 days (FLEETWATCH_RMA_AFTER={settings.FLEETWATCH_RMA_AFTER}); "
                 "approve to repair it once more")
     cooldown = timedelta(minutes=settings.FLEETWATCH_COOLDOWN_MINUTES)
-    recent = [r for r in _node_history(nodes, cooldown, exclude=incident.pk)
+    recent = [r for r in _node_history(incident.cluster_id, nodes, cooldown, exclude=incident.pk)
               if r.finished_at is not None]
     if cooldown and recent:
         return (f"cooldown: {', '.join(nodes)} was remediated {len(recent)} time(s) in the "
                 f"last {settings.FLEETWATCH_COOLDOWN_MINUTES} min "
                 "(FLEETWATCH_COOLDOWN_MINUTES); a person decides on a repeat")
-    storm = storm_count(exclude=incident.pk)
+    storm = storm_count(incident.cluster_id, exclude=incident.pk)
     if storm_brake_on(storm):
         return (f"storm brake: {storm + 1} incidents opened in the last "
-                f"{settings.FLEETWATCH_STORM_MINUTES} min (more than "
+                f"{settings.FLEETWATCH_STORM_MINUTES} min in this cluster (more than "
                 f"{settings.FLEETWATCH_STORM_INCIDENTS}); automation paused until a person "
                 "looks")
-    return budget_exceeded(nodes) if budgeted else ""
+    return budget_exceeded(incident.cluster_id, nodes) if budgeted else ""
 
 
 def storm_brake_on(storm: int) -> bool:
@@ -196,38 +200,41 @@ def storm_brake_on(storm: int) -> bool:
     return storm >= settings.FLEETWATCH_STORM_INCIDENTS
 
 
-def storm_count(exclude: int | None = None) -> int:
+def storm_count(cluster_id: int, exclude: int | None = None) -> int:
+    """Incidents opened in the cluster in the storm window (application errors aside)."""
     since = timezone.now() - timedelta(minutes=settings.FLEETWATCH_STORM_MINUTES)
     # exclude=None: pk IS NULL, which excludes nothing (the stubs want an id).
-    return Incident.objects.filter(opened_at__gte=since).exclude(pk=exclude).exclude(  # type: ignore[misc]
+    return Incident.objects.filter(opened_at__gte=since, cluster_id=cluster_id).exclude(pk=exclude).exclude(  # type: ignore[misc]
         root_cause=RootCause.APPLICATION_ERROR).count()
 
 
-def nodes_in_remediation() -> set[str]:
+def nodes_in_remediation(cluster_id: int) -> set[str]:
     busy: set[str] = set()
-    for rem in Remediation.objects.filter(status__in=HOLDING).select_related("incident"):
+    for rem in Remediation.objects.filter(status__in=HOLDING, incident__cluster_id=cluster_id
+                                          ).select_related("incident"):
         if rem.status == Remediation.Status.AWAITING_APPROVAL and rem.started_at is None:
             continue
         busy.update(rem.nodes or rem.incident.nodes)
     return busy
 
 
-def budget_exceeded(nodes: list[str]) -> str:
-    busy = nodes_in_remediation()
+def budget_exceeded(cluster_id: int, nodes: list[str]) -> str:
+    busy = nodes_in_remediation(cluster_id)
     after = busy | set(nodes)
     limit = settings.FLEETWATCH_BUDGET_MAX_NODES
     if len(after) > limit:
         return (f"fleet budget: {len(after)} nodes would be in remediation at once, more "
-                f"than {limit} (FLEETWATCH_BUDGET_MAX_NODES)")
+                f"than {limit} (FLEETWATCH_BUDGET_MAX_NODES; counted per cluster)")
     percent = settings.FLEETWATCH_BUDGET_MAX_PERCENT
-    rows = Node.objects.filter(name__in=after).values_list("name", "pool", "leaf_switch")
+    in_cluster = Node.objects.filter(cluster_id=cluster_id)
+    rows = in_cluster.filter(name__in=after).values_list("name", "pool", "leaf_switch")
     groups: dict[tuple[str, str], set[str]] = {}
     for name, pool, leaf in rows:
         for kind, value in (("pool", pool), ("leaf switch", leaf)):
             if value:
                 groups.setdefault((kind, value), set()).add(name)
     for (kind, value), members in sorted(groups.items()):
-        size = Node.objects.filter(
+        size = in_cluster.filter(
             Q(pool=value) if kind == "pool" else Q(leaf_switch=value), in_service=True).count()
         # A group of fewer nodes than it takes to reach the share still allows one.
         allowed = max(1, int(size * percent / 100))

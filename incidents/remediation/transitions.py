@@ -135,7 +135,8 @@ def remediation_approve(remediation_id: int, user: User | AnonymousUser | None,
             raise InvalidTransition(f"remediation {rem.pk} is {rem.get_status_display()}"
                                     f"{who}; nothing to approve")
         _refuse_if_resolved(rem)
-        busy = policy.node_busy(rem.nodes, exclude_incident=rem.incident_id)
+        busy = policy.node_busy(rem.incident.cluster_id, rem.nodes,
+                                exclude_incident=rem.incident_id)
         if busy:
             raise InvalidTransition(f"cannot start yet: {busy}")
         now = timezone.now()
@@ -236,7 +237,8 @@ def remediation_retry(remediation_id: int, user: User | AnonymousUser | None,
                 f"remediation {newer.pk} of incident {rem.incident_id} is "
                 f"{newer.get_status_display()}; cancel it or let it finish before retrying "
                 f"remediation {rem.pk}")
-        busy = policy.node_busy(rem.nodes, exclude_incident=rem.incident_id)
+        busy = policy.node_busy(rem.incident.cluster_id, rem.nodes,
+                                exclude_incident=rem.incident_id)
         if busy:
             raise InvalidTransition(f"cannot retry yet: {busy}")
         failed_with = step.error

@@ -230,7 +230,7 @@ def test_gpu_hardware_playbook_on_real_slurm_and_kubernetes(
                                    reboot=SlurmRebootProvider(slurm)),
         notifier=notifier)
     # The executors get their clients through _step_context -> get_clients().
-    monkeypatch.setattr(engine, "get_clients", lambda: clients)
+    monkeypatch.setattr(engine, "get_clients", lambda cluster: clients)
 
     diagnosis = Diagnosis(root_cause="gpu_hardware", nodes=(FAILED,), confidence=0.95,
                           playbook=FOR_ROOT_CAUSE["gpu_hardware"], jobs=(job,),

@@ -331,7 +331,7 @@ def _playbook(cluster: Any, k8s: Any, settings: Any, tmp_path: Path, monkeypatch
                       provider=CompositeProvider(replace=KubernetesPoolProvider(api),
                                                  reboot=SlurmRebootProvider(slurm)),
                       notifier=notifier)
-    monkeypatch.setattr(engine, "get_clients", lambda: clients)
+    monkeypatch.setattr(engine, "get_clients", lambda cluster: clients)
     diagnosis = Diagnosis(root_cause="gpu_hardware", nodes=(FAILED,), confidence=0.95,
                           playbook=FOR_ROOT_CAUSE["gpu_hardware"], jobs=(job,),
                           explanation=f"XID 79 on {FAILED} GPU 3: fallen off the bus",

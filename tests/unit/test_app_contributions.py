@@ -17,8 +17,10 @@ from fleetwatch.metrics import app_collectors
 
 ROOT = Path(__file__).resolve().parents[2]
 # What fleetwatch/ may import from the apps: shared, low, and no app's contribution.
+# (collectors.env and collectors.sources: how settings and each cluster's sources are read.)
 SHARED = {"collectors.roles", "collectors.request_id", "collectors.redaction",
-          "collectors.queueing", "collectors.knowledge", "collectors.knowledge.causes"}
+          "collectors.queueing", "collectors.knowledge", "collectors.knowledge.causes",
+          "collectors.env", "collectors.sources"}
 
 
 def _imports(path: Path) -> set[str]:

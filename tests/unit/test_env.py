@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from fleetwatch.env import env_bool, env_choice, env_float, env_int, env_list, env_subset
+from collectors.env import env_bool, env_choice, env_float, env_int, env_list, env_subset
 
 
 def test_unset_values_take_the_default(monkeypatch: pytest.MonkeyPatch) -> None:

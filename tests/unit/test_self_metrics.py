@@ -92,14 +92,20 @@ def test_storm_brake_as_the_policy_applies_it(db: None, settings: Any) -> None:
     _incident(cluster, 0, cause="application_error")  # never counts towards the brake
     for n in range(1, 3):
         _incident(cluster, n)
+    # Another cluster's storm is its own: it neither counts here nor brakes this one.
+    other = Cluster.objects.create(name="calm-lab")
     got = samples(IncidentsCollector())
-    assert v(got, "fleetwatch_storm_incidents") == policy.storm_count() == 2
+    lab = {"cluster": "storm-lab"}
+    assert v(got, "fleetwatch_storm_incidents", **lab) == policy.storm_count(cluster.pk) == 2
     assert v(got, "fleetwatch_storm_threshold") == 3
-    assert v(got, "fleetwatch_storm_brake_engaged") == 0
+    assert v(got, "fleetwatch_storm_brake_engaged", **lab) == 0
     _incident(cluster, 3)
     got = samples(IncidentsCollector())
-    assert v(got, "fleetwatch_storm_incidents") == 3
-    assert v(got, "fleetwatch_storm_brake_engaged") == 1 and policy.storm_brake_on(3)
+    assert v(got, "fleetwatch_storm_incidents", **lab) == 3
+    assert v(got, "fleetwatch_storm_brake_engaged", **lab) == 1 and policy.storm_brake_on(3)
+    assert v(got, "fleetwatch_storm_incidents", cluster="calm-lab") == 0
+    assert v(got, "fleetwatch_storm_brake_engaged", cluster="calm-lab") == 0
+    assert policy.storm_count(other.pk) == 0
 
 
 def test_deliveries_by_channel_and_status(db: None) -> None:

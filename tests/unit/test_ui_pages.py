@@ -351,7 +351,7 @@ def test_node_page_gpus_jobs_signals_incidents_repairs_and_telemetry(ops: Client
     page = ops.get("/nodes/gpu-00002/").content.decode()
     assert 'data-testid="node-health">failed' in page
     assert 'data-testid="gpu-row-5"' in page and "XID 79" in page
-    assert '<a href="/jobs/3000/">3000</a>' in page  # job 3000 runs on it
+    assert '<a href="/jobs/3000/?cluster=lab">3000</a>' in page  # job 3000 runs on it
     assert f'href="/incidents/{fleet.focus.pk}/"' in page  # blames it
     assert 'data-testid="node-repairs"' in page and "replace_node" in page
     assert "XID 79 on gpu-00002" in page  # its signal
@@ -374,7 +374,7 @@ def test_job_list_and_job_page_with_checkpoint_and_incidents(ops: Client) -> Non
     assert 'data-testid="job-restarts">1<' in page
     assert 'data-testid="job-checkpoint">step 901<' in page
     assert 'data-testid="job-resumed">step 901 (1001 now)' in page
-    assert '<a href="/nodes/gpu-00004/">gpu-00004</a>' in page
+    assert '<a href="/nodes/gpu-00004/?cluster=lab">gpu-00004</a>' in page
     hit = ops.get("/jobs/3000/").content.decode()
     assert f'href="/incidents/{fleet.focus.pk}/"' in hit and f'href="/incidents/{fleet.failed.pk}/"' in hit
     assert 'data-testid="job-resumed">never restarted' in hit
@@ -665,6 +665,9 @@ def test_charts_read_prometheus_range_queries_when_no_samples_are_stored(
     asked: list[list[str]] = []
 
     class Telemetry:
+        def __init__(self, cluster: str) -> None:
+            pass
+
         def gpu_history(self, nodes: list[str], start: datetime, end: datetime,
                         step: float) -> dict[str, dict[int, list[HistoryPoint]]]:
             asked.append(list(nodes))

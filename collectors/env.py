@@ -8,7 +8,7 @@ running with a default.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import overload
 
 from django.core.exceptions import ImproperlyConfigured
@@ -17,8 +17,13 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def _raw(name: str) -> str | None:
-    value = os.environ.get(name)
+# Each reader takes the environment to read (``env``, default os.environ): a cluster's own
+# settings (collectors/sources.py) are read by the same rules from its entry over it.
+Env = Mapping[str, str]
+
+
+def _raw(name: str, env: Env | None = None) -> str | None:
+    value = (os.environ if env is None else env).get(name)
     if value is None:
         return None
     value = value.strip()
@@ -27,16 +32,16 @@ def _raw(name: str) -> str | None:
 
 # With a str default the answer is always a str: settings read this way need no None checks.
 @overload
-def env_str(name: str, default: str) -> str: ...
+def env_str(name: str, default: str, env: Env | None = None) -> str: ...
 @overload
-def env_str(name: str, default: None = None) -> str | None: ...
-def env_str(name: str, default: str | None = None) -> str | None:
-    value = _raw(name)
+def env_str(name: str, default: None = None, env: Env | None = None) -> str | None: ...
+def env_str(name: str, default: str | None = None, env: Env | None = None) -> str | None:
+    value = _raw(name, env)
     return default if value is None else value
 
 
-def env_bool(name: str, default: bool) -> bool:
-    value = _raw(name)
+def env_bool(name: str, default: bool, env: Env | None = None) -> bool:
+    value = _raw(name, env)
     if value is None:
         return default
     lowered = value.lower()
@@ -47,8 +52,9 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name}={value!r} is not a boolean (use true/false)")
 
 
-def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
-    value = _raw(name)
+def env_int(name: str, default: int, *, minimum: int | None = None,
+            env: Env | None = None) -> int:
+    value = _raw(name, env)
     if value is None:
         return default
     try:
@@ -60,8 +66,9 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return parsed
 
 
-def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
-    value = _raw(name)
+def env_float(name: str, default: float, *, minimum: float | None = None,
+              env: Env | None = None) -> float:
+    value = _raw(name, env)
     if value is None:
         return default
     try:
@@ -73,16 +80,16 @@ def env_float(name: str, default: float, *, minimum: float | None = None) -> flo
     return parsed
 
 
-def env_list(name: str, default: Iterable[str]) -> list[str]:
-    value = _raw(name)
+def env_list(name: str, default: Iterable[str], env: Env | None = None) -> list[str]:
+    value = _raw(name, env)
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
-def env_choice(name: str, default: str, choices: Iterable[str]) -> str:
+def env_choice(name: str, default: str, choices: Iterable[str], env: Env | None = None) -> str:
     allowed = list(choices)
-    value = _raw(name)
+    value = _raw(name, env)
     if value is None:
         return default
     if value not in allowed:
@@ -90,9 +97,9 @@ def env_choice(name: str, default: str, choices: Iterable[str]) -> str:
     return value
 
 
-def env_subset(name: str, default: Iterable[str], choices: Iterable[str]) -> list[str]:
+def env_subset(name: str, default: Iterable[str], choices: Iterable[str], env: Env | None = None) -> list[str]:
     allowed = list(choices)
-    values = env_list(name, default)
+    values = env_list(name, default, env)
     unknown = [v for v in values if v not in allowed]
     if unknown:
         raise ImproperlyConfigured(
