@@ -81,22 +81,29 @@ class SourceSettings:
     sim_speed: float
 
     @classmethod
-    def from_env(cls, env: Env, *, sim_state: Path, where: str = "") -> SourceSettings:
+    def from_env(cls, env: Env, *, sim_state: Path, where: str = "",
+                 check: bool = True) -> SourceSettings:
         """Read and check the settings from ``env``; ``where`` ("cluster east: ") starts
-        every error message; ``sim_state`` is the simulated fleet's default state file."""
+        every error message; ``sim_state`` is the simulated fleet's default state file.
+        ``check=False``: each value is still checked, but not whether they are complete
+        together (the environment's, when FLEETWATCH_CLUSTERS holds the clusters and the
+        environment only gives their defaults)."""
         try:
-            return cls._from_env(env, sim_state)
+            return cls._from_env(env, sim_state, check)
         except ImproperlyConfigured as exc:
             raise ImproperlyConfigured(f"{where}{exc}") from None
 
     @classmethod
-    def _from_env(cls, env: Env, sim_state: Path) -> SourceSettings:
+    def _from_env(cls, env: Env, sim_state: Path, check: bool) -> SourceSettings:
         fleet = env_choice("FLEETWATCH_FLEET", "sim", FLEETS, env)
         sources = env_subset("FLEETWATCH_SOURCES", SOURCES, SOURCES, env)
         # How FleetWatch talks to Slurm: "cli" (the commands, with munge) or "rest"
         # (slurmrestd with JWT, as under Slinky, where the FleetWatch pod has no Slurm
         # binaries or munge).
         transport = env_str("FLEETWATCH_SLURM_TRANSPORT", "cli", env).lower()
+        if transport not in ("cli", "rest"):
+            raise ImproperlyConfigured(f"FLEETWATCH_SLURM_TRANSPORT={transport!r}: expected cli "
+                                       "or rest")
         verify = env_str("FLEETWATCH_PROMETHEUS_VERIFY_TLS", "true", env)
         out = cls(
             fleet=fleet, sources=sources,
@@ -136,14 +143,12 @@ class SourceSettings:
             sim_state=Path(env_str("FLEETWATCH_SIM_STATE", str(sim_state), env)),
             sim_speed=env_float("FLEETWATCH_SIM_SPEED", 20.0, minimum=0.01, env=env),
         )
-        out.check()
+        if check:
+            out.check()
         return out
 
     def check(self) -> None:
         """Settings that only make sense together."""
-        if self.slurm_transport not in ("cli", "rest"):
-            raise ImproperlyConfigured(f"FLEETWATCH_SLURM_TRANSPORT={self.slurm_transport!r}: "
-                                       "expected cli or rest")
         if self.slurm_transport == "rest":
             if not self.slurmrestd_url:
                 raise ImproperlyConfigured(
@@ -191,7 +196,7 @@ def clusters_load(raw: str | None, env: Env, *, data_dir: Path) -> dict[str, Sou
         return {}
     where = "FLEETWATCH_CLUSTERS"
     text = raw
-    if not raw.lstrip().startswith("{"):
+    if not raw.lstrip().startswith(("{", "[")):
         try:
             text = Path(raw).read_text()
         except OSError as exc:

@@ -270,7 +270,9 @@ if env_str("FLEETWATCH_FLEET") is None and _db["ENGINE"] != "django.db.backends.
 # The sources (fleet, Slurm, Kubernetes, Prometheus, provider) as the environment sets them:
 # read and checked in collectors/sources.py, where each cluster of FLEETWATCH_CLUSTERS reads
 # its own by the same rules.
-_sources = SourceSettings.from_env(os.environ, sim_state=DATA_DIR / "sim-fleet.json")
+# With FLEETWATCH_CLUSTERS they are only the clusters' defaults, and need not be complete.
+_sources = SourceSettings.from_env(os.environ, sim_state=DATA_DIR / "sim-fleet.json",
+                                   check=not env_str("FLEETWATCH_CLUSTERS"))
 FLEETWATCH_FLEET = _sources.fleet
 # Set here, after the database and the fleet: which of them make this a deployment decides
 # whether a saved or made-up key may stand in for SECRET_KEY.

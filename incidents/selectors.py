@@ -274,10 +274,13 @@ def _mean_series(points: list[TelemetryPoint], field: int, start: datetime | Non
 
 # --- the dashboard: the fleet's counts and grid (collectors.selectors), and the incidents ----
 
-def repairs_in_flight(limit: int = 50) -> list[dict[str, Any]]:
-    """Live remediations with the step they are at: two queries."""
-    rems = (Remediation.objects.filter(status__in=Remediation.ACTIVE)
-            .select_related("incident").prefetch_related("steps").order_by("-created_at")[:limit])
+def repairs_in_flight(limit: int = 50, cluster: str | None = None) -> list[dict[str, Any]]:
+    """Live remediations (of one cluster, or all) with the step they are at: two queries."""
+    live = Remediation.objects.filter(status__in=Remediation.ACTIVE)
+    if cluster:
+        live = live.filter(incident__cluster__name=cluster)
+    rems = (live.select_related("incident").prefetch_related("steps")
+            .order_by("-created_at")[:limit])
     out = []
     for rem in rems:
         steps = list(rem.steps.all())
@@ -313,7 +316,7 @@ def dashboard(by: str = "leaf", group: str | None = None, *, group_given: bool =
         "open_incidents": list(open_incidents[:50]),
         "open_total": open_incidents.count(),
         "recent": list(recent.order_by("-resolved_at")[:10]),
-        "repairs": repairs_in_flight(),
+        "repairs": repairs_in_flight(cluster=cluster),
         "mttr": policy.mean_time_to_repair(7),
         "sources": fleet.sources_health(cluster),
     }
