@@ -43,6 +43,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--node", default=env("FLEETWATCH_AGENT_NODE") or os.uname().nodename,
                    help="this node's name in FleetWatch ($FLEETWATCH_AGENT_NODE; default: the "
                         "host name)")
+    p.add_argument("--cluster", default=env("FLEETWATCH_AGENT_CLUSTER", ""),
+                   help="this node's cluster, where one FleetWatch watches several "
+                        "($FLEETWATCH_AGENT_CLUSTER; default: FleetWatch's FLEETWATCH_CLUSTER)")
     p.add_argument("--token-file", default=env("FLEETWATCH_AGENT_TOKEN_FILE", ""),
                    help="file holding the node's token; '{node}' in it is replaced by the node "
                         "name ($FLEETWATCH_AGENT_TOKEN_FILE; else $FLEETWATCH_AGENT_TOKEN)")
@@ -142,7 +145,7 @@ def nvml_source(node: str) -> NvmlSource | None:
 def build(opts: argparse.Namespace, token: str) -> Agent:
     state_dir = Path(opts.state_dir)
     spool_path = Path(opts.spool) if opts.spool else state_dir / "spool.jsonl"
-    pusher = Pusher(opts.url, token, verify=opts.ca_bundle or True)
+    pusher = Pusher(opts.url, token, verify=opts.ca_bundle or True, cluster=opts.cluster)
     agent = Agent(opts.node, Spool(spool_path, node=opts.node,
                                    max_bytes=int(opts.spool_max_mb * 1024 * 1024)), pusher)
     agent.spool.clock = agent.clock

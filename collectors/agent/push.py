@@ -17,8 +17,12 @@ class Pusher:
     """Sends batches to FleetWatch's ``POST /api/v1/signals/`` with the node's token."""
 
     def __init__(self, url: str, token: str, *, timeout: float = 5.0,
-                 session: requests.Session | None = None, verify: str | bool = True) -> None:
+                 session: requests.Session | None = None, verify: str | bool = True,
+                 cluster: str = "") -> None:
         self.base = url.rstrip("/")
+        # The node's cluster where one FleetWatch watches several ("" : its default). A
+        # server from before clusters ignores the field.
+        self.cluster = cluster
         self.url = self.base + "/api/v1/signals/"
         self.timeout = timeout
         self.session = session or requests.Session()
@@ -81,7 +85,10 @@ class Pusher:
         under the same ``key``: a retry whose first answer was lost)."""
         headers = {"Idempotency-Key": key} if key else {}
         try:
-            response = self.session.post(self.url, json={"signals": signals}, headers=headers,
+            body: dict[str, Any] = {"signals": signals}
+            if self.cluster:
+                body["cluster"] = self.cluster
+            response = self.session.post(self.url, json=body, headers=headers,
                                          timeout=self.timeout)
         except requests.RequestException as exc:
             raise PushFailed(f"FleetWatch unreachable: {exc}", retry=True) from exc

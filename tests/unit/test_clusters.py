@@ -267,3 +267,16 @@ def test_the_beat_collects_every_cluster(two: dict[str, Any]) -> None:
     finally:
         app.conf.beat_schedule = before
     assert collect == {f"collect-{c}-{s}": [s, c] for c in ("east", "west") for s in SOURCES}
+
+
+def test_the_node_agent_names_its_cluster(two: dict[str, Any], transactional_db: None,
+                                          live_server: Any, operator: Any) -> None:
+    from collectors.agent.cli import parser
+    from collectors.agent.push import Pusher
+
+    assert parser().parse_args(["--cluster", "west"]).cluster == "west"
+    record = signal_body("gpu-003")["signals"][0]
+    Pusher(live_server.url, token_for(operator), cluster="west").push([record])
+    Pusher(live_server.url, token_for(operator)).push([record])
+    pushed = Signal.objects.filter(source="kernel", node_name="gpu-003")
+    assert sorted(pushed.values_list("node__cluster__name", flat=True)) == ["east", "west"]
