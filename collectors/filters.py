@@ -225,7 +225,8 @@ class NodeFilter(FilterSet):
         attrs={"list": "leaf-switches", "size": 10}))
     in_service = YesNoFilter()
 
-    page_fields = ("q", "slurm_state", "drained", "health", "pool", "leaf_switch", "in_service")
+    page_fields = ("cluster", "q", "slurm_state", "drained", "health", "pool", "leaf_switch",
+                   "in_service")
     page_labels = {"q": "Name", "slurm_state": "Slurm state", "drained": "Drained",
                    "leaf_switch": "Leaf switch", "in_service": "In service"}
 
@@ -241,6 +242,7 @@ class NodeFilter(FilterSet):
             # The page's selects offer the values the fleet has (read once by the view).
             for name, key in (("slurm_state", "slurm_states"), ("pool", "pools")):
                 self.page_choices(name, [(v, v) for v in facets[key]])
+            self.page_choices("cluster", cluster_choices)
 
     def _drained(self, qs: QuerySet[Node], name: str, value: bool) -> QuerySet[Node]:
         return qs.filter(_drained_q()) if value else qs.exclude(_drained_q())
@@ -267,7 +269,7 @@ class JobFilter(FilterSet):
     user = django_filters.CharFilter(lookup_expr="iexact")
     node = django_filters.CharFilter(method="_node", help_text="jobs that ran on this node")
 
-    page_fields = ("q", "state", "user", "node")
+    page_fields = ("cluster", "q", "state", "user", "node")
     page_labels = {"q": "Job id or name", "node": "Node"}
 
     class Meta:
@@ -279,6 +281,7 @@ class JobFilter(FilterSet):
         super().__init__(*args, **kwargs)
         if facets is not None:
             self.page_choices("state", [(v, v) for v in facets["states"]])
+            self.page_choices("cluster", cluster_choices)
 
     def _search(self, qs: QuerySet[Job], name: str, value: str) -> QuerySet[Job]:
         return qs.filter(Q(slurm_id=value) | Q(name__icontains=value))

@@ -252,6 +252,9 @@ def test_pages_and_api_filter_by_cluster(two: dict[str, Any], operator: Any,
     health = 'data-testid="node-health">'
     assert health + "failed" in client.get("/nodes/gpu-003/?cluster=west").content.decode()
     assert health + "healthy" in client.get("/nodes/gpu-003/?cluster=east").content.decode()
+    row = 'data-testid="node-row-gpu-003"'
+    assert row in client.get("/nodes/?cluster=west&health=failed").content.decode()
+    assert row not in client.get("/nodes/?cluster=east&health=failed").content.decode()
     incident_page = client.get(url).content.decode()
     assert 'href="/nodes/gpu-003/?cluster=west"' in incident_page
 
