@@ -275,6 +275,8 @@ def test_containers_on_real_slurm_prometheus_and_kubernetes_heal_an_xid_79_once(
 
     wait(resolved, 240, "the incident resolved", explain)
 
+    print(json.dumps(query(database_url, "SELECT kind, status, detail FROM incidents_step "
+                                         "ORDER BY \"order\""), default=str, indent=1))
     (incident_id, root_cause, nodes), = query(
         database_url, "SELECT id, root_cause, nodes::text FROM incidents_incident")
     assert (root_cause, json.loads(nodes)) == ("gpu_hardware", [FAILED])

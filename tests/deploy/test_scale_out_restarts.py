@@ -250,9 +250,13 @@ def test_redis_and_postgres_restarting_under_the_containers_lose_and_repeat_no_s
     wait(lambda: ("cordon_and_drain", "running") in [(k, s) for k, s, c in steps()
                                                      if "k8s.cordon" in c], 120,
          "the drain step in its eviction call", explain)
+    import redis
+
+    run_id = redis.Redis.from_url(rd.url).info("server")["run_id"]
     rd.stop()
     time.sleep(3)
     rd.start()
+    assert redis.Redis.from_url(rd.url).info("server")["run_id"] != run_id  # a new server
 
     # PostgreSQL restarts while the replacement is inside the provider's call (4 s).
     wait(lambda: ("replace_node", "running") in [(k, s) for k, s, c in steps()], 120,
@@ -274,6 +278,12 @@ def test_redis_and_postgres_restarting_under_the_containers_lose_and_repeat_no_s
     state = json.loads((f.data / "sim-fleet.json").read_text())
     assert state["jobs"]["3001"]["state"] == "RUNNING"
     assert SPARE in state["jobs"]["3001"]["nodes"] and BAD_NODE not in state["jobs"]["3001"]["nodes"]
+
+    print(json.dumps(steps(), default=str))
+    # The workers saw the broker go and came back to it on their own.
+    lost = [name for name in f.names if "Connection to broker lost" in podman_logs(name)]
+    assert lost, logs()
+    print(f"workers that lost the broker and reconnected: {len(lost)}")
 
     # Nothing was restarted to get there: the same containers, still running.
     assert {name: identity(name) for name in f.names} == before
