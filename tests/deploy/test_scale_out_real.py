@@ -8,9 +8,11 @@ simulated dcgm-exporter. The containers run on the host's network, so loopback p
 
 The image has no Slurm binaries: FleetWatch's requeue through slurmrestd runs ``scontrol
 requeue`` with the same JWT (slurmrestd has no requeue endpoint). The Slurm 25.11 client (its
-prefix, read-only) and the cluster's slurm.conf folder are mounted into the containers, as a
-deployment mounts or copies them in (README, "How requeue works"); no munge is in the image
-or mounted: scontrol authenticates with the JWT alone.
+prefix, read-only), the four shared libraries it and its auth plugins need that the image
+lacks (libjwt, libjansson, libb64, libmunge: copied from this machine, same Debian release, on
+LD_LIBRARY_PATH) and the cluster's slurm.conf folder are mounted into the containers, as a
+deployment adds scontrol to FleetWatch's Pods (README, "How requeue works"); no munged runs
+and no munge key is mounted: scontrol authenticates to slurmctld with the JWT alone.
 
 An XID 79 on gpu-003 GPU 5 is put into the exporter's gauge; Prometheus scrapes it, the
 containerised collectors query it, diagnosis opens a gpu_hardware incident and the
@@ -44,6 +46,7 @@ import pytest
 from collectors.sim import fleet as sim
 from collectors.sim.exporter import SimExporter
 from collectors.sim.fleet import SimFleet
+from tests.deploy.test_agent_deploy import limits
 from tests.deploy.test_scale_out import query, subprocess_run, wait
 from tests.deploy.test_server_image import (
     PODMAN,
@@ -84,11 +87,17 @@ class RealSources:
     secrets: Path
 
 
-def slurm_client_libs(prefix: Path, into: Path) -> Path:
+def slurm_client_libs(image: str, prefix: Path, into: Path) -> Path:
     """The shared libraries the Slurm client and its auth plugins load (libjwt, libjansson,
     libmunge, ...) that the image lacks, copied from this machine (the same Debian release as
     the image's base): what a site adding scontrol to FleetWatch's Pods ships with it."""
     into.mkdir()
+    listing = subprocess.run([*PODMAN, "run", "--rm", "--network", "none", *limits(),
+                              "--entrypoint", "ls", image, "/usr/lib/x86_64-linux-gnu",
+                              "/usr/lib"], capture_output=True, text=True, timeout=120,
+                             check=False)
+    assert listing.returncode == 0, listing.stderr
+    present = set(listing.stdout.split())
     libs: set[str] = set()
     for binary in (prefix / "bin" / "scontrol", *(prefix / "lib" / "slurm").glob("auth_*.so")):
         out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, timeout=30,
@@ -97,7 +106,7 @@ def slurm_client_libs(prefix: Path, into: Path) -> Path:
                  if "=>" in line and str(prefix) not in line}
     skip = ("libc.so", "libm.so", "libresolv.so", "ld-linux")
     for lib in sorted(libs):
-        if lib and not Path(lib).name.startswith(skip):
+        if lib and not Path(lib).name.startswith(skip) and Path(lib).name not in present:
             shutil.copy(lib, into / Path(lib).name)
     into.chmod(0o755)
     return into
@@ -181,7 +190,8 @@ def real(migrated: Fleet, sources: RealSources) -> MountedFleet:
     slurm = sources.slurm
     prefix = slurm.install.prefix
     assert prefix is not None
-    libs = slurm_client_libs(prefix, slurm.root / "client-libs")
+    libs = slurm_client_libs(fleet.image, prefix, slurm.root / "client-libs")
+    print("mounted for scontrol:", sorted(p.name for p in libs.iterdir()))
     fleet.mounts = [f"{sources.secrets}:/secrets:ro", f"{prefix}:{prefix}:ro",
                     f"{slurm.conf.parent}:{slurm.conf.parent}:ro", f"{libs}:/opt/slurm-libs:ro"]
     fleet.env.update({
@@ -221,14 +231,13 @@ def test_containers_on_real_slurm_prometheus_and_kubernetes_heal_an_xid_79_once(
     port = free_port()
     started = time.monotonic()
     web = f.start("web", PORT=str(port))
+    wait_for_health(web, port)
+    print(f"podman run (web, real fleet) -> /healthz 200: {time.monotonic() - started:.1f} s")
     for queue in ("collect", "diagnose", "default"):
         wait_for_log(f.start("worker", queue, "--concurrency", "1"), "ready.")
     first = f.start("worker", "remediate", "--concurrency", "1")
     wait_for_log(first, "ready.")
     f.start("beat")
-    wait_for_health(web, port)
-    print(f"podman run (web) -> /healthz 200, with the workers started in between: "
-          f"{time.monotonic() - started:.1f} s")
 
     def logs() -> str:
         return "\n".join(f"--- {name}\n{podman_logs(name)[-3000:]}" for name in f.names)
