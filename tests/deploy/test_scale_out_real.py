@@ -320,6 +320,14 @@ def test_containers_on_real_slurm_prometheus_and_kubernetes_heal_an_xid_79_once(
     assert sum(1 for m, path, _ in seen if (m, path.split("?")[0]) ==
                ("DELETE", f"/api/v1/nodes/{FAILED}")) == 1, seen
 
+    # slurmctld's own log: one drain of gpu-003 (FleetWatch's reason), one resume of the
+    # spare, and the job started twice: its first run and the one after the single requeue.
+    ctld = (slurm.root / "log" / "slurmctld.log").read_text(errors="replace").splitlines()
+    assert sum(1 for line in ctld if f"update_node: node {FAILED} reason set to: fleetwatch:"
+               in line) == 1, ctld[-40:]
+    assert sum(1 for line in ctld if f"update_node: node {SPARE} state set to IDLE"
+               in line) == 1, ctld[-40:]
+    assert sum(1 for line in ctld if f"Started JobId={job} " in line) == 2, ctld[-40:]
     # What Slurm shows: gpu-003 drained with FleetWatch's reason; the job got its SIGTERM
     # once, was requeued once and runs again on gpu-002 and the spare, which is in service.
     shown = node_fields(slurm, FAILED)

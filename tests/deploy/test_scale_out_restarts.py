@@ -304,6 +304,10 @@ def test_redis_and_postgres_restarting_under_the_containers_lose_and_repeat_no_s
     lost = [name for name in f.names if "Connection to broker lost" in podman_logs(name)]
     assert lost, logs()
     print(f"workers that lost the broker and reconnected: {len(lost)}")
+    print("database errors seen:", {name: [line[:200] for line in podman_logs(name).splitlines()
+                                             if "OperationalError" in line
+                                             or "terminating connection" in line][:3]
+                                     for name in f.names})
     print("watchdog:", [line for name in f.names for line in podman_logs(name).splitlines()
                         if "watchdog: re-queued" in line])
 
