@@ -20,7 +20,9 @@ replace_node playbook runs through real Slurm and the Kubernetes server. The rem
 running the Kubernetes drain is SIGKILLed while its eviction is refused by a
 PodDisruptionBudget (429, retried inside the call) and a second remediate worker runs; the
 budget is relaxed only after the kill. The playbook finishes; each outside action is audited
-as a change exactly once, and Slurm and the Kubernetes server saw each change once.
+as a change exactly once, and Slurm (slurmctld's log, the job's restart count, its SIGTERM
+marks), the Kubernetes server (its request log, the evictions it let through) and the on-call
+webhook receiver saw each change once.
 
 What "heals" means here (the replace_node playbook replaces the broken machine, it does not
 repair it): the incident is resolved; the job FleetWatch requeued runs again, in Slurm, on
@@ -34,6 +36,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -79,6 +82,7 @@ UID = 10001  # the image's user
 
 @dataclass
 class RealSources:
+    oncall: OnCall
     slurm: SlurmCluster
     k8s: Any
     prometheus: PrometheusServer
@@ -110,6 +114,39 @@ def slurm_client_libs(image: str, prefix: Path, into: Path) -> Path:
             shutil.copy(lib, into / Path(lib).name)
     into.chmod(0o755)
     return into
+
+
+class OnCall:
+    """The on-call channel's webhook receiver (FLEETWATCH_NOTIFY_WEBHOOK_URL): every POST it
+    was sent, answered 200."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.received: list[dict[str, Any]] = []
+        received = self.received
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                received.append({"event": self.headers.get("X-FleetWatch-Event"),
+                                 "delivery": self.headers.get("X-FleetWatch-Delivery"),
+                                 **json.loads(body or b"{}")})
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 class MountedFleet(Fleet):
@@ -157,6 +194,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSources]:
     spy = EvictionSpy(k8s)
     k8s.evict = spy
     slurm = SlurmCluster(root / "slurm", NODES, LEAVES, kill_wait=2, release=RELEASE)
+    oncall = OnCall()
     try:
         k8s.start()
         prometheus.start()
@@ -175,8 +213,9 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSources]:
         for path in (secrets, *secrets.iterdir()):
             os.chown(path, UID, 0)
             path.chmod(0o500 if path.is_dir() else 0o400)
-        yield RealSources(slurm, k8s, prometheus, gpus, spy, secrets)
+        yield RealSources(oncall, slurm, k8s, prometheus, gpus, spy, secrets)
     finally:
+        oncall.stop()
         slurm.stop()
         prometheus.stop()
         k8s.stop()
@@ -207,6 +246,8 @@ def real(migrated: Fleet, sources: RealSources) -> MountedFleet:
         "FLEETWATCH_KUBECONFIG": "/secrets/kubeconfig.yaml",
         "FLEETWATCH_PROMETHEUS_URL": sources.prometheus.url,
         "FLEETWATCH_PROVIDER": "kubernetes",
+        "FLEETWATCH_NOTIFY_WEBHOOK_URL": sources.oncall.url,
+        "FLEETWATCH_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
         "FLEETWATCH_POLICY_MODE": "auto", "FLEETWATCH_SLURM_GRACE_SECONDS": str(slurm.kill_wait),
         # One node of a three-node leaf is a third of it: above the default 25 % budget.
         "FLEETWATCH_BUDGET_MAX_PERCENT": "50",
@@ -311,6 +352,10 @@ def test_containers_on_real_slurm_prometheus_and_kubernetes_heal_an_xid_79_once(
     assert calls["slurm.drain"].startswith("POST /slurm/v0.0.44/node/"), calls
     assert calls["slurm.requeue"] == f"scontrol requeue {job}", calls
 
+    # The on-call channel got the incident's notification once.
+    assert [(r["event"], r.get("subject")) for r in sources.oncall.received] == [
+        ("incident.notify", f"FleetWatch incident {incident_id}: gpu_hardware on {FAILED}")], \
+        sources.oncall.received
     # What the Kubernetes server saw: one cordon patch, one eviction let through (the
     # refused ones before it are the budget's), one Node deleted by the provider.
     seen = list(k8s.requests)
