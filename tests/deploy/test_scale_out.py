@@ -5,8 +5,9 @@ remediate worker running the drain is killed (SIGKILL) inside an outside call wh
 one runs on: the playbook still finishes, and each outside action is audited as a change
 exactly once.
 
-Not yet against real Slurm, Prometheus and the Kubernetes test server from containers (those
-run as processes in tests/integration); here the sources are the simulated fleet's."""
+Here the sources are the simulated fleet's. The same containers on real Slurm (slurmrestd),
+a real Prometheus and the Kubernetes test server: test_scale_out_real.py; with Redis and
+PostgreSQL restarted under them: test_scale_out_restarts.py."""
 
 from __future__ import annotations
 
