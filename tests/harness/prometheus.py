@@ -89,9 +89,13 @@ class PrometheusServer:
         port: int | None = None,
         ready_timeout: float = 30.0,
         relabel: Mapping[str, Sequence[Mapping[str, object]]] | None = None,
+        extra: Mapping[str, object] | None = None,
     ) -> None:
-        """``relabel``: a job's relabel_configs (job name -> rules), as in prometheus.yml."""
+        """``relabel``: a job's relabel_configs (job name -> rules), as in prometheus.yml.
+        ``extra``: more top-level sections of prometheus.yml (``remote_write``,
+        ``rule_files``, ``alerting``), and ``global`` keys to add or override."""
         self.root = Path(root)
+        self.extra = dict(extra or {})
         self.relabel = dict(relabel or {})
         self.targets = [t if isinstance(t, ScrapeTarget) else ScrapeTarget(t) for t in targets]
         self.scrape_interval = scrape_interval
@@ -123,13 +127,16 @@ class PrometheusServer:
             if labels:
                 group["labels"] = labels
             jobs.setdefault(t.job, []).append(group)
+        extra = dict(self.extra)
         return {
             "global": {
                 "scrape_interval": self.scrape_interval,
                 # A scrape may not outlast its interval (Prometheus refuses the config).
                 "scrape_timeout": self.scrape_interval,
                 "evaluation_interval": self.scrape_interval,
+                **dict(extra.pop("global", {})),
             },
+            **extra,
             "scrape_configs": [
                 {"job_name": job, "honor_labels": self.honor_labels, "static_configs": groups,
                  **({"relabel_configs": [dict(r) for r in self.relabel[job]]}
