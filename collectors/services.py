@@ -25,7 +25,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Field, Q
 from django.utils import timezone
 
-from collectors import normalize
+from collectors import normalize, queueing
 from collectors.bulk import update_columns
 from collectors.clients import Clients, get_clients
 from collectors.clients.base import (
@@ -100,6 +100,11 @@ def collect_source(source: str, cluster_name: str | None = None, *,
     if collector is None:
         raise ValueError(f"unknown source {source!r}; known: {', '.join(COLLECTORS)}")
     cluster = cluster_get(cluster_name) if cluster_name else cluster_default()
+    if source == "telemetry":
+        from django.core.cache import cache
+
+        # From here on a ring queues another run: this one may read too early for it.
+        cache.delete(_doorbell_pending_key(cluster))
     clients = clients or get_clients(cluster.name)
     started, started_at = time.monotonic(), timezone.now()
     run = RunLog()
@@ -310,6 +315,66 @@ def _push_receipt(idempotency: tuple[str, str], digest: str, count: int) -> Inge
 # transaction and queues at most one run per cluster, so a burst of pushes cannot pile up
 # one diagnosis per batch (incidents.diagnosing.diagnosis_request).
 signals_stored = django.dispatch.Signal()
+
+
+# --- the telemetry doorbell: Prometheus's remote write ---------------------------------------
+#
+# Polling Prometheus every FLEETWATCH_COLLECT_INTERVAL finds a fault up to one interval after
+# the scrape that brought it. Prometheus can instead send each scrape's fresh samples to
+# ``POST /api/v1/prometheus/write/``; a fault field among them whose value a poll would read,
+# and that differs from the last one seen, queues the cluster's telemetry collection at once.
+# The collection then reads Prometheus as any poll does (fault fields are read at its "now"),
+# so what is stored and announced comes from one path; the doorbell only says "now".
+#
+# Fault values seen are remembered DOORBELL_MEMORY_SECONDS (in the cache, shared by the web
+# workers), so a fault's gauge that stays at 79 rings once, not at every scrape; a repeat of
+# the same value after that rings once more (one extra collection, nothing stored twice).
+DOORBELL_MEMORY_SECONDS = 600
+# While a rung collection waits in the queue, further rings queue nothing (it will read them);
+# the collection clears this when it starts. The timeout bounds a lost message.
+DOORBELL_PENDING_SECONDS = 60
+
+
+def _doorbell_pending_key(cluster: Cluster) -> str:
+    return f"fw:doorbell:{cluster.pk}:pending"
+
+
+def telemetry_doorbell(cluster: Cluster, series: Iterable[Any]) -> bool:
+    """A remote write from the cluster's Prometheus (``remote_write.Series``): queue a
+    telemetry collection now when it holds a fault value not seen before. True: one was
+    queued."""
+    from django.core.cache import cache
+    from kombu.exceptions import OperationalError
+
+    from collectors.clients.prometheus import fault_sample
+
+    if "telemetry" not in sources_of(cluster.name).sources:
+        return False
+    latest: dict[str, float] = {}
+    for s in series:
+        for _, value in s.samples[-1:]:  # the newest sample of each series
+            hit = fault_sample(s.labels, value)
+            if hit is not None:
+                key = "fw:doorbell:" + hashlib.sha256(
+                    f"{cluster.pk}\0{hit[0]}\0{hit[1]}\0{hit[2]}".encode()).hexdigest()[:32]
+                latest[key] = value
+    if not latest:
+        return False
+    seen = cache.get_many(list(latest))
+    new = {key: value for key, value in latest.items() if seen.get(key) != value}
+    if not new:
+        return False
+    cache.set_many(new, timeout=DOORBELL_MEMORY_SECONDS)
+    if not cache.add(_doorbell_pending_key(cluster), True, timeout=DOORBELL_PENDING_SECONDS):
+        return False  # a rung collection is queued: it will read these too
+    try:
+        queueing.enqueue(queueing.COLLECT_SOURCE, "telemetry", cluster.name, on_commit=False)
+    except OperationalError:
+        # The broker is away: forget this write, so Prometheus's retry (it retries a 5xx)
+        # rings again; the regular poll reads the fault meanwhile anyway.
+        cache.delete_many([*new, _doorbell_pending_key(cluster)])
+        raise
+    return True
 
 
 def signals_announce(signal_ids: list[int]) -> None:

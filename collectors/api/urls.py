@@ -16,3 +16,4 @@ def register(router: BaseRouter) -> None:
     router.register("signals", views.SignalViewSet, basename="signal")
     router.register("sources", views.SourceViewSet, basename="source")
     router.register("agent", views.AgentViewSet, basename="agent")
+    router.register("prometheus/write", views.PrometheusWriteViewSet, basename="prometheus-write")

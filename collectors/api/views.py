@@ -20,6 +20,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from kombu.exceptions import OperationalError as KombuOperationalError
 from rest_framework import mixins, status, viewsets
 from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
@@ -42,6 +43,8 @@ from collectors.api.serializers import (
     SourceSerializer,
     StoredSerializer,
 )
+from collectors.clients import remote_write
+from collectors.clients.base import ClientError
 from collectors.knowledge import agent
 from collectors.models import Cluster, Gpu, Node, Signal
 from collectors.roles import push_rights
@@ -249,6 +252,48 @@ class AgentViewSet(viewsets.ViewSet):
         return Response({"version": agent_version,
                          "protocols": {"oldest": agent.OLDEST_PROTOCOL, "newest": agent.PROTOCOL},
                          "header": agent.AGENT_HEADER})
+
+
+class PrometheusWriteViewSet(viewsets.ViewSet):
+    """Prometheus remote write (1.0: snappy-compressed protobuf), the telemetry doorbell: a
+    fault field's new value among the samples queues the cluster's telemetry collection at
+    once, instead of at its next poll (collectors.services.telemetry_doorbell). Nothing is
+    stored from the samples themselves. Configure it in Prometheus's ``remote_write`` with
+    ``authorization: {type: Token, credentials: <an ingest token>}`` and keep only the DCGM
+    fault fields (deploy/prometheus/remote-write-fleetwatch.yaml)."""
+
+    access = {"create": INGEST}
+    throttle_scope = "ingest"
+
+    @extend_schema(
+        request={"application/x-protobuf": {"type": "string", "format": "binary"}},
+        parameters=[OpenApiParameter("cluster", str, OpenApiParameter.QUERY, required=False,
+                                     description="the cluster this Prometheus scrapes (one "
+                                                 "of FLEETWATCH_CLUSTERS; default "
+                                                 "FLEETWATCH_CLUSTER)")],
+        responses={204: OpenApiResponse(description="Read (a collection queued or not)"),
+                   400: OpenApiResponse(ErrorSerializer, description="Not a remote-write "
+                                        "body, or an unknown cluster"),
+                   413: OpenApiResponse(ErrorSerializer, description="Body over the limit"),
+                   503: OpenApiResponse(ErrorSerializer, description="The task broker is "
+                                        "unreachable (Prometheus retries)")})
+    def create(self, request: Request) -> Response:
+        name = request.query_params.get("cluster") or settings.FLEETWATCH_CLUSTER
+        try:
+            cluster = collectors.cluster_get(name)
+            series = remote_write.decode(request.body)
+        except (ClientError, remote_write.RemoteWriteError) as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        except RequestDataTooBig:
+            return Response({"detail": "request body over DATA_UPLOAD_MAX_MEMORY_SIZE "
+                             f"({settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes)"},
+                            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        try:
+            collectors.telemetry_doorbell(cluster, series)
+        except KombuOperationalError as exc:
+            return Response({"detail": f"task broker unreachable: {exc}"},
+                            status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 # --- sources ------------------------------------------------------------------------------

@@ -79,6 +79,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import operator
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -156,6 +157,12 @@ NIC_QUERIES = (
     _Query("symbol_error", ("node_infiniband_symbol_error_total",)),
 )
 NIC_FIELDS = {name: query.attr for query in NIC_QUERIES for name in query.names}
+# The fault fields: a GPU with a sample that passes its query's ``keep`` has something to
+# report (a remote write carrying one rings the collector's doorbell, services.py).
+FAULT_QUERIES = {name: query for query in GPU_QUERIES if query.keep for name in query.names}
+_KEEP = re.compile(r"(!=|>=|<=|==|>|<)\s*(\S+)")
+_COMPARE = {"!=": operator.ne, ">=": operator.ge, "<=": operator.le, "==": operator.eq,
+            ">": operator.gt, "<": operator.lt}
 # Gauges whose missing series means "nothing to report" (GpuMetric has no None for them).
 GPU_INT_FIELDS = ("last_xid", "clock_event_reasons", "row_remap_failure")
 
@@ -194,6 +201,20 @@ class _GpuRead(NamedTuple):
     gpus: list[GpuMetric]
     sampled: dict[str, set[GpuKey]]  # per reading field, the GPUs it was read for
     evaluated_at: float | None  # the earliest evaluation time of the reading queries
+
+
+def fault_sample(labels: Mapping[str, str], value: float) -> tuple[str, str, str] | None:
+    """(node, gpu, metric name) when a series' sample is a fault field's value a poll would
+    read (it passes the field's ``keep``: an XID, a slowdown bit, a double-bit error...);
+    None for anything else, and for a value DCGM marks blank."""
+    query = FAULT_QUERIES.get(labels.get("__name__", ""))
+    if query is None or _is_dcgm_blank(value):
+        return None
+    match = _KEEP.fullmatch(query.keep)
+    if match is None or not _COMPARE[match.group(1)](value, float(match.group(2))):
+        return None
+    node = PrometheusTelemetry.node_of(labels)
+    return (node, labels.get("gpu", ""), labels["__name__"]) if node else None
 
 
 def node_from_instance(instance: str) -> str | None:
@@ -396,7 +417,8 @@ class PrometheusTelemetry:
     # --- reading series ---
 
     @staticmethod
-    def _node(labels: dict[str, str]) -> str | None:
+    def node_of(labels: Mapping[str, str]) -> str | None:
+        """The node a series belongs to: its Hostname label, else its instance's host."""
         for name in NODE_LABELS:
             if labels.get(name):
                 return labels[name]
@@ -469,7 +491,7 @@ class PrometheusTelemetry:
         except (KeyError, IndexError, TypeError):
             warnings.add(expr, f"{expr}: malformed series skipped: {_excerpt(s)}")
             return None
-        node = self._node(labels) if isinstance(labels, dict) else None
+        node = self.node_of(labels) if isinstance(labels, dict) else None
         missing = [k for k in key_labels if not isinstance(labels, dict) or not labels.get(k)]
         if node is None and _ip_instance(labels):
             warnings.ip_instances += 1
@@ -771,7 +793,7 @@ class PrometheusTelemetry:
             expr = f"max by (Hostname, hostname, instance, gpu) ({' or '.join(alternatives)})"
             for s in self._query_range(expr, start, end, step):
                 labels = s.get("metric", {}) if isinstance(s, dict) else {}
-                node = self._node(labels)
+                node = self.node_of(labels)
                 try:
                     index = int(labels["gpu"])
                     values = s["values"]
