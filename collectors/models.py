@@ -253,6 +253,22 @@ class PushReceipt(models.Model):
         return f"{self.caller} {self.key}: {self.stored} stored"
 
 
+class CollectionWanted(models.Model):
+    """A collection asked for ahead of its poll (the telemetry doorbell: a new fault in a
+    Prometheus remote write) and not started yet. While one is there, more asks queue nothing;
+    the collection deletes it as it starts. In the database, not the cache, so the web
+    processes that ring and the workers that collect agree wherever they run; a row older
+    than the doorbell's patience is a lost message and is asked again."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    source = models.CharField(max_length=32)
+    asked_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["cluster", "source"],
+                                               name="collection_wanted_once")]
+
+
 class SourceHealth(models.Model):
     """Whether a collector could read its source the last time it ran."""
 

@@ -42,6 +42,7 @@ from collectors.knowledge import dcgm
 from collectors.knowledge.xid import takes_gpu_out
 from collectors.models import (
     Cluster,
+    CollectionWanted,
     CollectorRun,
     Gpu,
     GpuSample,
@@ -100,11 +101,8 @@ def collect_source(source: str, cluster_name: str | None = None, *,
     if collector is None:
         raise ValueError(f"unknown source {source!r}; known: {', '.join(COLLECTORS)}")
     cluster = cluster_get(cluster_name) if cluster_name else cluster_default()
-    if source == "telemetry":
-        from django.core.cache import cache
-
-        # From here on a ring queues another run: this one may read too early for it.
-        cache.delete(_doorbell_pending_key(cluster))
+    # From here on a doorbell queues another run: this one may read too early for it.
+    CollectionWanted.objects.filter(cluster=cluster, source=source).delete()
     clients = clients or get_clients(cluster.name)
     started, started_at = time.monotonic(), timezone.now()
     run = RunLog()
@@ -330,13 +328,18 @@ signals_stored = django.dispatch.Signal()
 # workers), so a fault's gauge that stays at 79 rings once, not at every scrape; a repeat of
 # the same value after that rings once more (one extra collection, nothing stored twice).
 DOORBELL_MEMORY_SECONDS = 600
-# While a rung collection waits in the queue, further rings queue nothing (it will read them);
-# the collection clears this when it starts. The timeout bounds a lost message.
+# While a rung collection waits in the queue, further rings queue nothing (it will read them):
+# a CollectionWanted row, deleted by the collection as it starts. One older than this is a
+# lost message, and is asked again.
 DOORBELL_PENDING_SECONDS = 60
 
 
-def _doorbell_pending_key(cluster: Cluster) -> str:
-    return f"fw:doorbell:{cluster.pk}:pending"
+def _collection_ask(cluster: Cluster, source: str) -> bool:
+    """True when this call asked for the collection (none was waiting)."""
+    stale = timezone.now() - timedelta(seconds=DOORBELL_PENDING_SECONDS)
+    CollectionWanted.objects.filter(cluster=cluster, source=source, asked_at__lt=stale).delete()
+    _, created = CollectionWanted.objects.get_or_create(cluster=cluster, source=source)
+    return created
 
 
 def telemetry_doorbell(cluster: Cluster, series: Iterable[Any]) -> bool:
@@ -365,15 +368,20 @@ def telemetry_doorbell(cluster: Cluster, series: Iterable[Any]) -> bool:
     if not new:
         return False
     cache.set_many(new, timeout=DOORBELL_MEMORY_SECONDS)
-    if not cache.add(_doorbell_pending_key(cluster), True, timeout=DOORBELL_PENDING_SECONDS):
+    if not _collection_ask(cluster, "telemetry"):
+        log.info("doorbell: %d new fault value(s) in %s; its collection is already queued",
+                 len(new), cluster.name)
         return False  # a rung collection is queued: it will read these too
     try:
         queueing.enqueue(queueing.COLLECT_SOURCE, "telemetry", cluster.name, on_commit=False)
     except OperationalError:
         # The broker is away: forget this write, so Prometheus's retry (it retries a 5xx)
         # rings again; the regular poll reads the fault meanwhile anyway.
-        cache.delete_many([*new, _doorbell_pending_key(cluster)])
+        cache.delete_many(list(new))
+        CollectionWanted.objects.filter(cluster=cluster, source="telemetry").delete()
         raise
+    log.info("doorbell: %d new fault value(s) in %s; telemetry collection queued", len(new),
+             cluster.name)
     return True
 
 

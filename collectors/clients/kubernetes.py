@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 import urllib3
@@ -177,6 +178,10 @@ class KubernetesApi:
         # Nodes a node_changes() watch saw deleted (K8sNode cannot say "gone").
         self.deleted_nodes: list[str] = []
         configuration = client.Configuration()
+        # A configuration that cannot be read fails the first call, not the construction:
+        # every client of a cluster is built for each collection and step, and one that
+        # reads only telemetry (or only Slurm) must not need a Kubernetes configuration.
+        self._config_error: ClientError | None = None
         try:
             if kubeconfig is None and context is None and os.environ.get(
                     "KUBERNETES_SERVICE_HOST"):
@@ -188,17 +193,31 @@ class KubernetesApi:
                                         persist_config=False)
                 self.where = kubeconfig or "~/.kube/config"
         except (ConfigException, OSError) as e:
-            raise ClientError(f"Kubernetes configuration: {e}", permanent=True) from e
+            self._config_error = ClientError(f"Kubernetes configuration: {e}", permanent=True)
+            self.where = "not configured"
         # Connection failures retry a little inside urllib3; a request that reached the server
         # is never repeated behind our back (an eviction is not idempotent).
         configuration.retries = urllib3.Retry(total=2, connect=2, read=0, redirect=0,
                                               status=0, other=0, backoff_factor=0.2)
-        self.api_client = client.ApiClient(configuration)
-        self.core = client.CoreV1Api(self.api_client)
-        self.events_v1 = client.EventsV1Api(self.api_client)
+        self._configuration = configuration
+
+    @cached_property
+    def api_client(self) -> client.ApiClient:
+        if self._config_error is not None:
+            raise self._config_error
+        return client.ApiClient(self._configuration)
+
+    @cached_property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api_client)
+
+    @cached_property
+    def events_v1(self) -> client.EventsV1Api:
+        return client.EventsV1Api(self.api_client)
 
     def close(self) -> None:
-        self.api_client.close()
+        if "api_client" in self.__dict__:  # built, so there is a pool to close
+            self.api_client.close()
 
     # --- plumbing ---
 

@@ -397,9 +397,13 @@ def test_forbidden_and_invalid_requests_are_permanent(k8s: Any, tmp_path: Path) 
     assert unauthorized.value.permanent and "401" in str(unauthorized.value)
     wrong.close()
 
+    # A missing configuration fails the first call (building the client does not: a
+    # FleetWatch that reads only telemetry builds one it never uses).
+    unconfigured = KubernetesApi(str(tmp_path / "no-such-kubeconfig"))
     with pytest.raises(ClientError) as missing:
-        KubernetesApi(str(tmp_path / "no-such-kubeconfig"))
-    assert missing.value.permanent
+        unconfigured.nodes()
+    assert missing.value.permanent and "Kubernetes configuration" in str(missing.value)
+    unconfigured.close()
 
 
 # --- what the API server refuses, and what typed clients need ---------------------------------

@@ -99,6 +99,25 @@ def test_a_new_fault_rings_once(db: None, sim_fleet: Any, queued: list[tuple[Any
     assert len(rings(queued)) == 2
 
 
+def test_a_ring_whose_message_was_lost_is_asked_again(db: None, sim_fleet: Any,
+                                                       queued: list[tuple[Any, ...]]) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from collectors.models import CollectionWanted
+
+    cluster = collectors.cluster_default()
+    assert collectors.telemetry_doorbell(cluster, [series(XID, 79.0)]) is True
+    # The message never reached a worker: the ask stays, and holds new rings back ...
+    assert collectors.telemetry_doorbell(cluster, [series(XID, 48.0, node="gpu-009")]) is False
+    # ... until it is older than the doorbell's patience.
+    CollectionWanted.objects.update(
+        asked_at=timezone.now() - timedelta(seconds=collectors.DOORBELL_PENDING_SECONDS + 1))
+    assert collectors.telemetry_doorbell(cluster, [series(XID, 31.0, node="gpu-010")]) is True
+    assert len(rings(queued)) == 2
+
+
 def test_a_cluster_without_telemetry_never_rings(db: None, settings: Any,
                                                  queued: list[tuple[Any, ...]]) -> None:
     settings.FLEETWATCH_SOURCES = ["slurm", "kubernetes"]
