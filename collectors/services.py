@@ -21,7 +21,7 @@ from typing import Any, cast
 import django.dispatch
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Field, Q
 from django.utils import timezone
 
@@ -65,6 +65,7 @@ class CollectResult:
     healthy: bool
     signal_ids: list[int]
     error: str = ""
+    skipped: bool = False  # the previous run of this collector was still reading
 
 
 def cluster_default() -> Cluster:
@@ -92,11 +93,21 @@ class RunLog:
     warnings: list[str] = field(default_factory=list)
 
 
+class _RunBusy(Exception):
+    """Another run of the same collector holds its row."""
+
+
 def collect_source(source: str, cluster_name: str | None = None, *,
-                   clients: Clients | None = None) -> CollectResult:
+                   clients: Clients | None = None, urgent: bool = False) -> CollectResult:
     """Run one collector on one cluster (None: the default one). A source that cannot be
     read marks itself unhealthy and changes no node: a missing source is never read as a
-    failed node."""
+    failed node.
+
+    Runs of one collector never overlap: a scheduled run that finds the previous one still
+    reading is skipped (the next beat reads the same source anyway), instead of waiting on
+    its row and holding a worker process that diagnosis and remediation need. ``urgent``
+    (the doorbell's): wait for the running one and read after it, since it may have read
+    before the fault that rang."""
     collector = COLLECTORS.get(source)
     if collector is None:
         raise ValueError(f"unknown source {source!r}; known: {', '.join(COLLECTORS)}")
@@ -109,8 +120,8 @@ def collect_source(source: str, cluster_name: str | None = None, *,
     try:
         with transaction.atomic():
             # Lock this source's health row first: two runs of one collector (a slow scrape
-            # overlapping the next beat) take turns, so a change is announced once.
-            SourceHealth.objects.select_for_update().get_or_create(cluster=cluster, name=source)
+            # overlapping the next beat) never read at once, so a change is announced once.
+            _source_lock(cluster, source, wait=urgent)
             drafts = collector(cluster, clients, run)
             ids = signals_store(cluster, drafts)
             health_changes = source_health_record(cluster, source, None, started)
@@ -119,6 +130,10 @@ def collect_source(source: str, cluster_name: str | None = None, *,
             _run_record(cluster, source, started_at, started, run, "")
             signals_announce(ids)
         return CollectResult(source, True, ids)
+    except _RunBusy:
+        log.info("collector %s of %s skipped: its previous run is still reading", source,
+                 cluster.name)
+        return CollectResult(source, True, [], skipped=True)
     except (ClientError, SoftTimeLimitExceeded) as exc:
         # A source slower than the task's time limit is as down as one that refuses: it
         # turns red with the reason, and changes no node.
@@ -132,6 +147,19 @@ def collect_source(source: str, cluster_name: str | None = None, *,
             _run_record(cluster, source, started_at, started, RunLog(), str(exc))
             signals_announce(ids)
         return CollectResult(source, False, ids, str(exc))
+
+
+def _source_lock(cluster: Cluster, source: str, *, wait: bool) -> None:
+    """Take the source's row for this transaction; raise _RunBusy rather than wait for it
+    unless ``wait``. (SQLite takes no row locks: its one worker's runs take turns anyway.)"""
+    rows = SourceHealth.objects.select_for_update(nowait=not wait)
+    try:
+        with transaction.atomic():  # a savepoint: the refusal must not spoil the transaction
+            rows.get_or_create(cluster=cluster, name=source)
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # lock_not_available
+            raise _RunBusy from exc
+        raise
 
 
 def _run_record(cluster: Cluster, source: str, started_at: datetime, started: float,
@@ -373,7 +401,8 @@ def telemetry_doorbell(cluster: Cluster, series: Iterable[Any]) -> bool:
                  len(new), cluster.name)
         return False  # a rung collection is queued: it will read these too
     try:
-        queueing.enqueue(queueing.COLLECT_SOURCE, "telemetry", cluster.name, on_commit=False)
+        queueing.enqueue(queueing.COLLECT_SOURCE, "telemetry", cluster.name, True,
+                         on_commit=False)
     except OperationalError:
         # The broker is away: forget this write, so Prometheus's retry (it retries a 5xx)
         # rings again; the regular poll reads the fault meanwhile anyway.

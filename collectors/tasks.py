@@ -11,9 +11,10 @@ from collectors import queueing, services
 
 
 @shared_task(name=queueing.COLLECT_SOURCE, ignore_result=True)
-def collect_source(source: str, cluster: str | None = None) -> None:
-    # cluster None: a message from before several clusters, for the default one.
-    services.collect_source(source, cluster)
+def collect_source(source: str, cluster: str | None = None, urgent: bool = False) -> None:
+    # cluster None: a message from before several clusters, for the default one. urgent:
+    # the doorbell's (wait for a run in progress instead of skipping).
+    services.collect_source(source, cluster, urgent=urgent)
 
 
 @shared_task(name=queueing.PRUNE_TELEMETRY, ignore_result=True)

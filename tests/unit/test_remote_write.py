@@ -83,7 +83,7 @@ def test_a_new_fault_rings_once(db: None, sim_fleet: Any, queued: list[tuple[Any
     cluster = collectors.cluster_default()
     ring = [series(XID, 79.0)]
     assert collectors.telemetry_doorbell(cluster, ring) is True
-    assert queued == [(queueing.COLLECT_SOURCE, "telemetry", cluster.name)]
+    assert queued == [(queueing.COLLECT_SOURCE, "telemetry", cluster.name, True)]
     # The next scrapes carry the same gauge: nothing more.
     assert collectors.telemetry_doorbell(cluster, ring) is False
     # Another fault while the first ring's collection still waits: it will read both.
