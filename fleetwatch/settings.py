@@ -286,7 +286,10 @@ FLEETWATCH_CLUSTERS = clusters_load(env_str("FLEETWATCH_CLUSTERS"), os.environ, 
 # The cluster (of FLEETWATCH_CLUSTERS, the first by default) that pushes naming none go to.
 FLEETWATCH_CLUSTER = cluster_default_name(FLEETWATCH_CLUSTERS, env_str("FLEETWATCH_CLUSTER"))
 FLEETWATCH_SOURCES = _sources.sources
-FLEETWATCH_COLLECT_INTERVAL = env_float("FLEETWATCH_COLLECT_INTERVAL", 5.0, minimum=0.2)
+# Not below a second: a collection of a real source takes hundreds of milliseconds to
+# seconds, and a beat faster than that only skips runs (they never overlap). Faults need not
+# wait for it: Prometheus's remote write rings the telemetry doorbell, agents push.
+FLEETWATCH_COLLECT_INTERVAL = env_float("FLEETWATCH_COLLECT_INTERVAL", 5.0, minimum=1.0)
 FLEETWATCH_POLICY_MODE = env_choice("FLEETWATCH_POLICY_MODE", "auto", ["auto", "approve", "observe"])
 FLEETWATCH_SLURM_GRACE_SECONDS = env_int("FLEETWATCH_SLURM_GRACE_SECONDS", 120, minimum=0)
 FLEETWATCH_STEP_POLL_SECONDS = env_float("FLEETWATCH_STEP_POLL_SECONDS", 1.0, minimum=0.1)
