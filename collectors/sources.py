@@ -15,6 +15,7 @@ message naming the cluster and the setting, before anything runs; ``cluster_name
 from __future__ import annotations
 
 import re
+from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -240,26 +241,12 @@ def _cluster_read(where: str, name: object, entry: object, env: Env, data_dir: P
                 f"{where}: cluster {name}: {key} must be a string, number or boolean")
         # Written as the environment would hold it, then read by the same rules.
         values[key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
-    # Two simulated clusters must not share one state file: each gets its own by default.
+    # Two simulated clusters must not share one state file: each gets its own by default, and
+    # the environment's FLEETWATCH_SIM_STATE is not handed down to several.
     state = data_dir / (f"sim-fleet-{name}.json" if several else "sim-fleet.json")
+    below = {k: v for k, v in env.items() if not (several and k == "FLEETWATCH_SIM_STATE")}
     return SourceSettings.from_env(
-        _Layered(values, env), sim_state=state, where=f"{where}: cluster {name}: ")
-
-
-class _Layered(Mapping[str, str]):
-    """The cluster's entry over the environment."""
-
-    def __init__(self, top: dict[str, str], below: Env) -> None:
-        self.top, self.below = top, below
-
-    def __getitem__(self, key: str) -> str:
-        return self.top[key] if key in self.top else self.below[key]
-
-    def __iter__(self) -> Any:
-        return iter({*self.top, *self.below})
-
-    def __len__(self) -> int:
-        return len({*self.top, *self.below})
+        ChainMap(values, below), sim_state=state, where=f"{where}: cluster {name}: ")
 
 
 def cluster_default_name(configured: dict[str, SourceSettings], named: str | None) -> str:

@@ -65,8 +65,10 @@ def test_each_cluster_reads_its_own_settings_over_the_environments() -> None:
 
 
 def test_two_simulated_clusters_never_share_a_state_file(tmp_path: Path) -> None:
-    got = load({"a": None, "b": {}}, data_dir=tmp_path)
+    env = {"FLEETWATCH_SIM_STATE": "/srv/one-fleet.json"}
+    got = load({"a": None, "b": {}}, env, data_dir=tmp_path)
     assert got["a"].sim_state != got["b"].sim_state
+    assert got["a"].sim_state == tmp_path / "sim-fleet-a.json"
     # One cluster alone keeps the embedded default's file.
     assert load({"a": {}}, data_dir=tmp_path)["a"].sim_state == tmp_path / "sim-fleet.json"
 
