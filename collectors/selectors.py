@@ -97,6 +97,12 @@ def _in_service(cluster: str | None) -> QuerySet[Node]:
     return nodes.filter(cluster__name=cluster) if cluster else nodes
 
 
+def _gpus_in_service(cluster: str | None) -> QuerySet[Gpu]:
+    """Their GPUs, through a join (as the counts always were), not a subquery."""
+    gpus = Gpu.objects.filter(node__in_service=True)
+    return gpus.filter(node__cluster__name=cluster) if cluster else gpus
+
+
 def fleet_counts(cluster: str | None = None) -> dict[str, Any]:
     """Counts by node health, Slurm state and GPU health (of one cluster, or all): three
     aggregate queries, whatever the fleet's size."""
@@ -119,7 +125,7 @@ def fleet_counts(cluster: str | None = None) -> dict[str, Any]:
         (row["slurm_state"] or "unknown", row["n"])
         for row in nodes.values("slurm_state").annotate(n=Count("id")).order_by("-n", "slurm_state")
     ]
-    gpus = Gpu.objects.filter(node__in=nodes).aggregate(
+    gpus = _gpus_in_service(cluster).aggregate(
         gpus=Count("id"),
         gpus_healthy=Count("id", filter=Q(health=H.HEALTHY)),
         gpus_failed=Count("id", filter=Q(health=H.FAILED)),
@@ -149,7 +155,7 @@ def gpu_groups(by: str = "leaf", cluster: str | None = None) -> list[dict[str, A
         groups[row[field]] = {"name": row[field], "nodes": row["nodes"],
                               "nodes_failed": row["nodes_failed"], "gpus": 0, "healthy": 0,
                               "failed": 0, "unknown": 0}
-    for row in (Gpu.objects.filter(node__in=nodes).values(f"node__{field}")
+    for row in (_gpus_in_service(cluster).values(f"node__{field}")
                 .annotate(gpus=Count("id"), healthy=Count("id", filter=Q(health=H.HEALTHY)),
                           failed=Count("id", filter=Q(health=H.FAILED)))
                 .order_by(f"node__{field}")):
