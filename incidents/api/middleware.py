@@ -7,7 +7,12 @@ after the view has answered (and its transaction has committed), so the audit lo
 held across the view's work (see incidents/audit.py). Anonymous calls are refused before any
 view runs and are not audited (they are logged); their volume is nobody's to control.
 
-A refused push of signals gets one more entry saying why (``push_refused_record``)."""
+A refused push of signals gets one more entry saying why (``push_refused_record``).
+
+An accepted push (signals from agents and monitors, Prometheus's remote write) is data coming
+in, not an action: it is not audited (the access log names who sent it, and what it brought is
+stored as signals). Auditing it took the audit trail's lock once per push, so in a storm of
+agents every push queued behind every other and behind diagnosis."""
 
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ from collectors.services import IngestRejected
 from incidents.audit import audit_record
 
 _SAFE = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+# The intake endpoints (URL names in the API's namespace), audited only when refused.
+_INTAKE = frozenset({"api:signal-list", "api:prometheus-write-list"})
 
 
 class ApiAuditMiddleware:
@@ -34,6 +41,9 @@ class ApiAuditMiddleware:
         if user is None or not user.is_authenticated:
             return response
         code = response.status_code
+        match = getattr(request, "resolver_match", None)
+        if code < 300 and match is not None and match.view_name in _INTAKE:
+            return response
         audit_record("api.call", f"{request.method} {request.path}"[:200],
                      actor=actor_from_request(request), ok=code < 400, result=str(code),
                      data={"status": code})

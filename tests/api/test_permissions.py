@@ -53,6 +53,7 @@ NEEDS: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/signals/"): INGEST,
     ("GET", "/api/v1/sources/"): READ,
     ("GET", "/api/v1/agent/"): INGEST,
+    ("POST", "/api/v1/prometheus/write/"): INGEST,
     ("GET", "/api/v1/steps/"): READ,
     ("GET", "/api/v1/steps/{id}/"): READ,
     ("POST", "/api/v1/steps/{id}/retry/"): OPERATE,

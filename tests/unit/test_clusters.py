@@ -228,6 +228,12 @@ def test_pushes_name_their_cluster(two: dict[str, Any], operator: Any) -> None:
     assert unknown.json() == {"cluster": ["unknown cluster 'north'; this FleetWatch watches "
                                           "east, west"]}
     assert pushed.count() == 2  # nothing stored for it
+    from incidents.models import AuditEntry
+
+    # Accepted pushes are intake (in the access log, and stored as signals), not audited
+    # actions; the refused one is audited.
+    calls = AuditEntry.objects.filter(verb="api.call", target="POST /api/v1/signals/")
+    assert list(calls.values_list("result", flat=True)) == ["400"]
 
 
 def test_pages_and_api_filter_by_cluster(two: dict[str, Any], operator: Any,

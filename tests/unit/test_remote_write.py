@@ -144,6 +144,12 @@ def test_the_endpoint(db: None, operator: Any, viewer: Any,
     assert api.post(url, body, **post).status_code == 204
     assert api.post(url, body, **post).status_code == 204  # the same write again
     assert len(queued) == 1
+    # Accepted writes are intake, not actions: unaudited (they took the audit trail's lock
+    # once per scrape); the refused ones are in the trail.
+    from incidents.models import AuditEntry
+
+    audited = AuditEntry.objects.filter(verb="api.call", target__contains="prometheus/write")
+    assert sorted(audited.values_list("result", flat=True)) == ["400", "400", "403"]
 
 
 def test_a_broker_away_is_a_503_and_the_retry_rings(db: None, operator: Any,
