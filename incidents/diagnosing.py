@@ -21,9 +21,9 @@ from django.utils import timezone
 from collectors import queueing
 from collectors.models import Cluster, Signal
 from incidents import selectors
-from incidents.diagnosis import diagnose
+from incidents.diagnosis import Diagnosis, diagnose
 from incidents.lifecycle import incident_record
-from incidents.models import DiagnosisState, Incident
+from incidents.models import DiagnosisState, Evidence, Incident
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +45,39 @@ def _diagnose_from(cluster_id: int, earliest: datetime) -> list[Incident]:
     window = timedelta(minutes=settings.FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES)
     observations = selectors.observations_between(cluster, earliest - window, timezone.now())
     diagnoses = diagnose(observations, selectors.topology(cluster), selectors.jobs_info(cluster))
+    known = _recorded_already(cluster.pk, diagnoses)
     incidents = []
     for diagnosis in diagnoses:
-        incident, _ = incident_record(cluster.pk, diagnosis)
+        incident = known.get(diagnosis.fingerprint)
+        if incident is None:
+            incident, _ = incident_record(cluster.pk, diagnosis)
         incidents.append(incident)
     return incidents
+
+
+def _recorded_already(cluster_id: int, diagnoses: list[Diagnosis]) -> dict[str, Incident]:
+    """The diagnoses that would change nothing: their incident is open (or just resolved)
+    and already holds all their evidence. Each run re-diagnoses the whole window, so during a
+    storm every run found every incident again and re-recorded it, one transaction under the
+    audit lock each; two queries tell them apart, and only the rest are recorded. The rest
+    go through ``incident_record``, which decides under its locks as before."""
+    if not diagnoses:
+        return {}
+    recent = timezone.now() - timedelta(minutes=settings.FLEETWATCH_DEDUPE_MINUTES)
+    latest: dict[str, Incident] = {}
+    for incident in (Incident.objects.filter(
+            cluster_id=cluster_id, fingerprint__in={d.fingerprint for d in diagnoses})
+            .filter(~Q(status=Incident.Status.RESOLVED) | Q(resolved_at__gte=recent))
+            .order_by("opened_at")):
+        latest[incident.fingerprint] = incident  # the newest wins, as incident_record picks
+    linked: dict[int, set[int]] = {}
+    for incident_id, signal_id in Evidence.objects.filter(
+            incident_id__in=[i.pk for i in latest.values()]).values_list("incident_id",
+                                                                          "signal_id"):
+        linked.setdefault(incident_id, set()).add(signal_id)
+    return {d.fingerprint: latest[d.fingerprint] for d in diagnoses
+            if d.fingerprint in latest
+            and set(d.evidence) <= linked.get(latest[d.fingerprint].pk, set())}
 
 
 # --- coalesced diagnosis ----------------------------------------------------------------------

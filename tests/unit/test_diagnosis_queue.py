@@ -176,3 +176,25 @@ def test_old_per_batch_messages_are_honoured(cluster: Any) -> None:
     tasks.diagnose_signals([stored.pk])
     [incident] = diagnosing.diagnosis_run(cluster.pk)
     assert incident.nodes == ["gpu-004"]
+
+
+def test_a_run_rerecords_only_what_it_would_change(
+        cluster: Any, django_capture_on_commit_callbacks: Any) -> None:
+    """Every run re-diagnoses the whole window: an incident that already holds all of a
+    diagnosis's evidence is not recorded again (no transaction, no audit lock); one with new
+    evidence is extended as before."""
+    with django_capture_on_commit_callbacks():
+        collectors.signals_ingest(cluster, xid("gpu-007"))
+        [first] = diagnosing.diagnosis_run(cluster.pk)
+    linked = first.evidence.count()
+    with mock.patch.object(diagnosing, "incident_record",
+                           wraps=diagnosing.incident_record) as recorded:
+        [again] = diagnosing._diagnose_from(cluster.pk, timezone.now())
+        assert again.pk == first.pk and recorded.call_count == 0
+        # The same fault logged once more: new evidence, so the incident is recorded (and
+        # extended), still one incident.
+        collectors.signals_ingest(cluster, xid("gpu-007"))
+        [extended] = diagnosing._diagnose_from(cluster.pk, timezone.now())
+        assert extended.pk == first.pk and recorded.call_count == 1
+    assert first.evidence.count() > linked
+    assert Incident.objects.count() == 1
