@@ -47,7 +47,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -348,6 +348,13 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         stack.stop()
         connection.close()
 
+    # Where a diagnosis run's time goes, measured here with nothing else running (the stack
+    # is stopped) on the storm's database, each in a transaction rolled back afterwards.
+    profiles = {}
+    if args.profile:
+        profiles["rerun"] = profile_rerun(started - 60)
+        profiles["opening"] = profile_opening(storm_nodes[:args.profile])
+
     index = {node: i for i, node in enumerate(storm_nodes)}
     answer_s = [answered[i] - sent[i] for i in range(n) if answered[i]]
     ingest_s = [ingested[node].timestamp() - sent[index[node]] for node in ingested]
@@ -378,6 +385,7 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "other_rail_held": other_held,
         "audit_entries": {row["verb"]: row["n"] for row in audit_entries},
         "worker_log_tail": stack.log_tail("worker", 10),
+        "profiles": profiles,
     }
 
 
@@ -389,6 +397,97 @@ def _fault_figures(fault: dict[str, Any]) -> dict[str, float | None]:
             "to_first_action_s": since("first_action"), "to_held_s": since("held"),
             "incident_to_first_action_s": since("first_action", "opened"),
             "incident_to_held_s": since("held", "opened")}
+
+
+# --- where a diagnosis run's time goes ---------------------------------------------------
+
+
+def _profile_top(profiler: Any, calls: int, limit: int = 18) -> list[dict[str, Any]]:
+    """The project's functions by cumulative time (per call of what was profiled)."""
+    import pstats
+
+    stats = pstats.Stats(profiler)
+    rows = []
+    for (path, line, name), (_, ncalls, _, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
+        if path.startswith(f"{ROOT}/") and "/.venv/" not in path and "/tests/" not in path:
+            rows.append({"function": f"{Path(path).relative_to(ROOT)}:{line} {name}",
+                         "calls_each": round(ncalls / calls, 1),
+                         "ms_each": round(cumtime * 1000 / calls, 2)})
+    return sorted(rows, key=lambda r: -r["ms_each"])[:limit]
+
+
+def profile_opening(nodes: list[str]) -> dict[str, Any]:
+    """``incident_record`` for a fresh one-node diagnosis on each of ``nodes`` (a GPU memory
+    fault: a new fingerprint, so each opens an incident and its remediation, as the storm's
+    did), after the storm's incidents: cProfile and the SQL statements, per incident."""
+    import cProfile
+
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from collectors.knowledge import RootCause
+    from collectors.models import Cluster
+    from incidents.diagnosis import Diagnosis
+    from incidents.lifecycle import incident_record
+
+    cluster = Cluster.objects.get()
+    diagnoses = [Diagnosis(RootCause.GPU_MEMORY, (node,), 0.95, "", "storm bench profile",
+                           timezone.now()) for node in nodes]
+    profiler = cProfile.Profile()
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        t = time.perf_counter()
+        profiler.enable()
+        for diagnosis in diagnoses:
+            incident_record(cluster.pk, diagnosis)
+        profiler.disable()
+        wall = time.perf_counter() - t
+        transaction.set_rollback(True)
+    return {"incidents": len(nodes), "ms_each": round(wall * 1000 / len(nodes), 2),
+            "queries_each": round(len(queries) / len(nodes), 1),
+            "top": _profile_top(profiler, len(nodes))}
+
+
+def profile_rerun(since: float) -> dict[str, Any]:
+    """A diagnosis run over the storm's window once every incident is open (what each run
+    after the first redoes): reading the window, diagnosing it, recording each diagnosis
+    (which finds its incident and adds nothing)."""
+    import cProfile
+
+    from django.conf import settings
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from collectors.models import Cluster
+    from incidents import selectors
+    from incidents.diagnosis import diagnose
+    from incidents.lifecycle import incident_record
+
+    cluster = Cluster.objects.get()
+    window = timedelta(minutes=settings.FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES)
+    start = datetime.fromtimestamp(since, UTC) - window
+    profiler = cProfile.Profile()
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        t0 = time.perf_counter()
+        observations = selectors.observations_between(cluster, start, timezone.now())
+        t1 = time.perf_counter()
+        diagnoses = diagnose(observations, selectors.topology(cluster),
+                             selectors.jobs_info(cluster))
+        t2 = time.perf_counter()
+        read_queries = len(queries)
+        profiler.enable()
+        for diagnosis in diagnoses:
+            incident_record(cluster.pk, diagnosis)
+        profiler.disable()
+        t3 = time.perf_counter()
+        transaction.set_rollback(True)
+    n = max(1, len(diagnoses))
+    return {"observations": len(observations), "diagnoses": len(diagnoses),
+            "read_ms": round((t1 - t0) * 1000), "diagnose_ms": round((t2 - t1) * 1000),
+            "record_ms": round((t3 - t2) * 1000), "record_ms_each": round((t3 - t2) * 1000 / n, 2),
+            "record_queries_each": round((len(queries) - read_queries) / n, 1),
+            "top": _profile_top(profiler, n, 10)}
 
 
 # --- intake ---------------------------------------------------------------------------------
@@ -554,6 +653,24 @@ def storm_report(r: dict[str, Any], other: dict[str, Any] | None) -> str:
     ]
     if f.get("held_reason"):
         lines += ["", f"Held: {f['held_reason']}"]
+    for name, title in [("opening", "Opening one more incident after the storm's"),
+                        ("rerun", "A diagnosis run over the storm's window, every incident "
+                                  "open")]:
+        p = r.get("profiles", {}).get(name)
+        if not p:
+            continue
+        lines += ["", f"## {title} (in-process, cProfile, rolled back)", ""]
+        if name == "opening":
+            lines.append(f"{p['incidents']} incidents: {p['ms_each']} ms and "
+                         f"{p['queries_each']} SQL statements each.")
+        else:
+            lines.append(f"{p['observations']:,} observations read in {p['read_ms']:,} ms, "
+                         f"diagnosed in {p['diagnose_ms']:,} ms: {p['diagnoses']:,} diagnoses "
+                         f"recorded in {p['record_ms']:,} ms ({p['record_ms_each']} ms and "
+                         f"{p['record_queries_each']} SQL statements each).")
+        lines += ["", "| function | calls each | ms each (cumulative) |", "|---|---:|---:|",
+                  *[f"| `{t['function']}` | {t['calls_each']} | {t['ms_each']} |"
+                    for t in p["top"]]]
     if other is not None:
         lines += ["", f"## Against {other['nodes']:,} nodes", "",
                   "| figure | this run | that run |", "|---|---:|---:|"]
@@ -610,6 +727,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="storm: seconds in, the unrelated fault")
     parser.add_argument("--tokens", choices=["agent", "ingest"], default="agent",
                         help="storm: an agent token per node, or one ingest token for all")
+    parser.add_argument("--profile", type=int, default=50, metavar="K",
+                        help="storm: profile opening K more incidents and one diagnosis run "
+                        "over the window afterwards (0: none)")
     parser.add_argument("--intake", action="store_true", help="the intake rate instead")
     parser.add_argument("--batches", type=int, default=300, help="intake: batches")
     parser.add_argument("--batch-size", type=int, default=100, help="intake: records a batch")
@@ -626,7 +746,7 @@ def main(argv: list[str] | None = None) -> int:
     args.web_workers = args.web_workers or (1 if args.intake else 2)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.intake:
-        r = on_own_database("storm", run_intake, args)
+        r = on_own_database("intake", run_intake, args)
         report = intake_report(r)
         name = f"bench-intake-{args.web_workers}w"
     else:
