@@ -160,8 +160,10 @@ class WaitSampler(threading.Thread):
 def storm_push(base: str, keys: list[str], nodes: list[str], spread: float, clients: int,
                started: float, sent: list[float], answered: list[float],
                errors: list[str]) -> None:
-    """Push node ``i``'s XID 79 at ``started + i * spread / len(nodes)`` (or as soon after as a
-    client thread is free), each its own request; record send and answer times by index."""
+    """Push node ``i``'s XID 79 at ``started + i * spread / len(nodes)``, its due time (or as
+    soon after as a client thread is free: when the server answers slower than the pushes
+    come, they go out late, as a real agent's would wait in the server's listen queue), each
+    its own request; record send and answer times by index."""
     import requests
 
     lock = threading.Lock()
@@ -231,6 +233,7 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     stack = Stack(tmp, sim_state, args.web_workers, args.worker_concurrency)
     sampler = Sampler(queue)
+    waits = WaitSampler()
     fault: dict[str, Any] = {"node": fault_node}
     try:
         _wait(lambda: _get(f"{stack.base}/healthz") == 200, 120, "the web server")
@@ -248,6 +251,7 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         runs_before = sum(DiagnosisState.objects.values_list("runs", flat=True))
         audit_before = AuditEntry.objects.order_by("-id").values_list("id", flat=True).first()
         sampler.start()
+        waits.start()
 
         sent, answered, errors = [0.0] * n, [0.0] * n, []  # type: tuple[list[float], list[float], list[str]]
         started = time.time() + 0.5
@@ -274,7 +278,8 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         # Every storm node's incident, by node: polled until all are there or time is up.
         opened: dict[str, float] = {}
         count_at: dict[str, int] = {}
-        deadline = started + args.max_wait
+        # Pushes that went out late (a slow intake) get a minute after the last one at least.
+        deadline = max(started + args.max_wait, storm_pushed + 60)
         storm_set = set(storm_nodes)
         while time.time() < deadline:
             for nodes, at in Incident.objects.values_list("nodes", "opened_at"):
@@ -329,6 +334,8 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             time.sleep(0.25)
         sampler.stop.set()
         sampler.join(5)
+        waits.stop.set()
+        waits.join(5)
 
         ingested = dict(Signal.objects.filter(node_name__in=storm_nodes, source="kernel",
                                               message=XID79)
@@ -345,6 +352,7 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "verb").annotate(n=Count("id"))
     finally:
         sampler.stop.set()
+        waits.stop.set()
         stack.stop()
         connection.close()
 
@@ -352,11 +360,16 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     # is stopped) on the storm's database, each in a transaction rolled back afterwards.
     profiles = {}
     if args.profile:
-        profiles["rerun"] = profile_rerun(started - 60)
+        profiles["rerun"] = profile_rerun(started - 60, args.profile)
         profiles["opening"] = profile_opening(storm_nodes[:args.profile])
 
     index = {node: i for i, node in enumerate(storm_nodes)}
     answer_s = [answered[i] - sent[i] for i in range(n) if answered[i]]
+    # From when the agent would have sent it (the storm's schedule) to the answer: includes
+    # the time it waited for a free client because the server answered slower than that.
+    due = [started + i * args.spread / n for i in range(n)]
+    due_answer_s = [answered[i] - due[i] for i in range(n) if answered[i]]
+    samples = max(1, waits.samples)
     ingest_s = [ingested[node].timestamp() - sent[index[node]] for node in ingested]
     incident_s = [at - sent[index[node]] for node, at in opened.items()]
     last = max(opened.values()) if opened else None
@@ -369,6 +382,10 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "storm_pushed_s": round(storm_pushed - started, 2),
         "signals_stored": len(ingested),
         "push_answer_s": summary(answer_s), "pushes_over_2s": sum(1 for s in answer_s if s > 2),
+        "due_to_answer_s": summary(due_answer_s),
+        "due_over_2s": sum(1 for s in due_answer_s if s > 2),
+        "signal_due_to_incident_s": summary(
+            [at - due[index[node]] for node, at in opened.items()]),
         "send_to_ingested_s": summary(ingest_s),
         "signal_to_incident_s": summary(incident_s),
         "incidents_within_10s_of_signal": sum(1 for s in incident_s if s <= 10),
@@ -386,6 +403,10 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "audit_entries": {row["verb"]: row["n"] for row in audit_entries},
         "worker_log_tail": stack.log_tail("worker", 10),
         "profiles": profiles,
+        # Mean number of this database's sessions in each state per 50 ms sample.
+        "pg_waits_mean": {what: round(count / samples, 2)
+                          for what, count in waits.waits.most_common()},
+        "pg_waits_max": dict(waits.waiting_max.most_common()),
     }
 
 
@@ -448,10 +469,11 @@ def profile_opening(nodes: list[str]) -> dict[str, Any]:
             "top": _profile_top(profiler, len(nodes))}
 
 
-def profile_rerun(since: float) -> dict[str, Any]:
-    """A diagnosis run over the storm's window once every incident is open (what each run
-    after the first redoes): reading the window, diagnosing it, recording each diagnosis
-    (which finds its incident and adds nothing)."""
+def profile_rerun(since: float, limit: int) -> dict[str, Any]:
+    """A diagnosis run over the storm's window (what each run after the first redoes):
+    reading the window and diagnosing it, then recording up to ``limit`` of the diagnoses
+    whose incident is open already (each finds it and adds nothing; opening is
+    ``profile_opening``'s)."""
     import cProfile
 
     from django.conf import settings
@@ -463,6 +485,7 @@ def profile_rerun(since: float) -> dict[str, Any]:
     from incidents import selectors
     from incidents.diagnosis import diagnose
     from incidents.lifecycle import incident_record
+    from incidents.models import Incident
 
     cluster = Cluster.objects.get()
     window = timedelta(minutes=settings.FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES)
@@ -476,14 +499,17 @@ def profile_rerun(since: float) -> dict[str, Any]:
                              selectors.jobs_info(cluster))
         t2 = time.perf_counter()
         read_queries = len(queries)
+        known = set(Incident.objects.values_list("fingerprint", flat=True))
+        redo = [d for d in diagnoses if d.fingerprint in known][:limit]
         profiler.enable()
-        for diagnosis in diagnoses:
+        for diagnosis in redo:
             incident_record(cluster.pk, diagnosis)
         profiler.disable()
         t3 = time.perf_counter()
         transaction.set_rollback(True)
-    n = max(1, len(diagnoses))
+    n = max(1, len(redo))
     return {"observations": len(observations), "diagnoses": len(diagnoses),
+            "with_incident": len(known & {d.fingerprint for d in diagnoses}), "recorded": len(redo),
             "read_ms": round((t1 - t0) * 1000), "diagnose_ms": round((t2 - t1) * 1000),
             "record_ms": round((t3 - t2) * 1000), "record_ms_each": round((t3 - t2) * 1000 / n, 2),
             "record_queries_each": round((len(queries) - read_queries) / n, 1),
@@ -619,12 +645,15 @@ def storm_report(r: dict[str, Any], other: dict[str, Any] | None) -> str:
         "Seconds; median, p95, min - max, count.", "",
         "| figure | median | p95 | min - max | n |", "|---|---:|---:|---:|---:|",
         _row("push sent -> answered (signal committed)", r["push_answer_s"]),
+        _row("push due (storm schedule) -> answered", r["due_to_answer_s"]),
         _row("push sent -> server's ingested_at", r["send_to_ingested_s"]),
         _row("push sent -> its node's incident opened", r["signal_to_incident_s"]),
+        _row("push due -> its node's incident opened", r["signal_due_to_incident_s"]),
         "", "| figure | value |", "|---|---:|",
         f"| signals stored / pushed | {r['signals_stored']:,} / {r['nodes']:,} "
         f"({r['pushes_failed']} pushes failed) |",
-        f"| pushes answered after more than 2 s | {r['pushes_over_2s']:,} |",
+        f"| pushes answered more than 2 s after sent / after due | {r['pushes_over_2s']:,} / "
+        f"{r['due_over_2s']:,} |",
         f"| incidents opened within 10 s of their signal | "
         f"{r['incidents_within_10s_of_signal']:,} of {r['nodes']:,} |",
         f"| storm incidents 10 s after the storm began / at the end | "
@@ -653,6 +682,11 @@ def storm_report(r: dict[str, Any], other: dict[str, Any] | None) -> str:
     ]
     if f.get("held_reason"):
         lines += ["", f"Held: {f['held_reason']}"]
+    lines += ["", "What this database's active sessions were doing during the storm "
+              "(pg_stat_activity every 50 ms; mean sessions per sample, max):", "",
+              "| state | mean | max |", "|---|---:|---:|",
+              *[f"| {what} | {mean} | {r['pg_waits_max'].get(what, 0)} |"
+                for what, mean in r["pg_waits_mean"].items()]]
     for name, title in [("opening", "Opening one more incident after the storm's"),
                         ("rerun", "A diagnosis run over the storm's window, every incident "
                                   "open")]:
@@ -665,9 +699,11 @@ def storm_report(r: dict[str, Any], other: dict[str, Any] | None) -> str:
                          f"{p['queries_each']} SQL statements each.")
         else:
             lines.append(f"{p['observations']:,} observations read in {p['read_ms']:,} ms, "
-                         f"diagnosed in {p['diagnose_ms']:,} ms: {p['diagnoses']:,} diagnoses "
-                         f"recorded in {p['record_ms']:,} ms ({p['record_ms_each']} ms and "
-                         f"{p['record_queries_each']} SQL statements each).")
+                         f"diagnosed in {p['diagnose_ms']:,} ms: {p['diagnoses']:,} diagnoses, "
+                         f"{p['with_incident']:,} with an incident open already; "
+                         f"{p['recorded']:,} of those recorded again in {p['record_ms']:,} ms "
+                         f"({p['record_ms_each']} ms and {p['record_queries_each']} SQL "
+                         "statements each), as every run redoes for every one.")
         lines += ["", "| function | calls each | ms each (cumulative) |", "|---|---:|---:|",
                   *[f"| `{t['function']}` | {t['calls_each']} | {t['ms_each']} |"
                     for t in p["top"]]]
