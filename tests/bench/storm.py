@@ -134,6 +134,15 @@ class WaitSampler(threading.Thread):
         self.samples = 0
         self.waiting_max: Counter[str] = Counter()
 
+    @staticmethod
+    def _lock_name(key: int) -> str:
+        from incidents.audit import AUDIT_LOCK_KEY
+        from incidents.remediation.policy import POLICY_LOCK_KEY
+
+        unsigned = {AUDIT_LOCK_KEY % 2**64: "the audit trail's", POLICY_LOCK_KEY % 2**64:
+                    "the policy's"}
+        return unsigned.get(key % 2**64, f"key {key}")
+
     def run(self) -> None:
         from django.db import connection
 
@@ -146,6 +155,16 @@ class WaitSampler(threading.Thread):
                         "WHERE datname = current_database() AND state = 'active' "
                         "AND pid <> pg_backend_pid() GROUP BY 1")
                     rows = cursor.fetchall()
+                    # Which advisory lock they queue for: the audit trail's or the policy's
+                    # (pg_locks splits the bigint key into classid, the high 32 bits, and
+                    # objid, the low ones).
+                    cursor.execute(
+                        "SELECT classid::bigint * 4294967296 + objid::bigint, count(*) "
+                        "FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                        "AND database = (SELECT oid FROM pg_database "
+                        "WHERE datname = current_database()) GROUP BY 1")
+                    rows += [(f"Lock/advisory: {self._lock_name(key)} lock", n)
+                             for key, n in cursor.fetchall()]
                 self.samples += 1
                 for what, n in rows:
                     self.waits[what] += n
