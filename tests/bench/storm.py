@@ -117,6 +117,10 @@ class Stack:
         for proc in self.procs:
             stop_process_group(proc)
 
+    def log_count(self, name: str, text: str) -> int:
+        path = self.logs / f"{name}.log"
+        return path.read_text(errors="replace").count(text) if path.exists() else 0
+
     def log_tail(self, name: str, lines: int = 20) -> list[str]:
         path = self.logs / f"{name}.log"
         return path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else []
@@ -421,6 +425,9 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "other_rail_held": other_held,
         "audit_entries": {row["verb"]: row["n"] for row in audit_entries},
         "worker_log_tail": stack.log_tail("worker", 10),
+        # Runs killed at the soft time limit are not counted in DiagnosisState.runs.
+        "diagnosis_time_limits": stack.log_count("worker", "raised unexpected: "
+                                                 "SoftTimeLimitExceeded"),
         "profiles": profiles,
         # Mean number of this database's sessions in each state per 50 ms sample.
         "pg_waits_mean": {what: round(count / samples, 2)
@@ -683,6 +690,8 @@ def storm_report(r: dict[str, Any], other: dict[str, Any] | None) -> str:
         f"| diagnosis runs during the storm / longest run | {r['diagnosis_runs']:,} / "
         f"{r['diagnosis_run_ms_max']:,} ms |",
         f"| diagnose queue depth, max | {r['diagnose_queue_max']} |",
+        f"| diagnosis runs killed at the soft time limit (not counted above) | "
+        f"{r.get('diagnosis_time_limits', '-')} |",
         "| diagnosis caught up after | "
         + (f"{r['diagnosis_caught_up_after_s']:.1f} s |"
            if r["diagnosis_caught_up_after_s"] is not None else "not within the wait |"),
