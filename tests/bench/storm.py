@@ -812,7 +812,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.intake:
         r = on_own_database("intake", run_intake, args)
         report = intake_report(r)
-        name = f"bench-intake-{args.web_workers}w"
+        name = f"bench-intake-{args.web_workers}w" + (
+            f"-batch{args.batch_size}" if args.batch_size != 100 else "")
     else:
         r = on_own_database("storm", run_storm, args)
         other_n = 5000 if args.nodes != 5000 else 500
