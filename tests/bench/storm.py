@@ -322,7 +322,8 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
         # The unrelated fault's first action or hold (steps run on the remediate queue).
         first_action = held = None
-        incident = Incident.objects.filter(pk=fault.get("fault_incident")).first()
+        fault_id: int = fault.get("fault_incident", 0)  # 0: no such row
+        incident = Incident.objects.filter(pk=fault_id).first()
         if incident is not None:
             fault["opened"] = incident.opened_at.timestamp()
             fault["root_cause"] = incident.root_cause
@@ -364,7 +365,7 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                                               message=XID79)
                         .values_list("node_name", "ingested_at"))
         state = DiagnosisState.objects.get()
-        storm_incidents = Incident.objects.exclude(pk=fault.get("fault_incident"))
+        storm_incidents = Incident.objects.exclude(pk=fault_id)
         remediations = dict(Remediation.objects.filter(incident__in=storm_incidents)
                             .values_list("status").annotate(n=Count("id")))
         brake_held = Remediation.objects.filter(incident__in=storm_incidents,
