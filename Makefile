@@ -43,6 +43,7 @@ bench: install
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.collectors --out reports
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.pages --out reports
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.burst --out reports $(BURST_ARGS)
+	VENV=$(VENV) tests/harness/with-services.sh sh -c '$(BIN)/python -m tests.bench.storm --nodes 500 --out reports && $(BIN)/python -m tests.bench.storm --nodes 5000 --out reports && $(BIN)/python -m tests.bench.storm --intake --out reports'
 	# A kernel XID line through the real node agent (root: it writes to /dev/kmsg).
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.agent --out reports
 	# Hostile requests at every endpoint and page, on SQLite and PostgreSQL; fails on any 5xx.
