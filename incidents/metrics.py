@@ -175,11 +175,14 @@ class IncidentsCollector:
         engaged = GaugeMetricFamily(
             "fleetwatch_storm_brake_engaged",
             "1 when the storm brake holds a new incident's automation in the cluster for a "
-            "person, else 0.", labels=["cluster"])
+            "person (for one root cause at least: it counts each on its own), else 0.",
+            labels=["cluster"])
         for pk, name in Cluster.objects.values_list("pk", "name").order_by("name"):
-            count = policy.storm_count(pk)
-            window.add_metric([name], count)
-            engaged.add_metric([name], 1 if policy.storm_brake_on(count) else 0)
+            by_cause = policy.storm_by_cause(pk)
+            window.add_metric([name], sum(by_cause.values()))
+            # The brake holds each root cause on its own count: engaged when it holds any.
+            engaged.add_metric([name], 1 if policy.storm_brake_on(max(by_cause.values(),
+                                                                       default=0)) else 0)
         yield from (window, limit, engaged)
 
     def _deliveries(self) -> Iterator[Metric]:

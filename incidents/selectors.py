@@ -414,8 +414,9 @@ def policy_overview() -> dict[str, Any]:
              "FLEETWATCH_BUDGET_MAX_NODES"),
             ("Fleet budget: share of a pool or leaf switch",
              f"{settings.FLEETWATCH_BUDGET_MAX_PERCENT:g}%", "FLEETWATCH_BUDGET_MAX_PERCENT"),
-            ("Storm brake: incidents", f"more than {settings.FLEETWATCH_STORM_INCIDENTS} in "
-             f"{settings.FLEETWATCH_STORM_MINUTES} min pause automation",
+            ("Storm brake: incidents", f"more than {settings.FLEETWATCH_STORM_INCIDENTS} of one "
+             f"root cause in {settings.FLEETWATCH_STORM_MINUTES} min pause that cause's "
+             "automation",
              "FLEETWATCH_STORM_INCIDENTS, FLEETWATCH_STORM_MINUTES"),
             ("Cooldown after a repair", f"{settings.FLEETWATCH_COOLDOWN_MINUTES} min",
              "FLEETWATCH_COOLDOWN_MINUTES"),

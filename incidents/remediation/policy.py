@@ -5,8 +5,10 @@ Read by ``transitions.remediation_open`` and on approval. The rails, in the orde
 - one remediation per node at a time (a second one for a busy node waits);
 - a node remediated FLEETWATCH_RMA_AFTER times in a week is escalated for RMA, not repaired again;
 - a node repaired less than FLEETWATCH_COOLDOWN_MINUTES ago waits for a person;
-- the storm brake: more than FLEETWATCH_STORM_INCIDENTS new incidents in
-  FLEETWATCH_STORM_MINUTES pause automation;
+- the storm brake: more than FLEETWATCH_STORM_INCIDENTS new incidents of one root cause in
+  FLEETWATCH_STORM_MINUTES pause automation of that cause (a storm is one event with one
+  signature: a driver rollout's XIDs on 500 nodes hold each other, not a memory fault on
+  another node meanwhile, which the fleet budget below still bounds);
 - the fleet budget: at most FLEETWATCH_BUDGET_MAX_NODES nodes, and FLEETWATCH_BUDGET_MAX_PERCENT
   of a node pool or a leaf switch, in remediation at once.
 A rail never refuses outright: it holds the remediation for a person's approval and says why.
@@ -22,7 +24,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Avg, DurationField, F, Q
+from django.db.models import Avg, Count, DurationField, F, Q, QuerySet
 from django.utils import timezone
 
 from collectors.knowledge.causes import RISKS, RootCause
@@ -201,12 +203,13 @@ def hold_reason(incident: Incident, nodes: list[str], *, automatic: bool,
         return (f"cooldown: {', '.join(nodes)} was remediated {len(recent)} time(s) in the "
                 f"last {settings.FLEETWATCH_COOLDOWN_MINUTES} min "
                 "(FLEETWATCH_COOLDOWN_MINUTES); a person decides on a repeat")
-    storm = storm_count(incident.cluster_id, exclude=incident.pk)
+    storm = storm_count(incident.cluster_id, exclude=incident.pk,
+                        root_cause=incident.root_cause)
     if storm_brake_on(storm):
         return (f"storm brake: {storm + 1} incidents opened in the last "
                 f"{settings.FLEETWATCH_STORM_MINUTES} min in this cluster (more than "
-                f"{settings.FLEETWATCH_STORM_INCIDENTS}); automation paused until a person "
-                "looks")
+                f"{settings.FLEETWATCH_STORM_INCIDENTS} {incident.root_cause} incidents); "
+                "automation of them paused until a person looks")
     return budget_exceeded(incident.cluster_id, nodes) if budgeted else ""
 
 
@@ -217,12 +220,28 @@ def storm_brake_on(storm: int) -> bool:
     return storm >= settings.FLEETWATCH_STORM_INCIDENTS
 
 
-def storm_count(cluster_id: int, exclude: int | None = None) -> int:
-    """Incidents opened in the cluster in the storm window (application errors aside)."""
+def _storm_window(cluster_id: int) -> QuerySet[Incident]:
     since = timezone.now() - timedelta(minutes=settings.FLEETWATCH_STORM_MINUTES)
+    return Incident.objects.filter(opened_at__gte=since, cluster_id=cluster_id).exclude(
+        root_cause=RootCause.APPLICATION_ERROR)
+
+
+def storm_count(cluster_id: int, exclude: int | None = None,
+                root_cause: str | None = None) -> int:
+    """Incidents opened in the cluster in the storm window (application errors aside), of
+    one root cause or of all."""
+    rows = _storm_window(cluster_id)
+    if root_cause is not None:
+        rows = rows.filter(root_cause=root_cause)
     # exclude=None: pk IS NULL, which excludes nothing (the stubs want an id).
-    return Incident.objects.filter(opened_at__gte=since, cluster_id=cluster_id).exclude(pk=exclude).exclude(  # type: ignore[misc]
-        root_cause=RootCause.APPLICATION_ERROR).count()
+    return rows.exclude(pk=exclude).count()  # type: ignore[misc]
+
+
+def storm_by_cause(cluster_id: int) -> dict[str, int]:
+    """The storm window's incidents per root cause: the brake is on for a cause at
+    ``storm_brake_on`` of its count."""
+    return dict(_storm_window(cluster_id).values_list("root_cause").annotate(n=Count("pk"))
+                .order_by())
 
 
 def nodes_in_remediation(cluster_id: int) -> set[str]:

@@ -88,7 +88,7 @@ def test_pushes_during_a_run_add_nothing_to_the_queue_and_the_run_queues_the_nex
     real = diagnosing._diagnose_from
     during: list[list[Callable[[], Any]]] = []
 
-    def with_pushes_meanwhile(cluster_id: int, earliest: Any) -> list[Incident]:
+    def with_pushes_meanwhile(cluster_id: int, earliest: Any) -> tuple[list[Incident], bool]:
         # While this run reads its window, other pushes arrive, the XID among them.
         with django_capture_on_commit_callbacks() as queued:
             collectors.signals_ingest(cluster, telemetry("gpu-002", 10))
@@ -189,12 +189,40 @@ def test_a_run_rerecords_only_what_it_would_change(
     linked = first.evidence.count()
     with mock.patch.object(diagnosing, "incident_record",
                            wraps=diagnosing.incident_record) as recorded:
-        [again] = diagnosing._diagnose_from(cluster.pk, timezone.now())
+        [again], _ = diagnosing._diagnose_from(cluster.pk, timezone.now())
         assert again.pk == first.pk and recorded.call_count == 0
         # The same fault logged once more: new evidence, so the incident is recorded (and
         # extended), still one incident.
         collectors.signals_ingest(cluster, xid("gpu-007"))
-        [extended] = diagnosing._diagnose_from(cluster.pk, timezone.now())
+        [extended], _ = diagnosing._diagnose_from(cluster.pk, timezone.now())
         assert extended.pk == first.pk and recorded.call_count == 1
     assert first.evidence.count() > linked
     assert Incident.objects.count() == 1
+
+
+XID48 = "NVRM: Xid (PCI:0000:3b:00): 48, pid=1911, name=python, An uncorrectable double bit error"
+
+
+def test_a_run_out_of_budget_hands_the_rest_on_the_rarest_kind_first(
+        cluster: Any, django_capture_on_commit_callbacks: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A storm of one fault: a run records new incidents for at most RECORD_BUDGET_S, the
+    rarest kind first, and queues the next run for the rest; nothing is lost."""
+    monkeypatch.setattr(diagnosing, "RECORD_BUDGET_S", 0.0)  # one incident per run
+    for node in ("gpu-001", "gpu-002", "gpu-003"):
+        collectors.signals_ingest(cluster, xid(node))
+    collectors.signals_ingest(cluster, [{"at": timezone.now().isoformat(), "source": "kernel",
+                                         "node": "gpu-011", "message": XID48}])
+    with django_capture_on_commit_callbacks() as queued:
+        [first] = diagnosing.diagnosis_run(cluster.pk)
+    # The one of a kind before the storm's three, and the next run queued for the rest.
+    assert first.nodes == ["gpu-011"] and first.root_cause != "gpu_hardware"
+    assert diagnoses_queued(queued) == 1 and state(cluster).pending_since is not None
+    runs = 1
+    while state(cluster).pending_since is not None:
+        diagnosing.diagnosis_run(cluster.pk)
+        runs += 1
+        assert runs < 10
+    assert runs == 4  # one new incident each
+    assert sorted(n for i in Incident.objects.all() for n in i.nodes) == [
+        "gpu-001", "gpu-002", "gpu-003", "gpu-011"]

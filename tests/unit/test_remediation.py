@@ -746,3 +746,20 @@ def test_a_reboot_requests_time_counts_towards_the_replace_phase(cluster: Any) -
     phases = phase_durations(incident, rem, NOW + timedelta(minutes=2))
     assert phases["reboot_request"] == phases["replace"] == 60.0
     assert phases["drain"] == 10.0
+
+
+def test_the_storm_brake_holds_the_storms_cause_not_another_fault(
+        cluster: Any, settings: Any, django_capture_on_commit_callbacks: Any) -> None:
+    """A storm is one event: its incidents hold each other's automation, and a fault of
+    another cause meanwhile is still repaired (the fleet budget bounds it as any)."""
+    settings.FLEETWATCH_STORM_INCIDENTS, settings.FLEETWATCH_STORM_MINUTES = 3, 10
+    settings.FLEETWATCH_BUDGET_MAX_PERCENT = 100
+    storm = [open_incident(cluster, diag("thermal", (f"gpu-0{n:02d}",)),
+                           django_capture_on_commit_callbacks).remediations.get()
+             for n in range(1, 6)]
+    assert [r.status for r in storm] == ["running"] * 3 + ["awaiting_approval"] * 2
+    assert "more than 3 thermal incidents" in storm[4].hold_reason
+    other = open_incident(cluster, diag("gpu_hardware", ("gpu-012",)),
+                          django_capture_on_commit_callbacks).remediations.get()
+    assert (other.status, other.hold_reason) == ("running", "")
+    assert policy.storm_by_cause(cluster.pk) == {"thermal": 5, "gpu_hardware": 1}
