@@ -9,7 +9,8 @@ by every profile. Each profile then gets, one after another:
   alert rule on the XID field (``DCGM_FI_DEV_XID_ERRORS > 0``), and Debian's
   ``prometheus-alertmanager`` grouping per GPU and routing to a webhook receiver run here;
 - FleetWatch at its default settings (``FLEETWATCH_FLEET=real``, a Celery worker with beat on
-  Redis, PostgreSQL in a database of its own) reading that same Prometheus and that Slurm.
+  Redis, PostgreSQL in a database of its own) reading that same Prometheus and that Slurm
+  (and the Kubernetes test server, tests/harness/k8s_server.py, as a real fleet has one).
 
 Profiles of the peer (what a team gets by default, what it usually sets, the tightest usual):
 
@@ -201,7 +202,8 @@ def rule_file(root: Path, profile: Profile) -> Path:
 # --- FleetWatch -------------------------------------------------------------------------------
 
 
-def fleetwatch_env(tmp: Path, cluster: str, prometheus: str, slurm: Any) -> dict[str, str]:
+def fleetwatch_env(tmp: Path, cluster: str, prometheus: str, slurm: Any,
+                   kubeconfig: Path) -> dict[str, str]:
     """What an operator sets for FleetWatch on this Slurm and Prometheus: nothing about
     timing, so every interval is FleetWatch's default."""
     env = {k: v for k, v in os.environ.items()
@@ -210,8 +212,7 @@ def fleetwatch_env(tmp: Path, cluster: str, prometheus: str, slurm: Any) -> dict
         "FLEETWATCH_DATA_DIR": str(tmp / "data"),
         "FLEETWATCH_FLEET": "real",
         "FLEETWATCH_CLUSTER": cluster,
-        # No Kubernetes here: Slurm for the nodes and the drain, Prometheus for the GPUs.
-        "FLEETWATCH_SOURCES": "slurm,telemetry",
+        "FLEETWATCH_KUBECONFIG": str(kubeconfig),
         "FLEETWATCH_SLURM_CONF": slurm.env["SLURM_CONF"],
         "FLEETWATCH_SLURM_BIN_DIR": slurm.bin_dir or "",
         "FLEETWATCH_PROMETHEUS_URL": prometheus,
@@ -314,7 +315,8 @@ def _wait_or_none(predicate: Any, timeout: float) -> Any:
 
 
 def run_profile(profile: Profile, nodes: list[str], fleet_size: int, tmp: Path, fleet: Any,
-                exporter: str, slurm: Any, remote_write: bool) -> dict[str, Any]:
+                exporter: str, slurm: Any, kubeconfig: Path,
+                remote_write: bool) -> dict[str, Any]:
     """``nodes``: one per run, each to get its XID."""
     from collectors.models import Gpu, SourceHealth
     from tests.harness.processes import stop_process_group
@@ -322,7 +324,7 @@ def run_profile(profile: Profile, nodes: list[str], fleet_size: int, tmp: Path, 
 
     root = tmp / profile.name
     cluster = f"peer-{profile.name}"
-    env = fleetwatch_env(root, cluster, "", slurm)
+    env = fleetwatch_env(root, cluster, "", slurm, kubeconfig)
     procs: list[subprocess.Popen[bytes]] = []
     extra: dict[str, Any] = {}
     base = ""
@@ -383,6 +385,11 @@ def run_profile(profile: Profile, nodes: list[str], fleet_size: int, tmp: Path, 
                           f"peer {r['peer_webhook']:.2f} s, FleetWatch incident "
                           f"{r['incident']:.2f} s, first action {r['first_action']:.2f} s "
                           f"({r['first_action_verb']}), drain {r['drain']:.2f} s", flush=True)
+        except SystemExit:
+            # A bench that gives up says why: the last of each FleetWatch process's log.
+            for log in sorted(logs.glob("*.log")):
+                print(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}", flush=True)
+            raise
         finally:
             for proc in procs:
                 stop_process_group(proc)
@@ -429,6 +436,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     from collectors.sim.exporter import SimExporter
     from collectors.sim.fleet import SimFleet
+    from tests.harness.k8s_server import K8sTestServer
     from tests.harness.slurm_cluster import SlurmCluster, missing_binaries
 
     missing = missing_binaries()
@@ -450,6 +458,12 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     exporter = SimExporter(fleet.path, 1.0)
     address = f"127.0.0.1:{exporter.start()}"
     slurm = SlurmCluster(tmp / "slurm", names, leaves, kill_wait=2)
+    # FleetWatch on a real fleet reads Kubernetes too: the harness's API server, the nodes in
+    # the gpu pool.
+    k8s = K8sTestServer({"nodes": [{"name": n, "labels": {"fleetwatch.io/pool": "gpu"}}
+                                   for n in names]},
+                        kubeconfig_path=tmp / "kubeconfig.yaml", bookmark_interval=0.5)
+    k8s.start()
     started = time.time()
     results = {}
     try:
@@ -460,13 +474,14 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             runs = args.runs_for[name]
             used = names[offset:offset + runs]
             results[name] = run_profile(PROFILES[name], used, len(names), tmp, fleet, address,
-                                        slurm, args.remote_write)
+                                        slurm, k8s.kubeconfig_path, args.remote_write)
             offset += runs
             # The next profile starts on a fleet without faults: its FleetWatch and its peer
             # would otherwise open incidents and fire alerts for these nodes while it runs.
             repair(fleet, slurm, used)
     finally:
         slurm.stop()
+        k8s.stop()
         exporter.stop()
         connection.close()
     return {"profiles": results, "wall_s": round(time.time() - started, 1),
