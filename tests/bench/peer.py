@@ -49,6 +49,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -244,8 +246,20 @@ def ingest_token(name: str) -> str:
 # --- one profile ------------------------------------------------------------------------------
 
 
+def first_scrape(prometheus: str, node: str, gpu: int, after: float) -> float | None:
+    """When Prometheus first scraped the XID (the sample's timestamp), from its raw samples:
+    what both sides wait for before anything else."""
+    selector = f'DCGM_FI_DEV_XID_ERRORS{{Hostname="{node}",gpu="{gpu}"}}[15m]'
+    url = f"{prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": selector})
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        result = json.load(answer)["data"]["result"]
+    stamps = [float(t) for series in result for t, v in series["values"]
+              if float(v) > 0 and float(t) >= after - 1]
+    return min(stamps) if stamps else None
+
+
 def one_run(run_no: int, node: str, profile: Profile, cluster: str, fleet: Any,
-            webhook: WebhookReceiver, slurm: Any) -> dict[str, Any]:
+            webhook: WebhookReceiver, slurm: Any, prometheus: str) -> dict[str, Any]:
     from collectors.sim import fleet as sim
     from incidents.models import AuditEntry, Incident
 
@@ -278,10 +292,12 @@ def one_run(run_no: int, node: str, profile: Profile, cluster: str, fleet: Any,
               f"{webhook.arrival(node, gpu)})", flush=True)
         return {"node": node, "gpu": gpu, "complete": False}
     state_now = slurm.node_states().get(node, "")
+    scraped = first_scrape(prometheus, node, gpu, injected)
     first_action = got["first"].at.timestamp() - injected
     peer_s = got["peer"] - injected
     return {
         "node": node, "gpu": gpu, "complete": True,
+        "scraped": round(scraped - injected, 3) if scraped is not None else None,
         "peer_webhook": round(peer_s, 3),
         "incident": round(got["incident"].opened_at.timestamp() - injected, 3),
         "first_action": round(first_action, 3),
@@ -378,11 +394,13 @@ def run_profile(profile: Profile, nodes: list[str], fleet_size: int, tmp: Path, 
             results = []
             runs = len(nodes)
             for run_no, node in enumerate(nodes):
-                results.append(one_run(run_no, node, profile, cluster, fleet, webhook, slurm))
+                results.append(one_run(run_no, node, profile, cluster, fleet, webhook, slurm,
+                                       prometheus.url))
                 r = results[-1]
                 if r["complete"]:
                     print(f"{profile.name} run {run_no + 1}/{runs} {node} GPU {r['gpu']}: "
-                          f"peer {r['peer_webhook']:.2f} s, FleetWatch incident "
+                          f"scraped {r['scraped']} s, peer {r['peer_webhook']:.2f} s, "
+                          f"FleetWatch incident "
                           f"{r['incident']:.2f} s, first action {r['first_action']:.2f} s "
                           f"({r['first_action_verb']}), drain {r['drain']:.2f} s", flush=True)
         except SystemExit:
@@ -408,7 +426,7 @@ def summary(values: list[float]) -> dict[str, float] | None:
             "min": round(ordered[0], 3), "max": round(ordered[-1], 3)}
 
 
-MEASURES = ("peer_webhook", "incident", "first_action", "drain", "ratio")
+MEASURES = ("scraped", "peer_webhook", "incident", "first_action", "drain", "ratio")
 
 
 def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -512,6 +530,7 @@ def report(r: dict[str, Any]) -> str:
             f"group_wait {prof['group_wait_s']} s", "",
             f"{p['complete']} of {p['runs']} runs complete.", "",
             "| measure | median | p95 | min-max |", "|---|---:|---:|---:|",
+            f"| Prometheus scraped the XID (both sides wait for it) {_fmt(p['scraped'])}",
             f"| peer: Alertmanager webhook {_fmt(p['peer_webhook'])}",
             f"| FleetWatch: incident opened {_fmt(p['incident'])}",
             f"| FleetWatch: first action {_fmt(p['first_action'])}",
