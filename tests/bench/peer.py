@@ -18,8 +18,11 @@ Profiles of the peer (what a team gets by default, what it usually sets, the tig
 - usual: scrape and evaluation every 15s, ``for: 1m``, group_wait 30s;
 - tight: scrape and evaluation every 5s, no ``for``, group_wait 0s.
 
-Each run sleeps a random share of the scrape interval (so the injection's phase against the
-scrapes is sampled, not fixed), injects XID 79 on one GPU of a node no earlier run touched
+Phase luck is sampled, not fixed: every run starts FleetWatch's worker afresh at a random
+moment (its collections tick from when its beat started), reloads Prometheus with a rule
+group of a new name (Prometheus evaluates a group at an offset it derives from the group's
+name), and sleeps a random share of the scrape interval before it injects. Each run then
+injects XID 79 on one GPU of a node no earlier run touched
 (each run a fresh fault, a fresh Alertmanager group and a fresh FleetWatch incident), and
 measures from the moment the exporter's state holds it:
 
@@ -188,12 +191,12 @@ def alertmanager(root: Path, profile: Profile, webhook: str) -> Iterator[str]:
         stop_process_group(proc)
 
 
-def rule_file(root: Path, profile: Profile) -> Path:
+def rule_file(root: Path, profile: Profile, group: str = "gpu") -> Path:
     """The peer's alert: any XID on a GPU, one alert per GPU (its labels carry Hostname and
     gpu from the exporter)."""
     path = root / "rules.yml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"groups": [{"name": "gpu", "rules": [{
+    path.write_text(json.dumps({"groups": [{"name": group, "rules": [{
         "alert": "GpuXidError", "expr": "DCGM_FI_DEV_XID_ERRORS > 0",
         "for": f"{profile.for_s}s", "labels": {"severity": "critical"},
         "annotations": {"summary": "XID {{ $value }} on {{ $labels.Hostname }} GPU "
@@ -233,6 +236,28 @@ def start(cmd: list[str], env: Mapping[str, str], log: Path) -> subprocess.Popen
     with log.open("wb") as out:
         return subprocess.Popen(cmd, cwd=ROOT, env=dict(env), stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def start_worker(env: Mapping[str, str], root: Path, log: Path) -> subprocess.Popen[bytes]:
+    """A Celery worker with beat, as deployed (every queue, default concurrency)."""
+    return start([sys.executable, "-m", "celery", "-A", "fleetwatch", "worker", "-B",
+                  "-Q", "collect,diagnose,remediate,default", "--loglevel", "WARNING",
+                  "-s", str(root / "beat-schedule")], env, log)
+
+
+def wait_collected(cluster: str, fleet_size: int, since: float, profile: Profile) -> None:
+    """Until a worker started at ``since`` has collected: every node from Slurm, every GPU
+    from Prometheus (the defaults profile's first scrape may take its whole minute), and a
+    telemetry run of its own done."""
+    from datetime import UTC, datetime
+
+    from collectors.models import CollectorRun, Gpu
+
+    after = datetime.fromtimestamp(since, tz=UTC)
+    _wait(lambda: Gpu.objects.filter(node__cluster__name=cluster).count() >= 8 * fleet_size
+          and CollectorRun.objects.filter(cluster__name=cluster, source="telemetry", ok=True,
+                                          started_at__gt=after).exists(),
+          max(120, 3 * profile.scrape_s), f"FleetWatch's collection ({cluster})")
 
 
 def ingest_token(name: str) -> str:
@@ -334,7 +359,8 @@ def run_profile(profile: Profile, nodes: list[str], fleet_size: int, tmp: Path, 
                 exporter: str, slurm: Any, kubeconfig: Path,
                 remote_write: bool) -> dict[str, Any]:
     """``nodes``: one per run, each to get its XID."""
-    from collectors.models import Gpu, SourceHealth
+    from django.conf import settings
+
     from tests.harness.processes import stop_process_group
     from tests.harness.prometheus import PrometheusServer, ScrapeTarget
 
@@ -345,6 +371,8 @@ def run_profile(profile: Profile, nodes: list[str], fleet_size: int, tmp: Path, 
     extra: dict[str, Any] = {}
     base = ""
     python = sys.executable
+    # FleetWatch's own default (the bench sets none): its collection phase is sampled over it.
+    collect_interval = float(settings.FLEETWATCH_COLLECT_INTERVAL)
     logs = root / "logs"
     logs.mkdir(parents=True)
     if remote_write:
@@ -381,19 +409,26 @@ def run_profile(profile: Profile, nodes: list[str], fleet_size: int, tmp: Path, 
         try:
             if remote_write:
                 _wait(lambda: _get(f"{base}/healthz") == 200, 90, "FleetWatch's web server")
-            procs.append(start(
-                [python, "-m", "celery", "-A", "fleetwatch", "worker", "-B",
-                 "-Q", "collect,diagnose,remediate,default", "--loglevel", "WARNING",
-                 "-s", str(root / "beat-schedule")], env, logs / "worker.log"))
-            # Ready: every node from Slurm and every GPU from Prometheus (the first scrape
-            # of the defaults profile may take its whole minute).
-            _wait(lambda: Gpu.objects.filter(node__cluster__name=cluster).count()
-                  >= 8 * fleet_size and SourceHealth.objects.filter(
-                      cluster__name=cluster, name="telemetry", healthy=True).exists(),
-                  max(120, 3 * profile.scrape_s), f"FleetWatch's first collection ({cluster})")
             results = []
             runs = len(nodes)
+            worker: subprocess.Popen[bytes] | None = None
             for run_no, node in enumerate(nodes):
+                # Every clock here ticks at a fixed period: Prometheus's scrapes and rule
+                # evaluations at offsets it derives from hashes of the target and of the rule
+                # group, FleetWatch's collections from when its beat started. Left alone,
+                # each profile would measure one phase of each, whatever the injection's
+                # moment. So each run gets a rule group of its own name (a new evaluation
+                # phase) and a FleetWatch worker started at a random moment (a new
+                # collection phase), as a team's own deployment would have.
+                rule_file(root / "prometheus", profile, f"gpu-run-{run_no + 1}")
+                prometheus.reload()
+                if worker is not None:
+                    stop_process_group(worker)
+                    procs.remove(worker)
+                time.sleep(random.uniform(0, collect_interval))
+                worker = start_worker(env, root, logs / f"worker-{run_no + 1}.log")
+                procs.append(worker)
+                wait_collected(cluster, fleet_size, time.time(), profile)
                 results.append(one_run(run_no, node, profile, cluster, fleet, webhook, slurm,
                                        prometheus.url))
                 r = results[-1]
@@ -518,7 +553,9 @@ def report(r: dict[str, Any]) -> str:
     lines = [
         "# FleetWatch side by side with Prometheus + Alertmanager", "",
         f"XID {r['xid']} injected into the simulated dcgm-exporter's state, one fresh node and "
-        "GPU per run at a random phase of the scrape interval; both sides read the same "
+        "GPU per run at a random phase of the scrape interval, FleetWatch's worker started "
+        "afresh and the peer's rule group renamed per run (so their phases against the scrapes "
+        "are sampled too); both sides read the same "
         "Prometheus (the profile's scrape interval) and FleetWatch drains on a real Slurm "
         f"(22.05). FleetWatch at its default settings, {path}. Seconds from the injection; "
         "ratio = peer webhook / FleetWatch first action (per run).", "",
