@@ -376,14 +376,10 @@ def run_profile(profile: Profile, nodes: list[str], fleet_size: int, tmp: Path, 
     logs = root / "logs"
     logs.mkdir(parents=True)
     if remote_write:
-        # FleetWatch's web takes the remote writes: gunicorn with the production config.
+        # FleetWatch's web takes the remote writes (started below, once Prometheus's address,
+        # which its settings need, is known).
         port = _free_port()
         base = f"http://127.0.0.1:{port}"
-        gunicorn = Path(python).parent / "gunicorn"
-        web = [str(gunicorn)] if gunicorn.exists() else [python, "-m", "gunicorn"]
-        procs.append(start([*web, "-c", str(ROOT / "deploy" / "gunicorn.conf.py"),
-                            "fleetwatch.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "2"],
-                           env, logs / "web.log"))
         extra["remote_write"] = [{
             "url": f"{base}/api/v1/prometheus/write?cluster={cluster}",
             "authorization": {"type": "Token",
@@ -404,11 +400,17 @@ def run_profile(profile: Profile, nodes: list[str], fleet_size: int, tmp: Path, 
         })
         prometheus = PrometheusServer(root / "prometheus", [ScrapeTarget(exporter, job="dcgm")],
                                       f"{profile.scrape_s}s", extra=extra)
-        prometheus.start()
-        env["FLEETWATCH_PROMETHEUS_URL"] = prometheus.url
+        env["FLEETWATCH_PROMETHEUS_URL"] = prometheus.url  # its port is chosen already
         try:
             if remote_write:
+                # gunicorn with the production config, ready before Prometheus writes to it.
+                gunicorn = Path(python).parent / "gunicorn"
+                web = [str(gunicorn)] if gunicorn.exists() else [python, "-m", "gunicorn"]
+                procs.append(start([*web, "-c", str(ROOT / "deploy" / "gunicorn.conf.py"),
+                                    "fleetwatch.wsgi", "--bind", f"127.0.0.1:{port}",
+                                    "--workers", "2"], env, logs / "web.log"))
                 _wait(lambda: _get(f"{base}/healthz") == 200, 90, "FleetWatch's web server")
+            prometheus.start()
             results = []
             runs = len(nodes)
             worker: subprocess.Popen[bytes] | None = None
