@@ -28,7 +28,8 @@ measures from the moment the exporter's state holds it:
 
 - peer webhook: the webhook receiver got the firing alert for that GPU;
 - FleetWatch incident: the incident's ``opened_at``;
-- FleetWatch first action: the first outside call of its remediation in the audit trail;
+- FleetWatch first action: the first outside call of its remediation in the audit trail
+  (the on-call notification: a JSON webhook to the same receiver, whose arrival is timed too);
 - FleetWatch drain: the ``slurm.drain`` call (scontrol, on the real slurmctld) done.
 
 ``--remote-write`` adds FleetWatch's web (gunicorn, production config) and a ``remote_write``
@@ -101,10 +102,13 @@ PROFILES = {
 
 
 class WebhookReceiver:
-    """Alertmanager's webhook target: the first arrival of a firing alert per (node, GPU)."""
+    """Both sides' webhook target: the first arrival of Alertmanager's firing alert per
+    (node, GPU) at ``url``, and of FleetWatch's on-call notification per node at
+    ``fleetwatch_url``."""
 
     def __init__(self) -> None:
         self.arrivals: dict[tuple[str, str], float] = {}
+        self.fleetwatch: dict[str, float] = {}
         self.posts = 0
         self._lock = threading.Lock()
         receiver = self
@@ -116,13 +120,17 @@ class WebhookReceiver:
                 self.send_response(200)
                 self.end_headers()
                 with contextlib.suppress(ValueError):
-                    receiver.record(json.loads(body), arrived)
+                    if self.path.startswith("/fleetwatch"):
+                        receiver.record_fleetwatch(json.loads(body), arrived)
+                    else:
+                        receiver.record(json.loads(body), arrived)
 
             def log_message(self, *args: object) -> None:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alert"
+        self.fleetwatch_url = f"http://127.0.0.1:{self.server.server_address[1]}/fleetwatch"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def record(self, payload: Mapping[str, Any], arrived: float) -> None:
@@ -133,6 +141,15 @@ class WebhookReceiver:
                 if alert.get("status") == "firing":
                     key = (str(labels.get("Hostname", "")), str(labels.get("gpu", "")))
                     self.arrivals.setdefault(key, arrived)
+
+    def record_fleetwatch(self, payload: Mapping[str, Any], arrived: float) -> None:
+        with self._lock:
+            for node in payload.get("nodes") or []:
+                self.fleetwatch.setdefault(str(node), arrived)
+
+    def fleetwatch_arrival(self, node: str) -> float | None:
+        with self._lock:
+            return self.fleetwatch.get(node)
 
     def arrival(self, node: str, gpu: int) -> float | None:
         with self._lock:
@@ -208,7 +225,7 @@ def rule_file(root: Path, profile: Profile, group: str = "gpu") -> Path:
 
 
 def fleetwatch_env(tmp: Path, cluster: str, prometheus: str, slurm: Any,
-                   kubeconfig: Path) -> dict[str, str]:
+                   kubeconfig: Path, webhook: str) -> dict[str, str]:
     """What an operator sets for FleetWatch on this Slurm and Prometheus: nothing about
     timing, so every interval is FleetWatch's default."""
     env = {k: v for k, v in os.environ.items()
@@ -223,6 +240,9 @@ def fleetwatch_env(tmp: Path, cluster: str, prometheus: str, slurm: Any,
         "FLEETWATCH_PROMETHEUS_URL": prometheus,
         "FLEETWATCH_PROVIDER": "none",
         "FLEETWATCH_POLICY_MODE": "auto",
+        # The on-call channel, as the peer's: a JSON webhook to the bench's receiver, so
+        # FleetWatch's first action is a real outside call whose arrival is timed too.
+        "FLEETWATCH_NOTIFY_WEBHOOK_URL": webhook,
         # Bench-only policy limits (see the module docstring): not on the timing path.
         "FLEETWATCH_STEP_MODES": "replace=approve,reboot=approve,reset_gpu=approve",
         "FLEETWATCH_BUDGET_MAX_NODES": "1000", "FLEETWATCH_BUDGET_MAX_PERCENT": "100",
@@ -303,9 +323,11 @@ def one_run(run_no: int, node: str, profile: Profile, cluster: str, fleet: Any,
         first = calls.first()
         drain = calls.filter(verb="slurm.drain", ok=True).first()
         peer = webhook.arrival(node, gpu)
-        if incident is None or first is None or drain is None or peer is None:
+        notified = webhook.fleetwatch_arrival(node)
+        if None in (incident, first, drain, peer, notified):
             return None
-        return {"incident": incident, "first": first, "drain": drain, "peer": peer}
+        return {"incident": incident, "first": first, "drain": drain, "peer": peer,
+                "notified": notified}
 
     got = _wait_or_none(done, profile.worst_peer_s + 90)
     if got is None:
@@ -327,6 +349,7 @@ def one_run(run_no: int, node: str, profile: Profile, cluster: str, fleet: Any,
         "incident": round(got["incident"].opened_at.timestamp() - injected, 3),
         "first_action": round(first_action, 3),
         "first_action_verb": got["first"].verb,
+        "fleetwatch_webhook": round(got["notified"] - injected, 3),
         "drain": round(got["drain"].at.timestamp() - injected, 3),
         "drained_in_slurm": "DRAIN" in state_now,
         "ratio": round(peer_s / first_action, 2) if first_action > 0 else None,
@@ -366,7 +389,6 @@ def run_profile(profile: Profile, nodes: list[str], fleet_size: int, tmp: Path, 
 
     root = tmp / profile.name
     cluster = f"peer-{profile.name}"
-    env = fleetwatch_env(root, cluster, "", slurm, kubeconfig)
     procs: list[subprocess.Popen[bytes]] = []
     extra: dict[str, Any] = {}
     base = ""
@@ -391,6 +413,7 @@ def run_profile(profile: Profile, nodes: list[str], fleet_size: int, tmp: Path, 
         }]
     with WebhookReceiver() as webhook, alertmanager(root / "alertmanager", profile,
                                                      webhook.url) as am:
+        env = fleetwatch_env(root, cluster, "", slurm, kubeconfig, webhook.fleetwatch_url)
         extra.update({
             "global": {"evaluation_interval": f"{profile.scrape_s}s",
                        # Prometheus's default, which the harness would set to the interval.
@@ -439,7 +462,8 @@ def run_profile(profile: Profile, nodes: list[str], fleet_size: int, tmp: Path, 
                           f"scraped {r['scraped']} s, peer {r['peer_webhook']:.2f} s, "
                           f"FleetWatch incident "
                           f"{r['incident']:.2f} s, first action {r['first_action']:.2f} s "
-                          f"({r['first_action_verb']}), drain {r['drain']:.2f} s", flush=True)
+                          f"({r['first_action_verb']}), webhook {r['fleetwatch_webhook']:.2f} s, "
+                          f"drain {r['drain']:.2f} s", flush=True)
         except SystemExit:
             # A bench that gives up says why: the last of each FleetWatch process's log.
             for log in sorted(logs.glob("*.log")):
@@ -463,7 +487,8 @@ def summary(values: list[float]) -> dict[str, float] | None:
             "min": round(ordered[0], 3), "max": round(ordered[-1], 3)}
 
 
-MEASURES = ("scraped", "peer_webhook", "incident", "first_action", "drain", "ratio")
+MEASURES = ("scraped", "peer_webhook", "incident", "first_action", "fleetwatch_webhook",
+            "drain", "ratio")
 
 
 def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -572,7 +597,8 @@ def report(r: dict[str, Any]) -> str:
             f"| Prometheus scraped the XID (both sides wait for it) {_fmt(p['scraped'])}",
             f"| peer: Alertmanager webhook {_fmt(p['peer_webhook'])}",
             f"| FleetWatch: incident opened {_fmt(p['incident'])}",
-            f"| FleetWatch: first action {_fmt(p['first_action'])}",
+            f"| FleetWatch: first action (on-call webhook sent) {_fmt(p['first_action'])}",
+            f"| FleetWatch: its webhook arrived {_fmt(p['fleetwatch_webhook'])}",
             f"| FleetWatch: Slurm drain done {_fmt(p['drain'])}",
             f"| ratio (peer / first action) {_fmt(p['ratio'], 'x')}", "",
             f"Ratio of the medians: {p['ratio_of_medians']}x. "
