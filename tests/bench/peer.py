@@ -464,6 +464,9 @@ def run_profile(profile: Profile, nodes: list[str], fleet_size: int, tmp: Path, 
                           f"{r['incident']:.2f} s, first action {r['first_action']:.2f} s "
                           f"({r['first_action_verb']}), webhook {r['fleetwatch_webhook']:.2f} s, "
                           f"drain {r['drain']:.2f} s", flush=True)
+            # Whether FleetWatch took the writes: a remote-write run whose samples all failed
+            # (an endpoint missing, a token refused) measured the scrape path only.
+            sent = remote_write_counts(prometheus.url) if remote_write else {}
         except SystemExit:
             # A bench that gives up says why: the last of each FleetWatch process's log.
             for log in sorted(logs.glob("*.log")):
@@ -474,7 +477,23 @@ def run_profile(profile: Profile, nodes: list[str], fleet_size: int, tmp: Path, 
                 stop_process_group(proc)
             prometheus.stop()
     return {"profile": asdict(profile), "remote_write": remote_write,
+            "remote_write_samples": sent,
             "webhook_posts": webhook.posts, **summarise(results)}
+
+
+def remote_write_counts(prometheus: str) -> dict[str, float]:
+    """Prometheus's own counters of the samples it remote-wrote: sent, failed, dropped."""
+    with urllib.request.urlopen(f"{prometheus}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    names = {"prometheus_remote_storage_samples_total": "sent",
+             "prometheus_remote_storage_samples_failed_total": "failed",
+             "prometheus_remote_storage_samples_dropped_total": "dropped"}
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        key = names.get(line.split("{")[0].split(" ")[0])
+        if key:
+            counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
 
 
 def summary(values: list[float]) -> dict[str, float] | None:
@@ -592,7 +611,9 @@ def report(r: dict[str, Any]) -> str:
         lines += [
             f"## {name}: scrape and evaluation {prof['scrape_s']} s, for {prof['for_s']} s, "
             f"group_wait {prof['group_wait_s']} s", "",
-            f"{p['complete']} of {p['runs']} runs complete.", "",
+            f"{p['complete']} of {p['runs']} runs complete." + (
+                f" Remote write, Prometheus's counters: {p['remote_write_samples']}."
+                if p["remote_write"] else ""), "",
             "| measure | median | p95 | min-max |", "|---|---:|---:|---:|",
             f"| Prometheus scraped the XID (both sides wait for it) {_fmt(p['scraped'])}",
             f"| peer: Alertmanager webhook {_fmt(p['peer_webhook'])}",
