@@ -22,10 +22,11 @@ Phase luck is sampled, not fixed: every run starts FleetWatch's worker afresh at
 moment (its collections tick from when its beat started), reloads Prometheus with a rule
 group of a new name (Prometheus evaluates a group at an offset it derives from the group's
 name), and sleeps a random share of the scrape interval before it injects. Each run then
-injects XID 79 on one GPU of a node no earlier run touched
-(each run a fresh fault, a fresh Alertmanager group and a fresh FleetWatch incident), and
-measures from the moment the exporter's state holds it:
+injects XID 79 on one GPU of a node no earlier run touched (a fresh fault, a fresh
+Alertmanager group and a fresh FleetWatch incident), and measures from the moment the
+exporter's state holds it:
 
+- scraped: the first sample of it in Prometheus (its timestamp), which both sides wait for;
 - peer webhook: the webhook receiver got the firing alert for that GPU;
 - FleetWatch incident: the incident's ``opened_at``;
 - FleetWatch first action: the first outside call of its remediation in the audit trail
