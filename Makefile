@@ -46,6 +46,7 @@ bench: install
 	VENV=$(VENV) tests/harness/with-services.sh sh -c '$(BIN)/python -m tests.bench.storm --nodes 500 --out reports && $(BIN)/python -m tests.bench.storm --nodes 5000 --out reports && $(BIN)/python -m tests.bench.storm --intake --out reports'
 	# A kernel XID line through the real node agent (root: it writes to /dev/kmsg).
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.agent --out reports
+	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.peer --out reports
 	# Hostile requests at every endpoint and page, on SQLite and PostgreSQL; fails on any 5xx.
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.bad_input \
 	  --database sqlite --database postgres --out reports
