@@ -68,14 +68,6 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 XID = 79  # GPU fallen off the bus: a node FleetWatch takes out of service at once
 DEFAULT_RUNS = {"tight": 10, "usual": 5, "defaults": 3}
 ALERTMANAGER_ENV = "FLEETWATCH_ALERTMANAGER_BIN"
-# The fields a remote-write section sends to FleetWatch: the ones a fault shows in (not
-# utilisation, power or clocks, which would only load the receiver).
-FAULT_FIELDS = (
-    "DCGM_FI_DEV_XID_ERRORS|DCGM_FI_DEV_ECC_DBE_VOL_TOTAL|DCGM_FI_DEV_ECC_DBE_AGG_TOTAL|"
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS|DCGM_FI_DEV_ROW_REMAP_FAILURE|"
-    "DCGM_FI_DEV_ROW_REMAP_PENDING|DCGM_FI_DEV_PCIE_REPLAY_COUNTER|"
-    "DCGM_FI_DEV_NVLINK_.*_ERROR_COUNT_TOTAL|DCGM_FI_DEV_GPU_TEMP|DCGM_FI_DEV_MEMORY_TEMP|"
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS|DCGM_FI_DEV_CLOCK_THROTTLE_REASONS|node_infiniband_.*")
 
 
 @dataclass(frozen=True)
@@ -403,15 +395,16 @@ def run_profile(profile: Profile, nodes: list[str], fleet_size: int, tmp: Path, 
         # which its settings need, is known).
         port = _free_port()
         base = f"http://127.0.0.1:{port}"
-        extra["remote_write"] = [{
-            "url": f"{base}/api/v1/prometheus/write?cluster={cluster}",
-            "authorization": {"type": "Token",
-                              "credentials": ingest_token(f"peer-{profile.name}")},
-            # Send each scrape's samples at once rather than after the default 5 s.
-            "queue_config": {"batch_send_deadline": "500ms"},
-            "write_relabel_configs": [{"source_labels": ["__name__"], "regex": FAULT_FIELDS,
-                                       "action": "keep"}],
-        }]
+        # The remote_write a site would deploy (its queue settings and the fault fields it
+        # keeps), pointed at this FleetWatch with an ingest token.
+        import yaml
+
+        example = yaml.safe_load((ROOT / "deploy/prometheus/remote-write-fleetwatch.yaml")
+                                 .read_text())["remote_write"][0]
+        example["url"] = f"{base}/api/v1/prometheus/write/?cluster={cluster}"
+        example["authorization"] = {"type": "Token",
+                                    "credentials": ingest_token(f"peer-{profile.name}")}
+        extra["remote_write"] = [example]
     with WebhookReceiver() as webhook, alertmanager(root / "alertmanager", profile,
                                                      webhook.url) as am:
         env = fleetwatch_env(root, cluster, "", slurm, kubeconfig, webhook.fleetwatch_url)
