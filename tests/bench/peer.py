@@ -631,6 +631,12 @@ def report(r: dict[str, Any]) -> str:
         lines += [f"Target (issue 18): FleetWatch's first action before the tight peer's webhook "
                   f"in at least 9 runs of 10, on the {how} path: "
                   f"**{'met' if met else 'not met'}** ({k} of {n}).", ""]
+        if not met and not r["remote_write"]:
+            lines += ["On the scrape path both sides wait for the same scrape; then the peer "
+                      "waits for its next rule evaluation (every 5 s) and FleetWatch for its "
+                      "next query of Prometheus (FLEETWATCH_COLLECT_INTERVAL, 5 s by default), "
+                      "each at a phase of its own: the one whose tick comes first wins, about "
+                      "half the runs each.", ""]
     lines.append(f"Bench wall time: {r['wall_s']:.0f} s.")
     return "\n".join(lines) + "\n"
 
