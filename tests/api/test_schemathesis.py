@@ -99,7 +99,11 @@ def test_api_answers_as_its_schema_says(tmp_path: Path) -> None:
             "--exclude-path-regex", EXCLUDE_PATH_REGEX,
             "--report", "junit,ndjson", "--report-dir", str(tmp_path / "report"),
         ]
-        run = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path,
+        # The hooks teach it the remote write's binary body (tests/api/schemathesis_hooks.py).
+        env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.api.schemathesis_hooks",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                           os.environ.get("PYTHONPATH")]))}
+        run = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env,
                              timeout=int(budget) + 300)
     print(run.stdout[-20000:])  # pytest shows it with -s or on failure
     assert "Stateful" in run.stdout, f"the stateful phase did not run:\n{run.stdout[-5000:]}"
