@@ -47,12 +47,23 @@ def agent_user(node: str) -> User:
     user.set_unusable_password()
     user.save()
     user.groups.set([Group.objects.get(name=AGENT)])
+    user.__dict__.pop("_fleetwatch_groups", None)
     return user
+
+
+def _groups(user: User | AnonymousUser) -> frozenset[str]:
+    """The user's group names, read once per user object (one request's): a push asks
+    role_of and push_rights, and each read was a query on the hot path of every push."""
+    cached: frozenset[str] | None = getattr(user, "_fleetwatch_groups", None)
+    if cached is None:
+        cached = frozenset(user.groups.values_list("name", flat=True))
+        user._fleetwatch_groups = cached  # type: ignore[union-attr]
+    return cached
 
 
 def agent_node(user: User | AnonymousUser) -> str | None:
     """The node an agent user may push for; ``None`` for people."""
-    if user.username.startswith(AGENT_PREFIX) and user.groups.filter(name=AGENT).exists():
+    if user.username.startswith(AGENT_PREFIX) and AGENT in _groups(user):
         return user.username[len(AGENT_PREFIX):]
     return None
 
@@ -73,6 +84,7 @@ def user_with_role(username: str, role: str, password: str | None = None) -> tup
     user.is_staff = user.is_superuser = role == ADMIN
     user.save()
     user.groups.set([Group.objects.get(name=role)])
+    user.__dict__.pop("_fleetwatch_groups", None)
     return user, password
 
 
@@ -82,13 +94,17 @@ def role_of(user: User | AnonymousUser | None) -> str | None:
         return None
     if getattr(user, "is_superuser", False):
         return ADMIN
-    groups = set(user.groups.values_list("name", flat=True))
+    groups = _groups(user)
     if ADMIN in groups:
         return ADMIN
-    if OPERATOR in groups or user.has_perm("incidents.operate"):
+    if OPERATOR in groups:
         return OPERATOR
+    # An agent's user is made for its agent alone (agent_user) and holds no other role; asked
+    # before the permission check, which costs two queries on every push.
     if agent_node(user) is not None:
         return AGENT
+    if user.has_perm("incidents.operate"):
+        return OPERATOR
     if VIEWER in groups:
         return VIEWER
     return None

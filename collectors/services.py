@@ -208,18 +208,21 @@ def source_health_record(
 
 
 def signals_store(
-    cluster: Cluster, drafts: Iterable[SignalDraft], *, observed_at: datetime | None = None
+    cluster: Cluster, drafts: Iterable[SignalDraft], *, observed_at: datetime | None = None,
+    node_ids: dict[str, int] | None = None,
 ) -> list[int]:
+    """Store the drafts; their ids. ``node_ids``: the cluster's node name -> id for the
+    drafts' nodes, when the caller has read them already (a push, on its hot path)."""
     drafts = list(drafts)
     if not drafts:
         return []
     now = timezone.now()
-    nodes = {n.name: n for n in Node.objects.filter(
-        cluster=cluster, name__in={d.node for d in drafts if d.node})}
+    nodes = node_ids if node_ids is not None else dict(Node.objects.filter(
+        cluster=cluster, name__in={d.node for d in drafts if d.node}).values_list("name", "pk"))
     # Stored in a form every reader and both databases take: NUL, lone surrogates and
     # non-finite numbers (from a push, or a source that sent them) are replaced (json_safe).
     rows = [
-        Signal(cluster=cluster, source=d.source, kind=d.kind, node=nodes.get(d.node),
+        Signal(cluster=cluster, source=d.source, kind=d.kind, node_id=nodes.get(d.node),
                node_name=json_safe(d.node), gpu_index=d.gpu, job_id=json_safe(d.job),
                code=d.code, value=json_safe(d.value), message=json_safe(d.message),
                data=json_safe(d.data), observed_at=d.observed_at or observed_at or now,
@@ -289,9 +292,9 @@ def signals_ingest(cluster: Cluster, batch: list[dict[str, Any]], *,
                                           else "")
         raise IngestRejected(f"refused, nothing stored: {shown}", status=403, refused=refused)
     names = {r["node"] for r in batch if r.get("node")}
-    known = set(Node.objects.filter(cluster=cluster, name__in=names).values_list("name", flat=True))
-    if names - known:
-        raise IngestRejected(f"unknown node(s): {', '.join(sorted(names - known))}")
+    known = dict(Node.objects.filter(cluster=cluster, name__in=names).values_list("name", "pk"))
+    if names - known.keys():
+        raise IngestRejected(f"unknown node(s): {', '.join(sorted(names - known.keys()))}")
     if idempotency is not None and not IDEMPOTENCY_KEY.fullmatch(idempotency[1]):
         raise IngestRejected("Idempotency-Key must be 1 to 128 visible ASCII characters",
                              status=400)
@@ -308,8 +311,12 @@ def signals_ingest(cluster: Cluster, batch: list[dict[str, Any]], *,
             replayed = _push_receipt(idempotency, _batch_digest(batch), len(drafts))
             if replayed is not None:
                 return replayed
-        ids = signals_store(cluster, drafts)
-        signals_announce(ids)
+        ids = signals_store(cluster, drafts, node_ids=known)
+        # The batch's earliest moment is known here: diagnosis need not read it back.
+        # (A caller that is not the API may hand over text times: then the listener reads.)
+        known_at = all(isinstance(d.observed_at, datetime) for d in drafts)
+        signals_announce(ids, earliest={cluster.pk: min(
+            d.observed_at for d in drafts if d.observed_at is not None)} if known_at else None)
     return IngestResult(ids, len(ids))
 
 
@@ -414,10 +421,13 @@ def telemetry_doorbell(cluster: Cluster, series: Iterable[Any]) -> bool:
     return True
 
 
-def signals_announce(signal_ids: list[int]) -> None:
+def signals_announce(signal_ids: list[int],
+                     earliest: dict[int, datetime] | None = None) -> None:
+    """Tell diagnosis (in the storing transaction). ``earliest``: cluster id -> the earliest
+    observation among them, when the caller knows it (else the listener reads it)."""
     if not signal_ids:
         return
-    signals_stored.send(sender=Signal, signal_ids=list(signal_ids))
+    signals_stored.send(sender=Signal, signal_ids=list(signal_ids), earliest=earliest)
 
 
 def _nodes_ensure(cluster: Cluster, names: Iterable[str]) -> dict[str, int]:

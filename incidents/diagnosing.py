@@ -150,28 +150,36 @@ def _diagnosis_queue(state: DiagnosisState, now: datetime, *, force: bool = Fals
     queueing.enqueue(queueing.DIAGNOSE_CLUSTER, state.cluster_id)
 
 
-def diagnosis_request(signal_ids: Collection[int]) -> None:
-    """Mark diagnosis due for these (just stored) signals' clusters; queue a run if none is."""
+def diagnosis_request(signal_ids: Collection[int],
+                      earliest: dict[int, datetime] | None = None) -> None:
+    """Mark diagnosis due for these (just stored) signals' clusters; queue a run if none is.
+    ``earliest``: cluster id -> earliest observation among them, when the caller knows it."""
     if not signal_ids:
         return
-    # Rows of one bulk insert have neighbouring ids: a range reads no long IN list. Rows of
-    # other pushes in the range only make the window start earlier, never later.
-    earliest = (Signal.objects.filter(pk__range=(min(signal_ids), max(signal_ids)))
-                .values("cluster_id").annotate(at=Min("observed_at")).order_by("cluster_id"))
+    if earliest is None:
+        # Rows of one bulk insert have neighbouring ids: a range reads no long IN list. Rows
+        # of other pushes in the range only make the window start earlier, never later.
+        earliest = dict(Signal.objects.filter(pk__range=(min(signal_ids), max(signal_ids)))
+                        .values("cluster_id").annotate(at=Min("observed_at"))
+                        .order_by("cluster_id").values_list("cluster_id", "at"))
     now = timezone.now()
     with transaction.atomic():
-        for row in earliest:
-            state = _diagnosis_state(row["cluster_id"])
-            if state.pending_since is None or row["at"] < state.pending_since:
-                state.pending_since = row["at"]
+        for cluster_id, at in sorted(earliest.items()):  # one lock order for every caller
+            state = _diagnosis_state(cluster_id)
+            before = (state.pending_since, state.queued_at)
+            if state.pending_since is None or at < state.pending_since:
+                state.pending_since = at
             _diagnosis_queue(state, now, force=state.queued_at is not None
                              and state.queued_at < now - _lease())
-            state.save()
+            if (state.pending_since, state.queued_at) != before:
+                # In a storm most pushes find diagnosis marked and queued already: no write.
+                state.save(update_fields=["pending_since", "queued_at"])
 
 
-def signals_stored_received(sender: object, signal_ids: list[int], **_: object) -> None:
+def signals_stored_received(sender: object, signal_ids: list[int],
+                            earliest: dict[int, datetime] | None = None, **_: object) -> None:
     """collectors.services.signals_stored's listener (connected in apps.py)."""
-    diagnosis_request(signal_ids)
+    diagnosis_request(signal_ids, earliest)
 
 
 def diagnosis_run(cluster_id: int) -> list[Incident]:
