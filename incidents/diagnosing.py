@@ -20,11 +20,13 @@ from django.db.models import Min, Q
 from django.utils import timezone
 
 from collectors import queueing
+from collectors.knowledge import RootCause
 from collectors.models import Cluster, Signal
 from incidents import selectors
 from incidents.diagnosis import Diagnosis, diagnose
-from incidents.lifecycle import incident_record
+from incidents.lifecycle import incident_record, storm_record
 from incidents.models import DiagnosisState, Evidence, Incident
+from incidents.remediation import policy
 
 log = logging.getLogger(__name__)
 
@@ -65,17 +67,49 @@ def _diagnose_from(cluster_id: int, earliest: datetime) -> tuple[list[Incident],
     # elsewhere is not queued behind it. (Within a kind, the earliest first.)
     kinds = Counter(d.root_cause for d in new)
     new.sort(key=lambda d: (kinds[d.root_cause], d.detected_at))
+    alone, storms = _storm_split(cluster.pk, new)
+    # A storm's incident first: one transaction however large, and it is what the person
+    # paged needs to see; then the incidents of their own, rarest kind first.
+    for cause, members in storms.items():
+        storm = storm_record(cluster.pk, cause, members)
+        recorded.update((d.fingerprint, storm) for d in members)
     deadline = time.monotonic() + RECORD_BUDGET_S
     complete = True
-    for n, diagnosis in enumerate(new):
+    for n, diagnosis in enumerate(alone):
         if n and time.monotonic() > deadline:
             log.info("diagnosis of %s: %d of %d new incidents recorded in this run; the next "
-                     "run records the rest", cluster.name, n, len(new))
+                     "run records the rest", cluster.name, n, len(alone))
             complete = False
             break
         recorded[diagnosis.fingerprint], _ = incident_record(cluster.pk, diagnosis)
     # In the diagnoses' order (the engine's: by time), whatever order they were recorded in.
     return [recorded[d.fingerprint] for d in diagnoses if d.fingerprint in recorded], complete
+
+
+def _storm_split(cluster_id: int, new: list[Diagnosis]
+                 ) -> tuple[list[Diagnosis], dict[str, list[Diagnosis]]]:
+    """The new diagnoses that open incidents of their own, and per root cause those past the
+    storm brake (policy.storm_room), which join its storm incident. In order: the first of
+    a cause (by ``new``'s order) still open alone up to the brake. A node FleetWatch is
+    repairing that stops answering is its repair's evidence (incident_record), never a
+    storm's."""
+    room: dict[str, int | None] = {cause: policy.storm_room(cluster_id, cause)
+                                   for cause in {d.root_cause for d in new}}
+    repairing = (policy.nodes_in_remediation(cluster_id)
+                 if any(d.root_cause == RootCause.NODE_UNREACHABLE for d in new) else set())
+    alone: list[Diagnosis] = []
+    storms: dict[str, list[Diagnosis]] = {}
+    for d in new:
+        left = room[d.root_cause]
+        if left is None or (d.root_cause == RootCause.NODE_UNREACHABLE
+                            and repairing.intersection(d.nodes)):
+            alone.append(d)
+        elif left > 0:
+            room[d.root_cause] = left - 1
+            alone.append(d)
+        else:
+            storms.setdefault(d.root_cause, []).append(d)
+    return alone, storms
 
 
 def _recorded_already(cluster_id: int, diagnoses: list[Diagnosis]) -> dict[str, Incident]:
@@ -98,9 +132,25 @@ def _recorded_already(cluster_id: int, diagnoses: list[Diagnosis]) -> dict[str, 
             incident_id__in=[i.pk for i in latest.values()]).values_list("incident_id",
                                                                           "signal_id"):
         linked.setdefault(incident_id, set()).add(signal_id)
-    return {d.fingerprint: latest[d.fingerprint] for d in diagnoses
+    done = {d.fingerprint: latest[d.fingerprint] for d in diagnoses
             if d.fingerprint in latest
             and set(d.evidence) <= linked.get(latest[d.fingerprint].pk, set())}
+    # A storm incident holds diagnoses of its cause by their signals (their own fingerprints
+    # opened nothing): one that brings no signal the storm lacks is recorded already.
+    storms = {i.root_cause: i for i in Incident.objects.filter(cluster_id=cluster_id, storm=True)
+              .exclude(status=Incident.Status.RESOLVED)}
+    if storms:
+        held: dict[int, set[int]] = {}
+        for incident_id, signal_id in Evidence.objects.filter(
+                incident_id__in=[i.pk for i in storms.values()]).values_list("incident_id",
+                                                                              "signal_id"):
+            held.setdefault(incident_id, set()).add(signal_id)
+        for d in diagnoses:
+            storm = storms.get(d.root_cause)
+            if (d.fingerprint not in done and storm is not None
+                    and set(d.evidence) <= held.get(storm.pk, set())):
+                done[d.fingerprint] = storm
+    return done
 
 
 # --- coalesced diagnosis ----------------------------------------------------------------------

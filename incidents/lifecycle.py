@@ -82,6 +82,74 @@ def _incident_record(cluster_id: int, diagnosis: Diagnosis) -> tuple[Incident, b
     return incident, True
 
 
+# A storm incident's fingerprint: one open storm per root cause and cluster (the unique
+# constraint on open fingerprints holds it).
+STORM_FINGERPRINT = "storm:{}"
+# Nodes named in a storm incident's explanation; the rest are counted (the incident keeps all).
+STORM_NODES_NAMED = 12
+
+
+@retry_transient
+def storm_record(cluster_id: int, root_cause: str, diagnoses: list[Diagnosis]) -> Incident:
+    """Record diagnoses of one root cause that came past the storm brake as one storm
+    incident: opened by the first of them, grown by the rest, in one transaction whatever
+    their number (5,000 incidents opened one by one, each with its audit entries, policy
+    decision and steps, took minutes; and a storm is one event to look at, not 5,000).
+
+    It holds every node and signal of the storm, waits for a person (no playbook runs over a
+    storm: policy.playbook_choose) and tells the webhook subscribers once when it opens."""
+    for _ in range(3):
+        try:
+            with transaction.atomic():
+                audit_lock()  # before the incident's row lock: see incidents/audit.py
+                return _storm_record(cluster_id, RootCause(root_cause), diagnoses)
+        except IntegrityError:
+            continue  # another worker opened it between our lookup and insert: grow that
+    raise RuntimeError(f"could not record the {root_cause} storm")
+
+
+def _storm_record(cluster_id: int, cause: RootCause, diagnoses: list[Diagnosis]) -> Incident:
+    fingerprint = STORM_FINGERPRINT.format(cause)
+    storm = (Incident.objects.select_for_update()
+             .filter(cluster_id=cluster_id, fingerprint=fingerprint, storm=True)
+             .exclude(status=Incident.Status.RESOLVED).first())
+    nodes = sorted({n for d in diagnoses for n in d.nodes}.union(storm.nodes if storm else ()))
+    jobs = sorted({j for d in diagnoses for j in d.jobs}.union(storm.jobs if storm else ()))
+    detected = min([d.detected_at for d in diagnoses]
+                   + ([storm.detected_at] if storm else []))
+    named = ", ".join(nodes[:STORM_NODES_NAMED]) + (
+        f" and {len(nodes) - STORM_NODES_NAMED} more" if len(nodes) > STORM_NODES_NAMED else "")
+    explanation = (
+        f"Storm: {cause.label} on {len(nodes)} nodes since {detected:%Y-%m-%d %H:%M:%S} UTC, "
+        f"past the storm brake (more than {settings.FLEETWATCH_STORM_INCIDENTS} {cause} "
+        f"incidents in {settings.FLEETWATCH_STORM_MINUTES} min): more likely one event (a "
+        "rack or its power feed, a switch, a driver or firmware rollout) than that many "
+        f"separate faults. Automation of {cause} is paused; nothing runs from this incident. "
+        f"Nodes: {named}. One of them: {diagnoses[0].explanation}")
+    if storm is None:
+        storm = Incident.objects.create(
+            cluster_id=cluster_id, root_cause=cause, storm=True, fingerprint=fingerprint,
+            confidence=min(d.confidence for d in diagnoses), explanation=explanation,
+            nodes=nodes, jobs=jobs, detected_at=detected, status=Incident.Status.NEEDS_ATTENTION)
+        opened = True
+    else:
+        storm.nodes, storm.jobs, storm.detected_at = nodes, jobs, detected
+        storm.explanation = explanation
+        storm.save(update_fields=["nodes", "jobs", "detected_at", "explanation"])
+        opened = False
+    added = _evidence_add(storm, tuple(dict.fromkeys(s for d in diagnoses for s in d.evidence)))
+    if opened:
+        audit_record("incident.opened", f"incident {storm.pk}", incident=storm,
+                     result=explanation, data={"root_cause": cause, "storm": True,
+                                               "nodes": len(nodes)})
+        incident_event("incident.opened", storm)
+    elif added:
+        audit_record("incident.extended", f"incident {storm.pk}", incident=storm,
+                     result=f"{added} more signal(s) of the storm; {len(nodes)} nodes now")
+        incident_event("incident.updated", storm)
+    return storm
+
+
 def _evidence_add(incident: Incident, signal_ids: tuple[int, ...]) -> int:
     have = set(incident.evidence.values_list("signal_id", flat=True))
     new = [Evidence(incident=incident, signal_id=sid) for sid in signal_ids if sid not in have]

@@ -37,6 +37,10 @@ class Incident(models.Model):
     nodes = models.JSONField(default=list, blank=True)
     jobs = models.JSONField(default=list, blank=True)
     switch = models.CharField(max_length=64, blank=True)
+    storm = models.BooleanField(
+        default=False, help_text="groups the faults of one root cause that came as one event "
+        "(a rack, a driver rollout, a power feed): its nodes are the storm's, past the storm "
+        "brake; no remediation runs from it")
     detected_at = models.DateTimeField(help_text="when the first signal behind it was observed")
     opened_at = models.DateTimeField(default=timezone.now)
     resolved_at = models.DateTimeField(null=True, blank=True)

@@ -49,7 +49,7 @@ class IncidentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Incident
         fields = ["id", "cluster", "root_cause", "confidence", "explanation", "playbook",
-                  "status", "nodes", "jobs", "switch", "detected_at", "opened_at",
+                  "status", "nodes", "jobs", "switch", "storm", "detected_at", "opened_at",
                   "resolved_at", "phases", "repaired_by", "acknowledged_by", "acknowledged_at",
                   "remediations"]
 

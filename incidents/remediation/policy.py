@@ -24,14 +24,14 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Avg, Count, DurationField, F, Q, QuerySet
+from django.db.models import Avg, Count, DurationField, Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from collectors.knowledge.causes import RISKS, RootCause
 from collectors.models import Node
 from collectors.selectors import json_list_has
 from incidents.audit import audit_lock
-from incidents.models import Incident, Remediation
+from incidents.models import Evidence, Incident, Remediation
 from incidents.remediation.playbooks import (
     FOR_ROOT_CAUSE,
     REPLACE_AND_RMA,
@@ -122,7 +122,13 @@ _NOT_STARTED = Q(status=Remediation.Status.AWAITING_APPROVAL, started_at__isnull
 def playbook_choose(incident: Incident) -> tuple[Playbook | None, str]:
     """The root cause's playbook, escalated where its history says the first choice did not
     hold: a GPU memory fault or an NVLink fault back on the same node within a week, or a
-    link that keeps flapping, is a replacement (and, for memory, an RMA)."""
+    link that keeps flapping, is a replacement (and, for memory, an RMA).
+
+    A storm incident has none: one playbook over hundreds of nodes is not a repair anybody
+    meant (the first of them have their own incidents and remediations; the rest wait for a
+    person who knows what the event was)."""
+    if incident.storm:
+        return None, ""
     name = incident.playbook if playbook_get(incident.playbook) else FOR_ROOT_CAUSE.get(
         incident.root_cause, "")
     playbook = playbook_get(name)
@@ -147,6 +153,10 @@ def decide(incident: Incident, *, automatic: bool) -> Decision:
     """What to run for ``incident``, and whether it may run without a person. ``automatic``:
     FleetWatch started it (a person starting or approving it has made the decision)."""
     playbook, escalation = playbook_choose(incident)
+    if playbook is None and incident.storm:
+        raise LookupError(f"incident {incident.pk} groups a storm of {incident.root_cause} on "
+                          f"{len(incident.nodes)} nodes: no playbook runs over a storm; repair "
+                          "its nodes one by one once its cause is known")
     if playbook is None:
         raise LookupError(f"no playbook for {incident.root_cause}")
     mode = playbook_mode(incident.root_cause) if automatic else Remediation.Mode.AUTO
@@ -242,6 +252,23 @@ def storm_by_cause(cluster_id: int) -> dict[str, int]:
     ``storm_brake_on`` of its count."""
     return dict(_storm_window(cluster_id).values_list("root_cause").annotate(n=Count("pk"))
                 .order_by())
+
+
+def storm_room(cluster_id: int, root_cause: str) -> int | None:
+    """How many more incidents of ``root_cause`` may open on their own before the storm
+    brake holds them; past that, the faults are one event and join the cluster's storm
+    incident of that cause (lifecycle.storm_record). ``None``: never grouped (a job's own
+    error is that job's, however many jobs fail). 0 while the cause's storm incident is open
+    and still growing: the storm's stragglers join it."""
+    if root_cause == RootCause.APPLICATION_ERROR:
+        return None
+    since = timezone.now() - timedelta(minutes=settings.FLEETWATCH_STORM_MINUTES)
+    grew = Evidence.objects.filter(incident=OuterRef("pk"), added_at__gte=since)
+    if Incident.objects.filter(cluster_id=cluster_id, root_cause=root_cause, storm=True).exclude(
+            status=Incident.Status.RESOLVED).filter(Exists(grew)).exists():
+        return 0
+    return max(0, settings.FLEETWATCH_STORM_INCIDENTS
+               - storm_count(cluster_id, root_cause=root_cause))
 
 
 def nodes_in_remediation(cluster_id: int) -> set[str]:

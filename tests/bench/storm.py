@@ -117,6 +117,23 @@ class Stack:
         for proc in self.procs:
             stop_process_group(proc)
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system) so far of each service's processes (its session: the
+        master and its workers), from /proc: what the work cost, whatever the wall clock."""
+        tick = os.sysconf("SC_CLK_TCK")
+        sessions = {proc.pid: name for proc, name in zip(self.procs, ("worker", "web"),
+                                                          strict=True)}
+        spent = dict.fromkeys(sessions.values(), 0.0)
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            name = sessions.get(int(fields[3]))  # the session id (field 6)
+            if name is not None:
+                spent[name] += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        return spent
+
     def log_count(self, name: str, text: str) -> int:
         path = self.logs / f"{name}.log"
         return path.read_text(errors="replace").count(text) if path.exists() else 0
@@ -231,7 +248,7 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from collectors.models import Node, Signal
     from collectors.roles import OPERATOR, user_with_role
     from collectors.sim.fleet import SimFleet
-    from incidents.models import AuditEntry, DiagnosisState, Incident, Remediation
+    from incidents.models import AuditEntry, DiagnosisState, Evidence, Incident, Remediation
     from incidents.tokens import agent_token_create, token_create
 
     call_command("migrate", verbosity=0)
@@ -275,6 +292,7 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         audit_before = AuditEntry.objects.order_by("-id").values_list("id", flat=True).first()
         sampler.start()
         waits.start()
+        cpu_before = stack.cpu_seconds()
 
         sent, answered, errors = [0.0] * n, [0.0] * n, []  # type: tuple[list[float], list[float], list[str]]
         started = time.time() + 0.5
@@ -305,10 +323,12 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         deadline = max(started + args.max_wait, storm_pushed + 60)
         storm_set = set(storm_nodes)
         while time.time() < deadline:
-            for nodes, at in Incident.objects.values_list("nodes", "opened_at"):
-                for node in nodes or []:
-                    if node in storm_set:
-                        opened[node] = min(opened.get(node, at.timestamp()), at.timestamp())
+            # When its XID was linked to an incident: its own incident's opening, or the
+            # moment it joined the storm incident (opened by the storm's first past the brake).
+            for node, at in Evidence.objects.filter(
+                    signal__node_name__in=storm_set, signal__source="kernel",
+                    signal__message=XID79).values_list("signal__node_name", "added_at"):
+                opened[node] = min(opened.get(node, at.timestamp()), at.timestamp())
             if "fault_incident" not in fault:
                 found = Incident.objects.filter(nodes=[fault_node]).first()
                 if found is not None:
@@ -360,12 +380,19 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         sampler.join(5)
         waits.stop.set()
         waits.join(5)
+        cpu = {name: round(spent - cpu_before[name], 1)
+               for name, spent in stack.cpu_seconds().items()}
 
         ingested = dict(Signal.objects.filter(node_name__in=storm_nodes, source="kernel",
                                               message=XID79)
                         .values_list("node_name", "ingested_at"))
         state = DiagnosisState.objects.get()
         storm_incidents = Incident.objects.exclude(pk=fault_id)
+        grouped = {"alone": storm_incidents.filter(storm=False).count(),
+                   "storm_incidents": storm_incidents.filter(storm=True).count(),
+                   "nodes_in_storm_incidents": sum(
+                       len(nodes) for nodes in storm_incidents.filter(storm=True)
+                       .values_list("nodes", flat=True))}
         remediations = dict(Remediation.objects.filter(incident__in=storm_incidents)
                             .values_list("status").annotate(n=Count("id")))
         brake_held = Remediation.objects.filter(incident__in=storm_incidents,
@@ -422,6 +449,7 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "diagnose_queue_max": sampler.depth_max,
         "diagnosis_caught_up_after_s": None if caught is None else round(caught - started, 1),
         "fault": {**fault, **_fault_figures(fault)},
+        "grouped": grouped, "cpu_s": cpu,
         "remediations": remediations, "storm_brake_held": brake_held,
         "other_rail_held": other_held,
         "audit_entries": {row["verb"]: row["n"] for row in audit_entries},
@@ -674,8 +702,9 @@ def storm_report(r: dict[str, Any], other: dict[str, Any] | None) -> str:
         _row("push sent -> answered (signal committed)", r["push_answer_s"]),
         _row("push due (storm schedule) -> answered", r["due_to_answer_s"]),
         _row("push sent -> server's ingested_at", r["send_to_ingested_s"]),
-        _row("push sent -> its node's incident opened", r["signal_to_incident_s"]),
-        _row("push due -> its node's incident opened", r["signal_due_to_incident_s"]),
+        _row("push sent -> its node's incident (opened, or the storm's joined)",
+             r["signal_to_incident_s"]),
+        _row("push due -> its node's incident", r["signal_due_to_incident_s"]),
         "", "| figure | value |", "|---|---:|",
         f"| signals stored / pushed | {r['signals_stored']:,} / {r['nodes']:,} "
         f"({r['pushes_failed']} pushes failed) |",
@@ -691,6 +720,12 @@ def storm_report(r: dict[str, Any], other: dict[str, Any] | None) -> str:
         f"| diagnosis runs during the storm / longest run | {r['diagnosis_runs']:,} / "
         f"{r['diagnosis_run_ms_max']:,} ms |",
         f"| diagnose queue depth, max | {r['diagnose_queue_max']} |",
+        f"| incidents of their own / storm incidents (nodes in them) | "
+        f"{r['grouped']['alone']:,} / {r['grouped']['storm_incidents']:,} "
+        f"({r['grouped']['nodes_in_storm_incidents']:,}) |",
+        f"| CPU spent from the storm to caught up: web / worker (s) | {r['cpu_s']['web']:.1f} / "
+        f"{r['cpu_s']['worker']:.1f} "
+        f"({1000 * (r['cpu_s']['web'] + r['cpu_s']['worker']) / r['nodes']:.1f} ms a signal) |",
         f"| diagnosis runs killed at the soft time limit (not counted above) | "
         f"{r.get('diagnosis_time_limits', '-')} |",
         "| diagnosis caught up after | "
@@ -747,6 +782,11 @@ def storm_report(r: dict[str, Any], other: dict[str, Any] | None) -> str:
         for label, key in [("push answered, p95", "p95")]:
             lines.append(f"| {label} | {_s(r['push_answer_s'][key])} | "
                          f"{_s(other['push_answer_s'][key])} |")
+        def per_signal(run: dict[str, Any]) -> str:
+            cpu = run.get("cpu_s")
+            return "-" if not cpu else f"{1000 * sum(cpu.values()) / run['nodes']:.1f}"
+
+        lines.append(f"| CPU a signal, web + worker (ms) | {per_signal(r)} | {per_signal(other)} |")
         for label, key in [("all incidents after", "all_incidents_after_s"),
                            ("diagnosis runs", "diagnosis_runs"),
                            ("longest diagnosis run (ms)", "diagnosis_run_ms_max")]:
