@@ -51,7 +51,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.bench.burst import ROOT, XID79, Sampler, _free_port, _get, _wait, on_own_database, records
+from tests.bench.burst import (
+    ROOT,
+    XID79,
+    Sampler,
+    _free_port,
+    _get,
+    _wait,
+    deployed_cache,
+    on_own_database,
+    records,
+)
 
 XID48 = ("NVRM: Xid (PCI:0000:3b:00): 48, pid=4412, name=python3, An uncorrectable double bit "
          "error (DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0.")
@@ -91,7 +101,8 @@ class Stack:
                "FLEETWATCH_SIM_STATE": str(sim_state), "FLEETWATCH_COLLECT_INTERVAL": "5",
                # The storm is one push per node; the intake is one client's flood: the
                # per-token budget would measure the throttle, not the intake.
-               "FLEETWATCH_API_INGEST_RATE": "1000000/min", "LOG_LEVEL": "WARNING"}
+               "FLEETWATCH_API_INGEST_RATE": "1000000/min", "LOG_LEVEL": "WARNING",
+               **deployed_cache()}
         python = sys.executable
         gunicorn = Path(python).parent / "gunicorn"
         web = [str(gunicorn)] if gunicorn.exists() else [python, "-m", "gunicorn"]
