@@ -29,6 +29,7 @@ DIAGNOSE_CLUSTER = "incidents.tasks.diagnose_cluster"
 DIAGNOSIS_RESCUE = "incidents.tasks.diagnosis_rescue"
 DIAGNOSE_SIGNALS = "incidents.tasks.diagnose_signals"  # messages of older versions only
 RUN_STEP = "incidents.tasks.run_step"
+PAGE_PERSON = "incidents.tasks.page_person"
 STEPS_RESCUE = "incidents.tasks.steps_rescue"
 WEBHOOK_DELIVER = "incidents.tasks.webhook_deliver"
 WEBHOOKS_RESCUE = "incidents.tasks.webhooks_rescue"

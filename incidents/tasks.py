@@ -48,6 +48,14 @@ def run_step(step_id: int, reason: str = "start") -> None:
     engine.step_run(step_id, reason)
 
 
+# Sent once: the page is recorded as a delivery and an audit entry, and the webhook event of
+# the same wait (with its own retries and rescue) reaches the subscribers whatever happens here.
+@shared_task(name=queueing.PAGE_PERSON, ignore_result=True, acks_late=True,
+             reject_on_worker_lost=True)
+def page_person(remediation_id: int) -> None:
+    engine.person_page(remediation_id)
+
+
 @shared_task(name=queueing.STEPS_RESCUE, ignore_result=True)
 def steps_rescue() -> None:
     engine.steps_rescue()

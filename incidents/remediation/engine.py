@@ -12,6 +12,7 @@ leased, and each executor checks the outside state first. ``steps_rescue`` (the 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import cast
@@ -52,6 +53,47 @@ def step_enqueue(step_id: int, reason: str = "start", countdown: float = 0) -> N
     Step.objects.filter(pk=step_id).update(
         next_check_at=timezone.now() + timedelta(seconds=countdown))
     queueing.enqueue(queueing.RUN_STEP, step_id, reason, countdown=countdown)
+
+
+def person_page_enqueue(remediation: Remediation) -> None:
+    """Page the on-call channels once the remediation, waiting for a person, is committed."""
+    queueing.enqueue(queueing.PAGE_PERSON, remediation.pk)
+
+
+def person_page(remediation_id: int) -> str:
+    """Tell the on-call channels that a remediation waits for a person from the start: its
+    playbook runs in approve mode, or a safety rail held it. Its own notify step runs only
+    after the approval, so without this page the person who must approve would hear of it
+    only from a webhook subscription, if any, or the dashboard; in a storm, where the fleet
+    budget holds every new repair, that is every fault. The call is audited like a step's
+    (an outside call) and recorded as a delivery per channel; a failed page is recorded and
+    not retried here (the incident waits on the dashboard, and the webhook event of the wait
+    has its own retries)."""
+    rem = Remediation.objects.select_related("incident__cluster").get(pk=remediation_id)
+    if rem.status != Remediation.Status.AWAITING_APPROVAL:
+        return f"remediation {rem.pk} is {rem.status}: nobody to page"
+    incident = rem.incident
+    why = rem.hold_reason or f"the {rem.playbook} playbook runs in approve mode"
+    subject = (f"FleetWatch incident {incident.pk}: {incident.root_cause} on "
+               f"{', '.join(incident.nodes) or incident.switch or 'no node'} waits for a "
+               "person's approval")
+    payload = {"incident": incident.pk, "remediation": rem.pk,
+               "root_cause": incident.root_cause, "nodes": list(incident.nodes),
+               "waiting_for": "approval", "why": why,
+               "delivery_key": f"incident-{incident.pk}-remediation-{rem.pk}-approval"}
+    started = time.monotonic()
+    try:
+        result = get_clients(incident.cluster.name).notifier.notify(
+            subject, f"{why}. {incident.explanation}", payload)
+    except ClientError as exc:
+        audit_record("notify", "on-call", remediation=rem, ok=False, result=str(exc),
+                     data={"page": "approval"},
+                     duration_ms=(time.monotonic() - started) * 1000)
+        return f"page failed: {exc}"
+    audit_record("notify", "on-call", remediation=rem, call=result.call, result=result.detail,
+                 data={"page": "approval", "changed": result.changed, **result.data},
+                 duration_ms=(time.monotonic() - started) * 1000)
+    return result.detail
 
 
 def steps_rescue() -> list[int]:

@@ -95,6 +95,8 @@ def remediation_open(
             engine.step_enqueue(remediation.steps.get(order=1).pk)
         elif status == Remediation.Status.AWAITING_APPROVAL:
             incident_event("remediation.awaiting_approval", incident, remediation)
+            if automatic:  # a person who pressed "start" needs no page about it
+                engine.person_page_enqueue(remediation)
         return Opened(remediation, True)
 
 
