@@ -206,7 +206,7 @@ WHITENOISE_USE_FINDERS = not env_str("FLEETWATCH_STATIC_ROOT")
 # processes). FLEETWATCH_CACHE_URL overrides (redis://... or a folder path).
 _cache = env_str("FLEETWATCH_CACHE_URL") or env_str("REDIS_URL") or str(DATA_DIR / "cache")
 CACHES = {"default": (
-    {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _cache}
+    {"BACKEND": "fleetwatch.cache.RedisCache", "LOCATION": _cache}
     if _cache.startswith(("redis://", "rediss://", "unix://"))
     # Files: room for every token's counters, and entries that outlive a day-long throttle
     # window (incr rewrites an entry with the default timeout). Not atomic across processes:
