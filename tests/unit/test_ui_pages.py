@@ -300,7 +300,8 @@ def test_dashboard_counts_groups_repairs_mttr_and_sources(ops: Client) -> None:
     assert 'data-testid="mttr"><dt>Automation</dt><dd>' in page
     assert "7 min" in page  # the resolved incident took 7 min (420 s... as detected->resolved)
     assert 'data-testid="source-slurm"' in page and "down: slurmctld timed out" in page
-    assert "lag 30 s" in page
+    # 30 s behind when the fleet was built; a loaded machine may take a second more to ask.
+    assert re.search(r"lag 3[0-5] s", page)
     # The live part renders alone, with the same group.
     live = ops.get("/dashboard/live?by=pool&group=spare").content.decode()
     assert 'data-testid="grid-group">spare</b>' in live and "<html" not in live
@@ -580,7 +581,7 @@ def test_sources_page_health_lag_runs_and_errors(ops: Client) -> None:
     slurm = page[page.index('data-testid="source-slurm"'):page.index('data-testid="source-telemetry"')]
     assert 'data-testid="source-status">down<' in slurm
     assert "Last error: slurmctld timed out" in slurm
-    assert 'data-testid="source-lag">30 s<' in slurm
+    assert re.search(r'data-testid="source-lag">3[0-5] s<', slurm)
     assert "Last 10 runs" in slurm and "timed out" in slurm
     assert 'data-testid="source-status">up<' in page
 
