@@ -89,10 +89,10 @@ def _diagnose_from(cluster_id: int, earliest: datetime) -> tuple[list[Incident],
 def _storm_split(cluster_id: int, new: list[Diagnosis]
                  ) -> tuple[list[Diagnosis], dict[str, list[Diagnosis]]]:
     """The new diagnoses that open incidents of their own, and per root cause those past the
-    storm brake (policy.storm_room), which join its storm incident. In order: the first of
-    a cause (by ``new``'s order) still open alone up to the brake. A node FleetWatch is
-    repairing that stops answering is its repair's evidence (incident_record), never a
-    storm's."""
+    storm brake (policy.storm_room), which join its storm incident: of each cause, the first
+    ones in ``new``'s order open alone while the brake leaves room, the rest join. A node
+    FleetWatch is repairing that stops answering is its repair's evidence (incident_record),
+    never a storm's."""
     room: dict[str, int | None] = {cause: policy.storm_room(cluster_id, cause)
                                    for cause in {d.root_cause for d in new}}
     repairing = (policy.nodes_in_remediation(cluster_id)

@@ -4,7 +4,7 @@ resolved by hand. A confident diagnosis with a playbook opens its remediation at
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -120,7 +120,8 @@ def _storm_record(cluster_id: int, cause: RootCause, diagnoses: list[Diagnosis])
     named = ", ".join(nodes[:STORM_NODES_NAMED]) + (
         f" and {len(nodes) - STORM_NODES_NAMED} more" if len(nodes) > STORM_NODES_NAMED else "")
     explanation = (
-        f"Storm: {cause.label} on {len(nodes)} nodes since {detected:%Y-%m-%d %H:%M:%S} UTC, "
+        f"Storm: {cause.label} on {len(nodes)} nodes since "
+        f"{detected.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC, "
         f"past the storm brake (more than {settings.FLEETWATCH_STORM_INCIDENTS} {cause} "
         f"incidents in {settings.FLEETWATCH_STORM_MINUTES} min): more likely one event (a "
         "rack or its power feed, a switch, a driver or firmware rollout) than that many "
@@ -144,9 +145,10 @@ def _storm_record(cluster_id: int, cause: RootCause, diagnoses: list[Diagnosis])
                                                "nodes": len(nodes)})
         incident_event("incident.opened", storm)
     elif added:
+        # Audited, not announced: a storm grows at every diagnosis run while it lasts, and a
+        # subscriber paged for each run would be paged by the storm itself.
         audit_record("incident.extended", f"incident {storm.pk}", incident=storm,
                      result=f"{added} more signal(s) of the storm; {len(nodes)} nodes now")
-        incident_event("incident.updated", storm)
     return storm
 
 
