@@ -166,7 +166,10 @@ def test_approve_mode_waits_for_one_click(
     remediation = wait_for(lambda: incident.remediations.first(), 10, "a remediation")
     assert remediation.status == Remediation.Status.AWAITING_APPROVAL
     _collections_after(_last_run(), 2)  # the worker keeps collecting and diagnosing meanwhile
-    assert not AuditEntry.objects.exclude(call="").exists()  # nothing touched yet
+    # Nothing touched yet; the one outside call is the page asking on-call for the approval.
+    [page] = AuditEntry.objects.exclude(call="")
+    assert (page.verb, page.target, page.data["page"]) == ("notify", "on-call", "approval")
+    assert page.remediation_id == remediation.pk
     assert not sim_state()["nodes"]["gpu-014"]["drained"]
 
     # A viewer cannot approve, even with a hand-made POST.
