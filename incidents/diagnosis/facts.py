@@ -267,23 +267,17 @@ def _extract(observations: Sequence[Observation]) -> Facts:
             kind = kind_of(obs.metric)
             if kind is None:
                 continue
-            gpu = obs.gpu if obs.gpu is not None else -1
-            if kind == _XID:
-                code = int(value)
-                if not code and node not in xid_nodes:
-                    continue  # a zero where no XID was seen: nothing changed
-                key = (node, gpu)
-                if code != xid_last.get(key, 0):
-                    xid_last[key] = code
-                    if code:
-                        xid_nodes.add(node)
-                        facts.xids.append(XidFact(
-                            at, at.timestamp(), node, f"GPU {gpu}", code,
-                            f"{dcgm.XID_ERRORS}={code} on {node} GPU {gpu}", "dcgm", obs.id))
+            # Temperatures and clock events first: with utilisation, nearly every sample. The
+            # GPU index is read only where a sample says something.
+            if kind == _TEMP:
+                if value >= hot_c:
+                    gpu = obs.gpu if obs.gpu is not None else -1
+                    hot.setdefault((node, f"GPU {gpu}"), []).append((at.timestamp(), value))
             elif kind == _CLOCKS:
                 mask = int(value) if value else 0
                 # Most samples read 0: test the bits inline before the full check.
                 if mask & slow_bits:
+                    gpu = obs.gpu if obs.gpu is not None else -1
                     key = (node, gpu)
                     run = runs.get(key)
                     if not thermal_mask(mask, run is not None and not run.closed):
@@ -304,14 +298,25 @@ def _extract(observations: Sequence[Observation]) -> Facts:
                     if obs.id is not None:
                         run.ids.append(obs.id)
                 elif node in run_nodes:
-                    run = runs.get((node, gpu))
+                    run = runs.get((node, obs.gpu if obs.gpu is not None else -1))
                     if run is not None and not run.closed:
                         run.t_end, run.closed = at.timestamp(), True
-            elif kind == _TEMP:
-                if value >= hot_c:
-                    hot.setdefault((node, f"GPU {gpu}"), []).append((at.timestamp(), value))
+            elif kind == _XID:
+                code = int(value)
+                if not code and node not in xid_nodes:
+                    continue  # a zero where no XID was seen: nothing changed
+                gpu = obs.gpu if obs.gpu is not None else -1
+                key = (node, gpu)
+                if code != xid_last.get(key, 0):
+                    xid_last[key] = code
+                    if code:
+                        xid_nodes.add(node)
+                        facts.xids.append(XidFact(
+                            at, at.timestamp(), node, f"GPU {gpu}", code,
+                            f"{dcgm.XID_ERRORS}={code} on {node} GPU {gpu}", "dcgm", obs.id))
             else:
                 metric = obs.metric
+                gpu = obs.gpu if obs.gpu is not None else -1
                 key3 = (node, gpu, metric)
                 # The live collector sends changes with the reading before them.
                 previous = gauges.get(key3, obs.fields.get("previous"))
