@@ -137,3 +137,24 @@ def test_one_source_claiming_most_of_a_large_fleet_is_an_outage_except_where_cor
     assert len(note.nodes) == 299
     assert [(d.root_cause, d.nodes) for d in result.diagnoses] == [
         ("node_unreachable", ("gpu-0123",))]
+
+
+def test_stand_ins_appended_after_the_rows_are_read_without_a_sort(monkeypatch: Any) -> None:
+    # The live window: rows in time order, then two source-less observations per node that
+    # sent only idle samples (their first and last time), in no particular order.
+    rows = window()
+    stand_ins = [Observation(T0 + timedelta(seconds=s), "", node)
+                 for node, s in (("gpu-007", 50), ("gpu-007", 2), ("gpu-008", -5), ("gpu-008", 61))]
+    live = rows + stand_ins
+    reads = []
+    real = facts._extract
+    monkeypatch.setattr(facts, "_extract", lambda o: reads.append(len(o)) or real(o))
+    got = facts.extract(live)
+    assert reads == [len(live)]  # one pass, no sort
+    assert got == real(sorted(live, key=lambda o: o.at))
+    assert {"gpu-007", "gpu-008"} <= got.nodes_seen
+    assert (got.first, got.last) == (T0 - timedelta(seconds=5), T0 + timedelta(seconds=61))
+    # A reading out of order still sends the window through the sort.
+    reads.clear()
+    assert facts.extract([*rows, rows[0]]) == real(sorted([*rows, rows[0]], key=lambda o: o.at))
+    assert len(reads) == 2
