@@ -732,6 +732,13 @@ class Engine:
         if len(first_down) < REACH_SWITCH_MIN_NODES:
             return
         switched = {d.switch for d in self.diagnoses if d.switch}
+        # Each leaf's quiet nodes' times, for leaves that have any: the test below, whether
+        # other leaves went quiet too, then looks at those leaves only, not every leaf's list.
+        quiet: dict[str, list[float]] = {}
+        for leaf, listed in self.topology.items():
+            times = [first_down[n].t for n in listed if n in first_down]
+            if times:
+                quiet[leaf] = times
         for leaf in sorted(self.topology):
             members = set(self.topology[leaf])
             if leaf in switched or len(members) < REACH_SWITCH_MIN_NODES:
@@ -740,9 +747,9 @@ class Engine:
             if len(burst) < REACH_SWITCH_MIN_NODES or len(burst) <= SWITCH_MAJORITY * len(members):
                 continue
             b0 = burst[0].t
-            busy = [other for other, nodes2 in self.topology.items() if other != leaf and sum(
-                1 for n in nodes2 if n in first_down and abs(first_down[n].t - b0) <= REACH_BURST_S
-            ) > SWITCH_MAJORITY * len(nodes2)]
+            busy = any(other != leaf and sum(1 for t in times if abs(t - b0) <= REACH_BURST_S)
+                       > SWITCH_MAJORITY * len(self.topology[other])
+                       for other, times in quiet.items())
             if busy:
                 continue  # several leaves at once is not one switch; the nodes decide
             nodes = sorted(r.node for r in burst)
