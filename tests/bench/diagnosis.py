@@ -236,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     def mib(value: float | None) -> str:
-        return "-" if value is None else f"{value:.0f} MiB"
+        if value is None:
+            return "-"
+        return f"{value:.1f} MiB" if value < 10 else f"{value:.0f} MiB"
 
     base = rows[0]
     lines = [
