@@ -21,6 +21,7 @@ Every diagnosis cites its evidence (lines, nodes, times) in plain words.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -123,6 +124,30 @@ class _Cause:
     diagnosis: Diagnosis
 
 
+def _first(item: tuple[int, JobFact]) -> int:
+    return item[0]
+
+
+def _most_nodes(events: Sequence[LinkFact | ReachFact], span: float,
+                ) -> list[tuple[int, int, int]]:
+    """For each event (in time order), the window of events within ``span`` seconds before
+    it: (start, end, how many distinct nodes), end exclusive. Counted as the window slides,
+    where counting each window afresh was quadratic in a burst's size."""
+    out = []
+    per_node: dict[str, int] = defaultdict(int)
+    start = 0
+    for end, event in enumerate(events):
+        per_node[event.node] += 1
+        while event.t - events[start].t > span:
+            gone = events[start].node
+            per_node[gone] -= 1
+            if not per_node[gone]:
+                del per_node[gone]
+            start += 1
+        out.append((start, end + 1, len(per_node)))
+    return out
+
+
 def _gpu_index(gpu: str | None) -> int | None:
     """5 for "GPU 5" (dcgm's index); None for a PCI address or nothing."""
     if gpu and gpu.startswith("GPU ") and gpu[4:].strip().isdigit():
@@ -166,6 +191,19 @@ class Engine:
         self.admin_drained: dict[str, tuple[float, str]] = {}
         for at, node, reason in self.facts.admin_drains:
             self.admin_drained.setdefault(node, (at.timestamp(), reason))
+        # Indexes built once, so that no rule scans a fleet-wide list once per node, leaf or
+        # diagnosis: with faults, leaves and log lines all growing with the fleet, such scans
+        # made a 100,000-GPU cycle's rules take 20 times as long as 10,000 GPUs'.
+        # node -> the leaves it sits under (usually one).
+        self.leaves_of: dict[str, list[str]] = defaultdict(list)
+        for leaf, members in self.topology.items():
+            for node in dict.fromkeys(members):
+                self.leaves_of[node].append(leaf)
+        # job -> its NCCL/network symptom lines, with their place in facts.job_lines.
+        self.symptom_lines: dict[str, list[tuple[int, JobFact]]] = defaultdict(list)
+        for i, f in enumerate(self.facts.job_lines):
+            if f.kind in p.SYMPTOMS:
+                self.symptom_lines[f.job].append((i, f))
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -229,10 +267,11 @@ class Engine:
                 "GPU, left running.")
 
     def symptoms_after(self, jobs: Iterable[str], t: float, exclude: set[str]) -> list[JobFact]:
-        wanted = set(jobs)
-        return [f for f in self.facts.job_lines
-                if f.kind in p.SYMPTOMS and f.job in wanted and f.t >= t - 1
-                and f.node not in exclude]
+        """The jobs' symptom lines from ``t`` on, not from ``exclude``, in the window's order."""
+        found = [(i, f) for job in set(jobs) for i, f in self.symptom_lines.get(job, ())
+                 if f.t >= t - 1 and f.node not in exclude]
+        found.sort(key=_first)
+        return [f for _, f in found]
 
     def victims_text(self, jobs: Sequence[str], t: float, blamed: set[str]) -> tuple[str, list[int]]:
         symptoms = self.symptoms_after(jobs, t, blamed)
@@ -293,12 +332,11 @@ class Engine:
             events.sort(key=lambda r: r.t)
             # Mark every report that sits in some MASS_SPAN_S window naming enough nodes ...
             marked: set[int] = set()
-            start = 0
-            for end in range(len(events)):
-                while events[end].t - events[start].t > MASS_SPAN_S:
-                    start += 1
-                if len({r.node for r in events[start:end + 1]}) >= threshold:
-                    marked.update(range(start, end + 1))
+            upto = 0  # windows only move forward: what is marked before this already is
+            for start, end, count in _most_nodes(events, MASS_SPAN_S):
+                if count >= threshold:
+                    marked.update(range(max(start, upto), end))
+                    upto = end
             # ... then treat each run of marked reports as one claim, and one note.
             bursts: list[list[ReachFact]] = []
             for i in sorted(marked):
@@ -307,10 +345,13 @@ class Engine:
                 else:
                     bursts.append([events[i]])
             for burst in bursts:
-                nodes = {r.node for r in burst}
+                claimed: dict[str, list[float]] = defaultdict(list)
+                for b in burst:
+                    claimed[b.node].append(b.t)
+                nodes = set(claimed)
                 corroborated = {
-                    r.node for r in down if r.source != source and r.node in nodes
-                    and any(abs(r.t - b.t) <= CORROBORATE_S for b in burst if b.node == r.node)
+                    r.node for r in down if r.source != source and r.node in claimed
+                    and any(abs(r.t - t) <= CORROBORATE_S for t in claimed[r.node])
                 }
                 lonely = [r for r in burst if r.node not in corroborated]
                 if not lonely:
@@ -473,26 +514,41 @@ class Engine:
     def link_faults(self) -> None:
         losses = [f for f in self.facts.links if f.kind in ("down", "downed")]
         losses.sort(key=lambda f: f.t)
+        loss_t = [f.t for f in losses]
+        # Each leaf's link facts, in the order above, sorted out once rather than per leaf.
+        losses_of: dict[str, list[LinkFact]] = defaultdict(list)
+        for f in losses:
+            for leaf in self.leaves_of.get(f.node, ()):
+                losses_of[leaf].append(f)
+        links_of: dict[str, list[LinkFact]] = defaultdict(list)
+        for f in self.facts.links:
+            for leaf in self.leaves_of.get(f.node, ()):
+                links_of[leaf].append(f)
         absorbed: set[int] = set()
         for leaf in sorted(self.topology):
             members = set(self.topology[leaf])
             if len(members) < 2:
                 continue
-            mine = [f for f in losses if f.node in members]
+            mine = losses_of.get(leaf, [])
             burst = self._burst(mine, len(members))
             if burst is None:
                 continue
             b0, b1 = burst[0].t, burst[-1].t
             hit = [f for f in mine if b0 - SWITCH_SPREAD_S <= f.t <= b1 + SWITCH_SPREAD_S]
             nodes = sorted({f.node for f in hit})
-            related = [f for f in self.facts.links if f.node in members
-                       and b0 - SWITCH_SPREAD_S <= f.t <= b1 + 10 * SWITCH_SPREAD_S]
+            related = [f for f in links_of.get(leaf, ())
+                       if b0 - SWITCH_SPREAD_S <= f.t <= b1 + 10 * SWITCH_SPREAD_S]
             absorbed.update(id(f) for f in related)
             ups = [f for f in related if f.kind == "up"]
             back = f"; links back from {_when(ups[0].at)}" if ups else "; links still down"
-            clean = [other for other, nodes2 in self.topology.items() if other != leaf
-                     and not any(f.node in nodes2 and abs(f.t - b0) <= SWITCH_SPREAD_S
-                                 for f in losses)]
+            # The leaves with a loss near the burst: the losses are in time order, so only
+            # those about SWITCH_SPREAD_S from it are looked at (a second wider, then the
+            # exact test, so rounding cannot move one across the edge).
+            near = {other for f in losses[bisect_left(loss_t, b0 - SWITCH_SPREAD_S - 1):
+                                          bisect_right(loss_t, b0 + SWITCH_SPREAD_S + 1)]
+                    if abs(f.t - b0) <= SWITCH_SPREAD_S
+                    for other in self.leaves_of.get(f.node, ())}
+            clean = [other for other in self.topology if other != leaf and other not in near]
             jobs = tuple(sorted({j for n in nodes for j in self.jobs_of.get(n, ())}))
             # Every node under a dead leaf is cut off, including one whose own link report
             # was missed: its going quiet is the switch, not the node.
@@ -519,13 +575,9 @@ class Engine:
         if it is most of the leaf."""
         best: list[LinkFact] = []
         best_nodes = 0
-        start = 0
-        for end in range(len(losses)):
-            while losses[end].t - losses[start].t > SWITCH_BURST_S:
-                start += 1
-            count = len({f.node for f in losses[start:end + 1]})
+        for start, end, count in _most_nodes(losses, SWITCH_BURST_S):
             if count > best_nodes:
-                best, best_nodes = losses[start:end + 1], count
+                best, best_nodes = losses[start:end], count
         if best_nodes >= 2 and best_nodes > SWITCH_MAJORITY * size:
             return best
         return None
@@ -573,7 +625,8 @@ class Engine:
               text: str) -> None:
         t = first.t
         jobs = tuple(sorted(j for j in self.jobs_of.get(node, ()) if self._job_alive(j, t)))
-        others = [leaf for leaf, members in self.topology.items() if node not in members]
+        # Some leaf does not hold this node (the index spares a scan of every leaf's list).
+        others = len(self.topology) > len(self.leaves_of.get(node, ()))
         victims, victim_ids = self.victims_text(jobs, t, {node})
         clean = " Its leaf's other nodes show no link loss." if others else ""
         self.nic_nodes.setdefault(node, []).append(t)
@@ -679,6 +732,13 @@ class Engine:
         if len(first_down) < REACH_SWITCH_MIN_NODES:
             return
         switched = {d.switch for d in self.diagnoses if d.switch}
+        # Each leaf's quiet nodes' times, for leaves that have any: the test below, whether
+        # other leaves went quiet too, then looks at those leaves only, not every leaf's list.
+        quiet: dict[str, list[float]] = {}
+        for leaf, listed in self.topology.items():
+            times = [first_down[n].t for n in listed if n in first_down]
+            if times:
+                quiet[leaf] = times
         for leaf in sorted(self.topology):
             members = set(self.topology[leaf])
             if leaf in switched or len(members) < REACH_SWITCH_MIN_NODES:
@@ -687,9 +747,9 @@ class Engine:
             if len(burst) < REACH_SWITCH_MIN_NODES or len(burst) <= SWITCH_MAJORITY * len(members):
                 continue
             b0 = burst[0].t
-            busy = [other for other, nodes2 in self.topology.items() if other != leaf and sum(
-                1 for n in nodes2 if n in first_down and abs(first_down[n].t - b0) <= REACH_BURST_S
-            ) > SWITCH_MAJORITY * len(nodes2)]
+            busy = any(other != leaf and sum(1 for t in times if abs(t - b0) <= REACH_BURST_S)
+                       > SWITCH_MAJORITY * len(self.topology[other])
+                       for other, times in quiet.items())
             if busy:
                 continue  # several leaves at once is not one switch; the nodes decide
             nodes = sorted(r.node for r in burst)
@@ -716,6 +776,17 @@ class Engine:
             if f.job:
                 per_job[f.job].append(f)
         app_xid_jobs = getattr(self, "app_xid_jobs", {})
+        # The faults found above, by the nodes and jobs they name: a job looks up its own
+        # rather than going through every fault.
+        causes_at: dict[str, list[_Cause]] = defaultdict(list)
+        causes_of: dict[str, list[_Cause]] = defaultdict(list)
+        for c in self.causes:
+            if c.diagnosis.root_cause == APPLICATION_ERROR:
+                continue
+            for node in c.nodes:
+                causes_at[node].append(c)
+            for j in c.diagnosis.jobs:
+                causes_of[j].append(c)
         for job in sorted(set(per_job) | set(app_xid_jobs)):
             lines = per_job.get(job, [])
             xids = app_xid_jobs.get(job, [])
@@ -727,9 +798,10 @@ class Engine:
             strong = [f for f in failures if f.kind in p.APP_STRONG]
             symptoms = [f for f in lines if f.kind in p.SYMPTOMS]
             nodes = self.job_nodes.get(job, set())
-            touching = [c for c in self.causes
-                        if c.diagnosis.root_cause != APPLICATION_ERROR
-                        and (c.nodes & nodes or job in c.diagnosis.jobs)]
+            # A fault may be listed twice here: only whether there is one, and the earliest
+            # time, are read.
+            touching = [c for n in nodes for c in causes_at.get(n, ())]
+            touching += causes_of.get(job, ())
             if not failures and not xids:
                 if symptoms and not touching:
                     self.note("symptom", f"job {job}: {len(symptoms)} NCCL/network error line(s) "
