@@ -76,6 +76,7 @@ kept.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import ipaddress
 import json
@@ -197,6 +198,13 @@ FIELD_CHECK_INTERVAL = 300.0
 DCGM_NAME_PATTERN = "DCGM_FI_.+"
 # Prometheus (url and matchers) -> (monotonic time of the check, its warnings).
 _FIELD_CHECKS: dict[str, tuple[float, list[str]]] = {}
+
+
+# GpuMetric's fields after node and gpu, with the values of a GPU no series mentions: no
+# reading (None), and 0 for the gauges whose missing series means nothing happened.
+_METRIC_DEFAULTS = ["", None, None, 0, *(f.default for f in dataclasses.fields(GpuMetric)[6:])]
+_METRIC_SLOT = {f.name: i for i, f in enumerate(dataclasses.fields(GpuMetric))}
+_UUID, _MODEL = _METRIC_SLOT["uuid"], _METRIC_SLOT["model"]
 
 
 class _GpuRead(NamedTuple):
@@ -485,13 +493,15 @@ class PrometheusTelemetry:
         labels, a finite number) takes one short path, and only the odd series go through
         the checks that say what is wrong with them."""
         blank_count = 0
+        one = key_labels[0] if len(key_labels) == 1 else None  # the usual case: "gpu"
         for s in series:
             try:
                 labels = s["metric"]
                 node = labels.get("Hostname") or labels.get("hostname") \
                     or node_from_instance(labels.get("instance") or "")
                 value = float(s["value"][1])
-                if (node and all(labels.get(k) for k in key_labels)
+                if (node and (labels.get(one) if one is not None
+                              else all(labels.get(k) for k in key_labels))
                         and value == value and value < DCGM_INT32_BLANK and value > -math.inf):
                     yield node, labels, value
                     continue
@@ -550,7 +560,9 @@ class PrometheusTelemetry:
 
         A reading holding DCGM's blank value counts as read, with no value: a GPU whose
         utilisation and temperature are both blank is reported with neither (off the bus)."""
-        gpus: dict[GpuKey, dict[str, Any]] = {}
+        # Each GPU gathered as GpuMetric's fields in order and made with one positional
+        # call: at 100,000 GPUs, keyword calls and a dict per GPU cost most of a second.
+        gpus: dict[GpuKey, list[Any]] = {}
         sampled: dict[str, set[GpuKey]] = {attr: set() for attr in READING_FIELDS}
         evaluated: list[float] = []
         for query in GPU_QUERIES:
@@ -566,48 +578,39 @@ class PrometheusTelemetry:
             seen = sampled.get(query.attr)
             if reading and (evaluated_at := _evaluated_at(result)) is not None:
                 evaluated.append(evaluated_at)
+            slot, as_int = _METRIC_SLOT[query.attr], query.attr in GPU_INT_FIELDS
             for node, labels, value in self._samples(expr, result, warnings, ("gpu",), blanks):
                 gpu = self._gpu_entry(gpus, expr, node, labels, query.lean, warnings)
                 if gpu is None:
                     continue
                 if seen is not None:
-                    seen.add((node, gpu["index"]))
-                if query.attr in GPU_INT_FIELDS:
-                    gpu[query.attr] = int(value)
-                elif query.attr in gpu:
+                    seen.add((node, gpu[1]))
+                if as_int:
+                    gpu[slot] = int(value)
+                elif gpu[slot] is not None:
                     # Two series for one GPU and field (two Hostname spellings, a GPU moved
-                    # between pods): keep the larger, as max by would.
-                    gpu[query.attr] = max(gpu[query.attr], value)
+                    # between pods): keep the larger, as max by would. (Each field has one
+                    # query, and no value before it.)
+                    gpu[slot] = max(gpu[slot], value)
                 else:
-                    gpu[query.attr] = value
+                    gpu[slot] = value
             for node, labels in blanks or ():
                 gpu = self._gpu_entry(gpus, expr, node, labels, query.lean, warnings)
                 if gpu is not None and seen is not None:
-                    seen.add((node, gpu["index"]))
+                    seen.add((node, gpu[1]))
         if since is not None:
             expr = self._new_identity_expr(since)
             for node, labels, _ in self._samples(expr, self._query(expr), warnings, ("gpu",)):
                 self._gpu_entry(gpus, expr, node, labels, False, warnings)
-        metrics = [
-            GpuMetric(
-                node=node, gpu=index, uuid=g["uuid"], model=g["model"],
-                utilization=g.get("utilization"), temperature=g.get("temperature"),
-                last_xid=g.get("last_xid", 0), power_w=g.get("power_w"),
-                clock_event_reasons=g.get("clock_event_reasons", 0),
-                memory_temperature=g.get("memory_temperature"), dbe_total=g.get("dbe_total"),
-                row_remap_failure=g.get("row_remap_failure", 0),
-                nvlink_errors=g.get("nvlink_errors"), pcie_replays=g.get("pcie_replays"),
-                uncorrectable_remapped_rows=g.get("uncorrectable_remapped_rows"))
-            for (node, index), g in gpus.items()
-        ]
+        metrics = [GpuMetric(*g) for g in gpus.values()]
         return _GpuRead(metrics, sampled, min(evaluated) if evaluated else None)
 
     @staticmethod
-    def _gpu_entry(gpus: dict[GpuKey, dict[str, Any]], expr: str, node: str,
+    def _gpu_entry(gpus: dict[GpuKey, list[Any]], expr: str, node: str,
                    labels: dict[str, str], lean: bool, warnings: _Warnings
-                   ) -> dict[str, Any] | None:
-        """The GPU a series belongs to (created on first sight), or None if its gpu label is
-        not an index."""
+                   ) -> list[Any] | None:
+        """The GPU a series belongs to (created on first sight, as GpuMetric's fields in
+        order), or None if its gpu label is not an index."""
         try:
             index = int(labels["gpu"])
         except ValueError:
@@ -616,10 +619,10 @@ class PrometheusTelemetry:
             return None
         gpu = gpus.get((node, index))
         if gpu is None:
-            gpu = gpus[(node, index)] = {"uuid": "", "model": "", "index": index}
-        if not lean and not gpu["uuid"]:
-            gpu["uuid"] = labels.get("UUID") or labels.get("uuid") or ""
-            gpu["model"] = gpu["model"] or labels.get("modelName", "")
+            gpu = gpus[(node, index)] = [node, index, *_METRIC_DEFAULTS]
+        if not lean and not gpu[_UUID]:
+            gpu[_UUID] = labels.get("UUID") or labels.get("uuid") or ""
+            gpu[_MODEL] = gpu[_MODEL] or labels.get("modelName", "")
         return gpu
 
     def _new_samples_expr(self, query: _Query, group: Sequence[str], since: float) -> str:
