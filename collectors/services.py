@@ -460,9 +460,15 @@ def collect_slurm(cluster: Cluster, clients: Clients, run: RunLog) -> list[Signa
     update_columns(Node, ["slurm_state", "slurm_flags", "slurm_reason", "leaf_switch",
                           "in_service", "updated_at"], changed)
     run.counts["nodes_changed"] = len(changed)
+    # The nodes Slurm no longer lists, found in the rows read above rather than with a
+    # NOT IN of every name Slurm lists (12,500 parameters to bind, every poll). A node
+    # another collector creates meanwhile is judged at the next poll.
     in_slurm = {s.name for s in reported}
-    Node.objects.filter(cluster=cluster, in_service=True).exclude(name__in=in_slurm).update(
-        in_service=False, updated_at=now)
+    gone = [ids[name] for name, row in stored.items()
+            if row[4] and name not in in_slurm and name in ids]
+    if gone:
+        Node.objects.filter(id__in=gone, in_service=True).update(in_service=False,
+                                                                 updated_at=now)
 
     known = dict(Job.objects.filter(cluster=cluster).values_list("slurm_id", "state"))
     rows = []
@@ -680,6 +686,9 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
     rows = []  # (pk, *GPU_COLUMNS) of the rows where more than the readings moved
     readings = []  # (pk, utilization, temperature, updated_at) of the rows where only they did
     new_rows = []  # (node_id, index, *GPU_COLUMNS) of the GPUs seen for the first time
+    # ... and of those with quiet fault fields (nearly all): only what differs between them,
+    # the rest comes from the template (COPY's cost goes with the values sent).
+    new_quiet = []  # (node_id, index, uuid, utilization, temperature, health)
     samples = []
     touched: set[int] = set()  # nodes with a GPU read or judged this poll
     failing: set[int] = set()  # nodes with a failed GPU, read or as stored
@@ -737,10 +746,14 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
         # they were at the last poll. Where only the readings moved (the usual change), only
         # they are written: the write's cost goes with the values sent.
         if pk is None:
-            new_rows.append((node_id, key[1], m_uuid, m.last_xid,
-                             now if m.last_xid != last_xid else last_xid_at, m_util, m_temp,
-                             m.clock_event_reasons, m.dbe_total, bool(m.row_remap_failure),
-                             health, now))
+            if (m.last_xid, m.clock_event_reasons, m.dbe_total, m.row_remap_failure) \
+                    == (0, 0, None, 0):
+                new_quiet.append((node_id, key[1], m_uuid, m_util, m_temp, health))
+            else:
+                new_rows.append((node_id, key[1], m_uuid, m.last_xid,
+                                 now if m.last_xid != last_xid else last_xid_at, m_util,
+                                 m_temp, m.clock_event_reasons, m.dbe_total,
+                                 bool(m.row_remap_failure), health, now))
         elif (m.last_xid != last_xid or m.clock_event_reasons != clocks or m.dbe_total != dbe
                 or bool(m.row_remap_failure) != remap or m_uuid != uuid
                 or health != stored_health):
@@ -754,11 +767,13 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
             samples.append(GpuSample(node_id=node_id, gpu_index=m.gpu, at=now,
                                      utilization=m_util, temperature=m_temp))
     drafts += _remapped_rows_drafts(cluster, answer, created, names, run)
+    insert_missing(Gpu(updated_at=now), ["node_id", "index", "uuid", "utilization",
+                                         "temperature", "health"], new_quiet)
     insert_missing(template, ["node_id", "index", *GPU_COLUMNS], new_rows)
     update_columns(Gpu, GPU_COLUMNS, rows)
     update_columns(Gpu, ["utilization", "temperature", "updated_at"], readings)
     run.counts["gpus_changed"] = len(rows) + len(readings)
-    run.counts["gpus_created"] = len(new_rows)
+    run.counts["gpus_created"] = len(new_rows) + len(new_quiet)
     GpuSample.objects.bulk_create(samples, batch_size=5000)
     # A node's health is its GPUs': only the nodes this poll judged, only where it moved.
     nodes = Node.objects.filter(cluster=cluster)
