@@ -26,7 +26,7 @@ from django.db.models import Field, Q
 from django.utils import timezone
 
 from collectors import normalize, queueing
-from collectors.bulk import update_columns
+from collectors.bulk import insert_missing, update_columns
 from collectors.clients import Clients, get_clients
 from collectors.clients.base import (
     ClientError,
@@ -437,8 +437,7 @@ def _nodes_ensure(cluster: Cluster, names: Iterable[str]) -> dict[str, int]:
     ids = dict(Node.objects.filter(cluster=cluster).values_list("name", "id"))
     new = sorted(set(names) - set(ids))
     if new:
-        Node.objects.bulk_create([Node(cluster=cluster, name=n) for n in new],
-                                 ignore_conflicts=True, batch_size=5000)
+        insert_missing(Node(cluster=cluster), ["name"], [(n,) for n in new])
         ids = dict(Node.objects.filter(cluster=cluster).values_list("name", "id"))
     return ids
 
@@ -471,9 +470,15 @@ def collect_slurm(cluster: Cluster, clients: Clients, run: RunLog) -> list[Signa
     update_columns(Node, ["slurm_state", "slurm_flags", "slurm_reason", "leaf_switch",
                           "in_service", "updated_at"], changed)
     run.counts["nodes_changed"] = len(changed)
+    # The nodes Slurm no longer lists, found in the rows read above rather than with a
+    # NOT IN of every name Slurm lists (12,500 parameters to bind, every poll). A node
+    # another collector creates meanwhile is judged at the next poll.
     in_slurm = {s.name for s in reported}
-    Node.objects.filter(cluster=cluster, in_service=True).exclude(name__in=in_slurm).update(
-        in_service=False, updated_at=now)
+    gone = [ids[name] for name, row in stored.items()
+            if row[4] and name not in in_slurm and name in ids]
+    if gone:
+        Node.objects.filter(id__in=gone, in_service=True).update(in_service=False,
+                                                                 updated_at=now)
 
     known = dict(Job.objects.filter(cluster=cluster).values_list("slurm_id", "state"))
     rows = []
@@ -677,15 +682,23 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
     node_ids = None if complete else {n for n, _ in answer} | {ids[n] for n in read.present}
     stored = _gpu_rows(cluster, node_ids)
     created = set(answer) - set(stored)
-    if created:
-        Gpu.objects.bulk_create([Gpu(node_id=n, index=i) for n, i in sorted(created)],
-                                ignore_conflicts=True, batch_size=5000)
-        stored.update(_gpu_rows(cluster, {n for n, _ in created}))
+    # A GPU seen for the first time is judged against a new row's defaults and inserted
+    # with its values below (pk None): inserting defaults and then updating every row
+    # doubled the first poll's writes.
+    template = Gpu()
+    blank = (None, *(getattr(template, name) for name in GPU_STORED[3:]))
+    for key in sorted(created):
+        stored[key] = blank
     names = {v: k for k, v in ids.items()}
     answered_nodes = {m.node for m in read.gpus}
     now = timezone.now()
     drafts: list[SignalDraft] = []
-    rows = []
+    rows = []  # (pk, *GPU_COLUMNS) of the rows where more than the readings moved
+    readings = []  # (pk, utilization, temperature, updated_at) of the rows where only they did
+    new_rows = []  # (node_id, index, *GPU_COLUMNS) of the GPUs seen for the first time
+    # ... and of those with quiet fault fields (nearly all): only what differs between them,
+    # the rest comes from the template (COPY's cost goes with the values sent).
+    new_quiet = []  # (node_id, index, uuid, utilization, temperature, health)
     samples = []
     touched: set[int] = set()  # nodes with a GPU read or judged this poll
     failing: set[int] = set()  # nodes with a failed GPU, read or as stored
@@ -702,30 +715,36 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
                 if stored_health == failed_health:
                     failing.add(node_id)
                 continue
-            silent = m.utilization is None and m.temperature is None
+            m_uuid, m_util, m_temp = m.uuid, m.utilization, m.temperature
+            silent = m_util is None and m_temp is None
             # No new readings; gone silent, its fault fields are as stored (no news there).
             sampled, faults = False, not silent
         else:
+            # The GPU as stored where the answer has nothing newer, held in locals: a
+            # dataclasses.replace() per GPU costs a second at 100,000 GPUs.
             gpu_key = (m.node, m.gpu)
             fill_u, fill_t = gpu_key in unsampled_u, gpu_key in unsampled_t
+            m_uuid, m_util, m_temp = m.uuid or uuid, m.utilization, m.temperature
             if m.node in read.present and m.gpu not in read.present[m.node]:
                 # Its series ended after the readings it sent (they are read a little in the
                 # past, the node's GPUs are listed now): silent.
                 fill_u = fill_t = False
-                m = replace(m, utilization=None, temperature=None)
-            if fill_u or fill_t or not m.uuid:
-                # A reading with no new sample since the last poll is what was stored.
-                m = replace(m, uuid=m.uuid or uuid,
-                            utilization=util if fill_u else m.utilization,
-                            temperature=temp if fill_t else m.temperature)
+                m_util = m_temp = None
+            # A reading with no new sample since the last poll is what was stored.
+            if fill_u:
+                m_util = util
+            if fill_t:
+                m_temp = temp
             sampled, faults = not (fill_u and fill_t), True
-            silent = m.utilization is None and m.temperature is None
+            silent = m_util is None and m_temp is None
             if not sampled and key in created:
                 silent = False  # never read yet: unknown, not silent (read at its next scrape)
         if faults and (m.last_xid != last_xid
                        or (m.clock_event_reasons | clocks) & dcgm.THERMAL_BITS
                        or m.dbe_total != dbe or bool(m.row_remap_failure) != remap):
-            drafts += normalize.gpu_changes(normalize.GpuSeen(last_xid, clocks, dbe, remap), m)
+            seen = replace(m, uuid=m_uuid, utilization=m_util, temperature=m_temp)
+            drafts += normalize.gpu_changes(normalize.GpuSeen(last_xid, clocks, dbe, remap),
+                                            seen)
         # A GPU with no readings at all has gone (off the bus); one missing field is a site
         # that does not collect it, never a failure.
         failed = takes_gpu_out(m.last_xid) or bool(m.row_remap_failure) or silent
@@ -734,20 +753,37 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
             failing.add(node_id)
         health = failed_health if failed else Node.Health.HEALTHY
         # A row is written only when something in it moved: most GPUs' readings are as
-        # they were at the last poll.
-        if (m.last_xid != last_xid or m.clock_event_reasons != clocks or m.dbe_total != dbe
-                or bool(m.row_remap_failure) != remap or m.uuid != uuid
-                or m.utilization != util or m.temperature != temp or health != stored_health):
-            rows.append((pk, m.uuid, m.last_xid,
-                         now if m.last_xid != last_xid else last_xid_at, m.utilization,
-                         m.temperature, m.clock_event_reasons, m.dbe_total,
+        # they were at the last poll. Where only the readings moved (the usual change), only
+        # they are written: the write's cost goes with the values sent.
+        if pk is None:
+            if (m.last_xid, m.clock_event_reasons, m.dbe_total, m.row_remap_failure) \
+                    == (0, 0, None, 0):
+                new_quiet.append((node_id, key[1], m_uuid, m_util, m_temp, health))
+            else:
+                new_rows.append((node_id, key[1], m_uuid, m.last_xid,
+                                 now if m.last_xid != last_xid else last_xid_at, m_util,
+                                 m_temp, m.clock_event_reasons, m.dbe_total,
+                                 bool(m.row_remap_failure), health, now))
+        elif (m.last_xid != last_xid or m.clock_event_reasons != clocks or m.dbe_total != dbe
+                or bool(m.row_remap_failure) != remap or m_uuid != uuid
+                or health != stored_health):
+            rows.append((pk, m_uuid, m.last_xid,
+                         now if m.last_xid != last_xid else last_xid_at, m_util,
+                         m_temp, m.clock_event_reasons, m.dbe_total,
                          bool(m.row_remap_failure), health, now))
+        elif m_util != util or m_temp != temp:
+            readings.append((pk, m_util, m_temp, now))
         if keep_samples and sampled:
             samples.append(GpuSample(node_id=node_id, gpu_index=m.gpu, at=now,
-                                     utilization=m.utilization, temperature=m.temperature))
+                                     utilization=m_util, temperature=m_temp))
     drafts += _remapped_rows_drafts(cluster, answer, created, names, run)
+    insert_missing(Gpu(updated_at=now), ["node_id", "index", "uuid", "utilization",
+                                         "temperature", "health"], new_quiet)
+    insert_missing(template, ["node_id", "index", *GPU_COLUMNS], new_rows)
     update_columns(Gpu, GPU_COLUMNS, rows)
-    run.counts["gpus_changed"] = len(rows)
+    update_columns(Gpu, ["utilization", "temperature", "updated_at"], readings)
+    run.counts["gpus_changed"] = len(rows) + len(readings)
+    run.counts["gpus_created"] = len(new_rows) + len(new_quiet)
     GpuSample.objects.bulk_create(samples, batch_size=5000)
     # A node's health is its GPUs': only the nodes this poll judged, only where it moved.
     nodes = Node.objects.filter(cluster=cluster)

@@ -451,13 +451,13 @@ def _clients(fleet: Fleet) -> tuple[Any, Any, Any]:
         server_seconds = 0.0  # Prometheus's share of the poll, taken out of the figure
         queries: list[str] = []
 
-        def _query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        def _instant_answer(self, expr: str, at: float | None) -> bytes:
+            # The HTTP transport only: the client decodes the body as it does a real one's.
             start = time.perf_counter()
-            body = self.tsdb.answer(expr, at)
+            body = self.tsdb.answer(expr, at).encode()
             self.server_seconds += time.perf_counter() - start
             self.queries.append(expr)
-            # What the HTTP client does with the body: decode it, take the result.
-            return json.loads(body)["data"]["result"]
+            return body
 
     class Kubernetes:
         last_warnings: list[str] = []

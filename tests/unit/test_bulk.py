@@ -1,0 +1,42 @@
+"""collectors.bulk: the COPY-based writes the collectors use for a whole fleet's rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from collectors.bulk import insert_missing, update_columns
+from collectors.models import Cluster, Gpu, Node
+
+pytestmark = pytest.mark.django_db
+
+
+def test_new_rows_are_the_template_with_their_keys_and_existing_ones_are_left_alone() -> None:
+    cluster = Cluster.objects.create(name="bulk")
+    Node.objects.create(cluster=cluster, name="gpu-002", slurm_reason="kept", health="failed")
+    sent = insert_missing(Node(cluster=cluster), ["name"], [("gpu-001",), ("gpu-002",)])
+    assert sent == 2
+    nodes = {n.name: n for n in Node.objects.filter(cluster=cluster)}
+    assert sorted(nodes) == ["gpu-001", "gpu-002"]
+    new = nodes["gpu-001"]
+    # The model's defaults, JSON included, as Node(...).save() would have written them.
+    assert (new.slurm_flags, new.k8s_annotations, new.nic_ports) == ([], {}, {})
+    assert (new.in_service, new.health, new.k8s_ready, new.updated_at is not None) == \
+        (True, Node.Health.UNKNOWN, None, True)
+    assert (nodes["gpu-002"].slurm_reason, nodes["gpu-002"].health) == ("kept", "failed")
+
+
+def test_new_gpus_carry_their_values_and_readings_update_alone() -> None:
+    node = Node.objects.create(cluster=Cluster.objects.create(name="bulk"), name="gpu-001")
+    template = Gpu()
+    insert_missing(template, ["node_id", "index", "uuid", "utilization", "temperature"],
+                   [(node.pk, 0, "GPU-a", 12.5, None), (node.pk, 1, "GPU-b", None, 40.0)])
+    gpus = {g.index: g for g in Gpu.objects.filter(node=node)}
+    assert (gpus[0].uuid, gpus[0].utilization, gpus[0].temperature) == ("GPU-a", 12.5, None)
+    assert (gpus[1].uuid, gpus[1].utilization, gpus[1].temperature) == ("GPU-b", None, 40.0)
+    assert (gpus[0].last_xid, gpus[0].row_remap_failure, gpus[0].health) == \
+        (0, False, Node.Health.UNKNOWN)
+    update_columns(Gpu, ["utilization", "temperature", "updated_at"],
+                   [(gpus[1].pk, 99.0, 41.0, gpus[1].updated_at)])
+    gpus[1].refresh_from_db()
+    assert (gpus[1].uuid, gpus[1].utilization, gpus[1].temperature) == ("GPU-b", 99.0, 41.0)
+    assert insert_missing(template, ["node_id", "index"], []) == 0
