@@ -243,8 +243,10 @@ CELERY_TASK_ROUTES = {
     "incidents.tasks.diagnose_signals": {"queue": "diagnose"},
     "incidents.tasks.diagnose_cluster": {"queue": "diagnose"},
     "incidents.tasks.diagnosis_rescue": {"queue": "diagnose"},
-    # A slow webhook receiver must not hold up remediation steps.
+    # A slow webhook receiver must not hold up remediation steps, and a page asking a person
+    # for an approval must not wait behind them (in a storm, the repairs' steps fill them).
     "incidents.tasks.webhook*": {"queue": "default"},
+    "incidents.tasks.page_person": {"queue": "default"},
     "incidents.tasks.*": {"queue": "remediate"},
 }
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
