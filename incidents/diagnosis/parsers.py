@@ -68,11 +68,12 @@ _NVRM_HEADER = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>" + _ADDR + r")\s*$")
 #   NVRM: GPU 0000:98:00.0: RmInitAdapter failed! (0x62:0x65:1792)
 #   NVRM: GPU 0000:0a:00.0: rm_init_adapter failed, device minor number 5
 #   NVRM: RmInitAdapter failed! (0x26:0xffff:1375)          (older drivers: no address)
+#   NVRM: rm_init_adapter(0) failed                           (older still: the minor number)
 #   nvidia: probe of 0000:3b:00.0 failed with error -1      (the kernel's driver core, < 5.x)
 #   nvidia 0000:3b:00.0: probe with driver nvidia failed with error -1   (newer kernels)
 #   NVRM: The NVIDIA probe routine failed for 1 device(s).
 _INIT_FAILED = re.compile(
-    r"NVRM: (?:GPU (?P<pci>" + _ADDR + r"): )?(?:RmInitAdapter|rm_init_adapter) failed"
+    r"NVRM: (?:GPU (?P<pci>" + _ADDR + r"): )?(?:RmInitAdapter|rm_init_adapter(?:\(\d+\))?) failed"
     r"|nvidia: probe of (?P<pci2>" + _ADDR + r") failed with error"
     r"|nvidia (?P<pci3>" + _ADDR + r"): probe with driver nvidia failed with error"
     r"|NVRM: The NVIDIA probe routine failed for \d+ device")
@@ -108,14 +109,16 @@ IB_UP_STATES = frozenset({"ACTIVE", "ACTIVE_DEFER"})
 #   pcieport 0000:00:03.1: AER: Correctable error message received from 0000:00:00.0 (6.x)
 #   pcieport 0000:00:03.0: AER: Multiple Uncorrected (Fatal) error received: 0000:00:03.0
 #   nvidia 0000:3b:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer
-# Severity words changed over releases (Corrected/Correctable, Uncorrected/Uncorrectable).
+#   snd_hda_intel 0000:63:00.1: PCIe Bus Error: Uncorrectable (Non-Fatal), type=Transaction Layer
+# Severity words changed over releases (Corrected/Correctable, Uncorrected/Uncorrectable), and
+# recent kernels dropped "severity=".
 _SEVERITY = r"(?P<sev>Corrected|Correctable|Uncorrect(?:ed|able) \((?:Non-)?Fatal\))"
 _AER_RECEIVED = re.compile(
     r"(?P<driver>[\w-]+) (?P<port>" + _ADDR + r"): AER: (?:Multiple )?" + _SEVERITY
     + r" error (?:message )?received(?::| from) (?:(?P<src>" + _ADDR + r")|id=(?P<id>[0-9a-fA-F]+))",
     re.IGNORECASE)
 _AER_BUS_ERROR = re.compile(
-    r"(?P<driver>[\w-]+) (?P<dev>" + _ADDR + r"): (?:AER: )?PCIe Bus Error: severity="
+    r"(?P<driver>[\w-]+) (?P<dev>" + _ADDR + r"): (?:AER: )?PCIe Bus Error: (?:severity=)?"
     + _SEVERITY, re.IGNORECASE)
 AER_CORRECTED, AER_NONFATAL, AER_FATAL = "corrected", "nonfatal", "fatal"
 
