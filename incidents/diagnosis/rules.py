@@ -532,7 +532,8 @@ class Engine:
                 break
         later = [s for s in supporting if s is not cause and s.t >= first_at.timestamp()]
         if later:
-            extras.append("then " + ", ".join(f"XID {s.code} at {_when(s.at)}" for s in later[:4]))
+            extras.append("then " + ", ".join(
+                f"{s.via or f'XID {s.code}'} at {_when(s.at)}" for s in later[:4]))
         for r in recovery:
             if r.recovery_action is not None:
                 extras.append(f"XID 154 asks for '{p.recovery_action_name(r.recovery_action)}'")
