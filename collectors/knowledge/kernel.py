@@ -26,6 +26,9 @@ KERNEL_LINES_TO_SEND: Final = re.compile(
         # NVRM: GPU 0000:47:00.0: RmInitAdapter failed! (0x26:0x56:1474)
         # NVRM: No NVIDIA GPU found. / NVRM: The NVIDIA probe routine failed for 1 device(s).
         r"NVRM: (?:GPU [0-9a-fA-F:.]+: )?RmInitAdapter failed",
+        # NVRM: GPU 0000:98:00.0: rm_init_adapter failed, device minor number 0
+        # NVRM: rm_init_adapter(0) failed   (old drivers, which print no address at all)
+        r"NVRM: (?:GPU [0-9a-fA-F:.]+: )?rm_init_adapter(?:\(\d+\))? failed",
         # nvidia: probe of 0000:3b:00.0 failed with error -1   (driver core, older kernels)
         # nvidia 0000:3b:00.0: probe with driver nvidia failed with error -1   (newer ones)
         r"nvidia: probe of \S+ failed",

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from collectors.knowledge.kernel import KERNEL_LINES_TO_SEND
 from incidents.diagnosis import Observation, diagnose
 from incidents.diagnosis import parsers as p
 
@@ -67,6 +68,15 @@ def test_kernel_line_parses_as_expected(entry: dict[str, Any]) -> None:
         assert (got.device, got.port, got.state) == (want["device"], want["port"], want["state"])
     elif isinstance(got, p.PcieAer):
         assert (got.severity, got.pci) == (want["severity"], want["pci"])
+
+
+@pytest.mark.parametrize("entry", [e for e in KERNEL["lines"]
+                                   if e["expect"]["kind"] != "ignored"], ids=_id)
+def test_every_line_read_reaches_diagnosis(entry: dict[str, Any]) -> None:
+    """The agent sends it, and the database window does not leave it out: a line read here
+    but dropped on the way is as unseen as one not read."""
+    assert KERNEL_LINES_TO_SEND.search(entry["line"]), "the agent keeps it on the node"
+    assert any(word in entry["line"] for word in p.KERNEL_WORDS), "the window leaves it out"
 
 
 @pytest.mark.parametrize("entry", KERNEL["lines"], ids=_id)
