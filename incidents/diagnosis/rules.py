@@ -567,7 +567,11 @@ class Engine:
         """An application XID blames its job, unless it follows one GPU across jobs."""
         by_gpu: dict[tuple[str, str, int], list[tuple[XidFact, str | None]]] = defaultdict(list)
         for f in app:
-            by_gpu[(f.node, f.gpu, f.code)].append((f, self.job_at(f.node, f.t, f.gpu)))
+            # On a MIG GPU each instance is its own device to the jobs on it, and jobs on
+            # different instances run side by side: the same application XID in two of them
+            # is two jobs' bugs, not one GPU following them.
+            where = f"{f.gpu} {f.instance}" if f.instance else f.gpu
+            by_gpu[(f.node, where, f.code)].append((f, self.job_at(f.node, f.t, f.gpu)))
         self.app_xid_jobs: dict[str, list[XidFact]] = defaultdict(list)
         for (node, gpu, code), seen in sorted(by_gpu.items()):
             jobs = {j for _, j in seen if j}
