@@ -573,13 +573,14 @@ def _slurm(obs: Observation, facts: Facts) -> None:
         facts.reach.append(ReachFact(obs.at, t, obs.node, "slurm", False,
                                      f"Slurm: {obs.node} {shown} ({reason or 'no reason'})", obs.id))
         return
-    if tokens & {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "INVALID_REG", "INVAL"}:
-        lost = p.slurm_gpus_lost(reason)
-        if lost is not None:
-            # slurmctld's own drain, and a fault: the node registered fewer GPUs than it has.
-            facts.gpus_lost.append(GpuLostFact(obs.at, t, obs.node, lost[0], lost[1], reason,
-                                               obs.id))
-            return
+    if tokens & {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "INVALID_REG", "INVAL"} and (
+            lost := p.slurm_gpus_lost(reason)) is not None:
+        # slurmctld's own drain (INVALID_REG: its registration was refused), and a fault: the
+        # node registered fewer GPUs than it has.
+        facts.gpus_lost.append(GpuLostFact(obs.at, t, obs.node, lost[0], lost[1], reason,
+                                           obs.id))
+        return
+    if tokens & {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL"}:
         if reason and not reason.startswith("fleetwatch:"):
             facts.admin_drains.append((obs.at, obs.node, reason))
         return
