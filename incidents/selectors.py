@@ -21,6 +21,7 @@ from collectors.selectors import TelemetryPoint, json_list_has
 from collectors.sources import cluster_names, sources_of
 from incidents.audit import audit_verify
 from incidents.diagnosis import JobInfo, Observation, facts
+from incidents.diagnosis.parsers import KERNEL_WORDS
 from incidents.models import AuditEntry, Incident, Remediation, RootCause, Step
 from incidents.remediation import policy
 from incidents.remediation.playbooks import FOR_ROOT_CAUSE, PLAYBOOKS, RISKS
@@ -108,13 +109,17 @@ IDLE_METRICS = dcgm.IDLE_FIELDS
 # text), and the two bounds match only JSON numbers on PostgreSQL (jsonb orders strings below
 # numbers and booleans above them); SQLite reads true/false as 1/0, which the engine reads as
 # no value and skips as well. Anything else is read in full, as before.
-# Kernel lines are read only for XIDs and link changes (parsers.parse_kernel looks no further
-# than lines holding "Xid" or "ink"): the rest is left out too. SQLite's LIKE ignores case, so
-# there a line with "xid" is read in full: fewer left out, never one too many.
+# Kernel lines are read only when they hold one of the words parsers.parse_kernel looks for
+# (XIDs, SXids, link and port states, the driver's GPU-lost messages, AER): the rest is left
+# out too. SQLite's LIKE ignores case, so there a few more lines are read in full: fewer left
+# out, never one too many.
+_KERNEL_READ = Q()
+for _word in KERNEL_WORDS:
+    _KERNEL_READ |= Q(message__contains=_word)
 _IDLE = (Q(source=Signal.Source.DCGM) & (
     Q(data__metric__in=IDLE_METRICS)
     | Q(data__metric__in=dcgm.TEMPERATURES, data__value__gt=-1e300, data__value__lt=facts.HOT_C))
-) | (Q(source=Signal.Source.KERNEL) & ~Q(message__contains="Xid") & ~Q(message__contains="ink"))
+) | (Q(source=Signal.Source.KERNEL) & ~_KERNEL_READ)
 
 
 def _window_observations(rows: QuerySet[Signal]) -> list[Observation]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 
@@ -31,8 +32,16 @@ SLINKY_POD_HOSTNAME_LABEL = "nodeset.slinky.slurm.net/pod-hostname"
 SLURM_OPERATOR_REASON_PREFIX = "slurm-operator:"
 
 
+# scontrol shows who set a reason and when: "Low RealMemory ... [slurm@2024-12-19T11:03:34]".
+# The user "slurm" (SlurmUser) is slurmctld itself, reacting to what the node reported.
+_SET_BY = re.compile(r"\[(?P<user>[^@\]\s]+)@[^\]]*\]\s*$")
+
+
 def drained_by(reason: str) -> str:
     """Who a Slurm reason says drained a node, in words for a person."""
     if reason.startswith(SLURM_OPERATOR_REASON_PREFIX):
         return "slurm-operator (its Kubernetes node is cordoned or its slurmd pod went away)"
+    m = _SET_BY.search(reason)
+    if m and m.group("user") == "slurm":
+        return "slurmctld"
     return "an administrator"

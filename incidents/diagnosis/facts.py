@@ -73,6 +73,40 @@ class XidFact:
     source: str
     id: int | None
     recovery_action: int | None = None
+    # Empty for an XID the driver or DCGM reported as one; else the driver message that was
+    # read as this XID, in words (the "fallen off the bus" message as XID 79, ...).
+    via: str = ""
+    instance: str = ""  # MIG: "GPU-I 5" (the fault is the physical GPU's; this is for people)
+
+
+@dataclass(slots=True)
+class HwFact:
+    """A hardware fault a kernel line reports that is not an XID: a fatal PCIe error (AER) on
+    a device, a fatal NVSwitch error (SXid). ``gpu_known``: the device is known to be a GPU
+    (the agent matched its address to one, or the NVIDIA driver printed the line)."""
+
+    at: datetime
+    t: float
+    node: str
+    kind: str  # "aer" or "sxid"
+    device: str  # "PCI 0000:3b:00", "GPU 3" or "nvidia-nvswitch1 (PCI 0000:06:00)"
+    code: int
+    text: str
+    id: int | None
+    gpu_known: bool = False
+
+
+@dataclass(slots=True)
+class GpuLostFact:
+    """slurmctld drained a node because its slurmd registered fewer GPUs than configured."""
+
+    at: datetime
+    t: float
+    node: str
+    reported: int
+    configured: int
+    reason: str
+    id: int | None
 
 
 @dataclass(slots=True)
@@ -155,6 +189,8 @@ class JobSpan:
 @dataclass(slots=True)
 class Facts:
     xids: list[XidFact] = field(default_factory=list)
+    hardware: list[HwFact] = field(default_factory=list)
+    gpus_lost: list[GpuLostFact] = field(default_factory=list)
     links: list[LinkFact] = field(default_factory=list)
     reach: list[ReachFact] = field(default_factory=list)
     job_lines: list[JobFact] = field(default_factory=list)
@@ -242,6 +278,9 @@ def _extract(observations: Sequence[Observation]) -> Facts:
     gauges: dict[tuple[str, int, str], float] = {}
     counters: dict[tuple[str, str, str], float] = {}
     ports: dict[tuple[str, str], str] = {}
+    # node -> (time, PCI address) of the last "NVRM: The NVIDIA GPU <address>" line alone: the
+    # head of a message split over lines, which names the GPU its last line is about.
+    headers: dict[str, tuple[float, str]] = {}
     runs: dict[tuple[str, int], ThermalRun] = {}
     # Nodes that ever had a thermal run: only there can a quiet clock sample close one.
     run_nodes: set[str] = set()
@@ -346,15 +385,7 @@ def _extract(observations: Sequence[Observation]) -> Facts:
                                                 f"{metric}={value:g} on {node} GPU {gpu}", obs.id))
             continue
         if source == "kernel":
-            parsed = p.parse_kernel(obs.message)
-            if isinstance(parsed, p.KernelXid):
-                facts.xids.append(XidFact(obs.at, obs.at.timestamp(), node, f"PCI {parsed.pci}",
-                                          parsed.code, obs.message, "kernel", obs.id,
-                                          parsed.recovery_action))
-            elif isinstance(parsed, p.NetdevLink):
-                facts.links.append(LinkFact(
-                    obs.at, obs.at.timestamp(), node, parsed.device, "up" if parsed.up else "down",
-                    1, obs.message, obs.id))
+            _kernel(obs, facts, ports, headers)
             continue
         if source == "nic":
             _nic(obs, facts, counters, ports)
@@ -388,6 +419,69 @@ def _extract(observations: Sequence[Observation]) -> Facts:
     # The last time in order; a stand-in out of order can only lie before it.
     facts.first, facts.last = first, prev_at
     return facts
+
+
+# A split message's lines are printed together: the head this close before its last line.
+HEADER_S = 5.0
+
+
+def _kernel(obs: Observation, facts: Facts, ports: dict[tuple[str, str], str],
+            headers: dict[str, tuple[float, str]]) -> None:
+    parsed = p.parse_kernel(obs.message)
+    if parsed is None:
+        return
+    node, at = obs.node, obs.at
+    if isinstance(parsed, p.KernelXid):
+        pci = parsed.pci
+        if not pci and (head := headers.get(node)) and at.timestamp() - head[0] <= HEADER_S:
+            pci = head[1]
+        # With no address the node still lost a GPU; which one, the line does not say.
+        gpu = f"PCI {pci}" if pci else "a GPU (address not printed)"
+        instance = ""
+        if parsed.gpu_instance is not None:
+            instance = f"GPU-I {parsed.gpu_instance}" + (
+                f" GPU-CI {parsed.compute_instance}" if parsed.compute_instance is not None
+                else "")
+        facts.xids.append(XidFact(at, at.timestamp(), node, gpu, parsed.code, obs.message,
+                                  "kernel", obs.id, parsed.recovery_action, parsed.via,
+                                  instance))
+    elif isinstance(parsed, p.NvrmGpuHeader):
+        headers[node] = (at.timestamp(), parsed.pci)
+    elif isinstance(parsed, p.NetdevLink):
+        facts.links.append(LinkFact(at, at.timestamp(), node, parsed.device,
+                                    "up" if parsed.up else "down", 1, obs.message, obs.id))
+    elif isinstance(parsed, p.IbPortState):
+        up = parsed.up
+        if up is None:
+            return  # INIT, ARMED: a port on its way up; ACTIVE says when it got there
+        # Named as the NIC source names ports ("mlx5_0/1"), and read as transitions like its
+        # state readings, so the agent's reading and the kernel's line of one change are one.
+        port = f"{parsed.device}/{parsed.port}"
+        previous = ports.get((node, port))
+        ports[(node, port)] = parsed.state
+        if not up and previous not in PORT_DOWN:
+            facts.links.append(LinkFact(at, at.timestamp(), node, port, "down", 1, obs.message,
+                                        obs.id))
+        elif up and previous in PORT_DOWN:
+            facts.links.append(LinkFact(at, at.timestamp(), node, port, "up", 1, obs.message,
+                                        obs.id))
+    elif isinstance(parsed, p.NvswitchSxid):
+        # Non-fatal SXids are corrected or contained by the switch and the traffic goes on;
+        # detail lines repeat the error before them. Only a fatal one stops NVLink traffic.
+        if parsed.fatal:
+            facts.hardware.append(HwFact(
+                at, at.timestamp(), node, "sxid",
+                f"{parsed.switch or 'NVSwitch'} (PCI {parsed.pci})", parsed.code, obs.message,
+                obs.id))
+    # Corrected AER errors are the link retrying a transfer, and it worked: noise, never an
+    # incident. Uncorrected non-fatal ones are reported to the device's driver, which recovers
+    # the transaction; if the GPU is hurt its driver says so with an XID. A fatal one takes
+    # the link down and the device with it.
+    elif isinstance(parsed, p.PcieAer) and parsed.severity == p.AER_FATAL:
+        known = obs.gpu is not None or parsed.from_gpu_driver
+        device = f"GPU {obs.gpu}" if obs.gpu is not None else f"PCI {parsed.pci}"
+        facts.hardware.append(HwFact(at, at.timestamp(), node, "aer", device, 0, obs.message,
+                                     obs.id, known))
 
 
 def _nic(obs: Observation, facts: Facts, counters: dict[tuple[str, str, str], float],
@@ -478,6 +572,13 @@ def _slurm(obs: Observation, facts: Facts) -> None:
             "not responding")):
         facts.reach.append(ReachFact(obs.at, t, obs.node, "slurm", False,
                                      f"Slurm: {obs.node} {shown} ({reason or 'no reason'})", obs.id))
+        return
+    if tokens & {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "INVALID_REG", "INVAL"} and (
+            lost := p.slurm_gpus_lost(reason)) is not None:
+        # slurmctld's own drain (INVALID_REG: its registration was refused), and a fault: the
+        # node registered fewer GPUs than it has.
+        facts.gpus_lost.append(GpuLostFact(obs.at, t, obs.node, lost[0], lost[1], reason,
+                                           obs.id))
         return
     if tokens & {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL"}:
         if reason and not reason.startswith("fleetwatch:"):

@@ -16,12 +16,21 @@ from collectors.knowledge.xid import RECOVERY_ACTIONS
 
 # --- kernel ------------------------------------------------------------------------------
 
+# A PCI address as the kernel and the driver print it: "0000:3b:00.0", "PCI:0000:3b:00" (XID
+# lines leave out the function), NVML's "00000000:3B:00.0"; a few lines leave out the domain.
+_ADDR = r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
 # NVRM: Xid (PCI:0000:9b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
 # NVRM: Xid (PCI:0000:3b:00): 48, pid=1234, name=python3, An uncorrectable double bit error ...
-# Older drivers print the bus id without "PCI:"; journald prefixes "kernel: ".
+# On a MIG GPU the driver names the GPU instance, and the compute instance where it knows it
+# (kernel_rc.c): NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User ...
+# and NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 13, ... The fault is the physical GPU's
+# either way: the PCI address is what is blamed, the instance is kept for the explanation.
+# Older drivers print the bus id without "PCI:"; journald prefixes "kernel: "; the process is
+# sometimes named without a pid, sometimes the pid without a name.
 _XID_LINE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)\): "
-    r"(?P<code>\d+)(?:, pid=(?P<pid>'[^']*'|[^,]*), name=(?P<name>[^,]*))?,?\s*(?P<text>.*)$"
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>" + _ADDR + r")"
+    r"(?:\s+GPU-I:\s*(?P<gi>\d+))?(?:\s+GPU-CI:\s*(?P<ci>\d+))?\): "
+    r"(?P<code>\d+)(?:, pid=(?P<pid>'[^']*'|[^,]*))?(?:, name=(?P<name>[^,]*))?,?\s*(?P<text>.*)$"
 )
 # GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)
 # The "from" action's name may itself contain "t" ("0x1 (GPU Reset Required)"), so the target
@@ -31,22 +40,133 @@ _RECOVERY = re.compile(r"recovery action changed from .*?\bto\s+(?P<to>\S.*?)\s*
                        re.IGNORECASE)
 _RECOVERY_HEX = re.compile(r"^(0x[0-9a-fA-F]+|\d+)\b")
 _RECOVERY_BY_NAME = {name.lower(): code for code, name in RECOVERY_ACTIONS.items()}
+# NVSwitch errors, from the nvswitch driver (not NVRM): the severity is the word after the code.
+#   nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted ...
+#   nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up
+# Each error is followed by detail lines with the same code ("Severity 1 Engine instance 60
+# ...", "Data {0x...}"): those say nothing new and are read as detail, not as more errors.
+_SXID_LINE = re.compile(
+    r"(?:(?P<switch>[\w-]*nvswitch\d*):\s*)?SXid \((?:PCI:)?(?P<pci>" + _ADDR + r")\): "
+    r"(?P<code>\d+),\s*(?P<rest>.*)$"
+)
+_SXID_LINK = re.compile(r"\bLink (?P<link>-?\d+)\b")
+# The driver's own "fallen off the bus" messages, with no XID:
+#   NVRM: The NVIDIA GPU 0000:18:00.0 (PCI ID: 10de:2901) installed in this system has fallen
+#   off the bus and is not responding to commands.      (probe or resume, osapi.c)
+#   NVRM: GPU 0000:29:00.0: GPU has fallen off the bus.  (runtime, osinit.c)
+# The first is printed over three lines ("NVRM: The NVIDIA GPU 0000:18:00.0" / "NVRM: (PCI ID:
+# ...) installed in this system has" / "NVRM: fallen off the bus ..."): one kmsg record that the
+# agent hands over with its newlines, or three lines in a text log. Joined, it is read whole;
+# split, the last line alone still says a GPU of the node is lost (``pci`` empty), and the
+# first line alone names it (``NvrmGpuHeader``) for the facts to join them.
+_NVRM_CONT = re.compile(r"\s*(?:\n|\\x0a)\s*(?:\[[^\]]*\]\s*)?NVRM:\s*")
+_FALLEN = re.compile(
+    r"NVRM: (?:The NVIDIA GPU |GPU (?:at (?:PCI:)?)?)?(?P<pci>" + _ADDR + r")?\b.*?"
+    r"fallen off the bus", re.IGNORECASE | re.DOTALL)
+_NVRM_HEADER = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>" + _ADDR + r")\s*$")
+# A GPU the driver could not bring up at load (the node runs short of a GPU):
+#   NVRM: GPU 0000:98:00.0: RmInitAdapter failed! (0x62:0x65:1792)
+#   NVRM: GPU 0000:0a:00.0: rm_init_adapter failed, device minor number 5
+#   NVRM: RmInitAdapter failed! (0x26:0xffff:1375)          (older drivers: no address)
+#   NVRM: rm_init_adapter(0) failed                           (older still: the minor number)
+#   nvidia: probe of 0000:3b:00.0 failed with error -1      (the kernel's driver core, < 5.x)
+#   nvidia 0000:3b:00.0: probe with driver nvidia failed with error -1   (newer kernels)
+#   NVRM: The NVIDIA probe routine failed for 1 device(s).
+_INIT_FAILED = re.compile(
+    r"NVRM: (?:GPU (?P<pci>" + _ADDR + r"): )?(?:RmInitAdapter|rm_init_adapter(?:\(\d+\))?) failed"
+    r"|nvidia: probe of (?P<pci2>" + _ADDR + r") failed with error"
+    r"|nvidia (?P<pci3>" + _ADDR + r"): probe with driver nvidia failed with error"
+    r"|NVRM: The NVIDIA probe routine failed for \d+ device")
 # mlx5_core 0000:0c:00.0 enp12s0np0: Link down   /   ice 0000:17:00.0 ens1f0: NIC Link is Down
+# mlx4_en: eth2: Link Down   /   r8169 0000:06:00.0 eth0: link down
+# igb 0000:01:00.0 eno1: igb: eno1 NIC Link is Up 1000 Mbps Full Duplex, Flow Control: RX/TX
+# Only "Link up/down" or "NIC Link is Up/Down" right after the device name and its colon (a
+# second driver tag in between is allowed): "ata3: SATA link down" (a disk) and "eth0: link
+# becomes ready" (an address being configured) are not a NIC's link state.
 _NETDEV_LINK = re.compile(
-    r"(?P<driver>[\w-]+) (?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d) "
-    r"(?P<dev>[\w.-]+): (?:NIC )?Link (?:is )?(?P<state>up|down)\b",
+    r"(?:(?P<driver>[\w-]+) (?P<pci>" + _ADDR + r") )?(?P<dev>[\w.-]+): "
+    r"(?:[\w-]+: [\w.-]+ )?(?:NIC )?Link (?:is )?(?P<state>up|down)\b",
     re.IGNORECASE,
 )
+# e1000e: eth1 NIC Link is Down   (Intel's e1000/e1000e print the driver, then the device)
+_NIC_LINK_BARE = re.compile(r"(?P<dev>[\w.-]+) NIC Link is (?P<state>Up|Down)\b",
+                            re.IGNORECASE)
+# IB/RoCE port state, printed by ib_core for every device since Linux 6.15 (cache.c,
+# ib_port_state_to_str) and by mlx4 before it:
+#   mlx5_core 0000:08:00.0 mlx5_0: Port: 1 Link DOWN
+#   mlx5_core 0000:08:00.0 rdmap8s0f0: Port: 2 Link ACTIVE
+_IB_PORT = re.compile(
+    r"(?:(?P<driver>[\w-]+) (?P<pci>" + _ADDR + r") )?(?P<dev>[\w.-]+): Port: (?P<port>\d+) "
+    r"Link (?P<state>NOP|DOWN|INIT|ARMED|ACTIVE_DEFER|ACTIVE)\b")
+# Port states that carry no traffic, and those that do; INIT and ARMED are a link coming up
+# (trained, waiting for the subnet manager): neither a loss nor yet a recovery.
+IB_DOWN_STATES = frozenset({"DOWN"})
+IB_UP_STATES = frozenset({"ACTIVE", "ACTIVE_DEFER"})
+# PCIe Advanced Error Reporting (drivers/pci/pcie/aer.c). The root port announces what it
+# received and from whom, then each device involved prints its own detail:
+#   pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:3b:00.0     (< 6.x)
+#   pcieport 0000:00:02.0: AER: Corrected error received: id=0010                   (older)
+#   pcieport 0000:00:03.1: AER: Correctable error message received from 0000:00:00.0 (6.x)
+#   pcieport 0000:00:03.0: AER: Multiple Uncorrected (Fatal) error received: 0000:00:03.0
+#   nvidia 0000:3b:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer
+#   snd_hda_intel 0000:63:00.1: PCIe Bus Error: Uncorrectable (Non-Fatal), type=Transaction Layer
+# Severity words changed over releases (Corrected/Correctable, Uncorrected/Uncorrectable), and
+# recent kernels dropped "severity=".
+_SEVERITY = r"(?P<sev>Corrected|Correctable|Uncorrect(?:ed|able) \((?:Non-)?Fatal\))"
+_AER_RECEIVED = re.compile(
+    r"(?P<driver>[\w-]+) (?P<port>" + _ADDR + r"): AER: (?:Multiple )?" + _SEVERITY
+    + r" error (?:message )?received(?::| from) (?:(?P<src>" + _ADDR + r")|id=(?P<id>[0-9a-fA-F]+))",
+    re.IGNORECASE)
+_AER_BUS_ERROR = re.compile(
+    r"(?P<driver>[\w-]+) (?P<dev>" + _ADDR + r"): (?:AER: )?PCIe Bus Error: (?:severity=)?"
+    + _SEVERITY, re.IGNORECASE)
+AER_CORRECTED, AER_NONFATAL, AER_FATAL = "corrected", "nonfatal", "fatal"
+
+
+def pci_address(text: str) -> str:
+    """"0000:3b:00" for any spelling of a GPU's address ("PCI:0000:3B:00", "0000:3b:00.0",
+    "00000000:3B:00.0", "3b:00.0"): the key a kernel line, an AER line and NVML agree on. The
+    function is left out (XID lines never print it; a GPU is function 0)."""
+    text = text.strip().lower().removeprefix("pci:")
+    parts = text.split(".")[0].split(":")
+    if len(parts) == 2:
+        parts.insert(0, "0000")
+    if len(parts) != 3:
+        return text
+    domain, bus, device = parts
+    return f"{int(domain, 16):04x}:{bus.zfill(2)}:{device.zfill(2)}"
 
 
 @dataclass(frozen=True, slots=True)
 class KernelXid:
     code: int
-    pci: str
+    pci: str  # "0000:9b:00"; empty where the line names no GPU (the node lost one, which?)
     pid: str
     process: str
     text: str
     recovery_action: int | None = None  # XID 154: the action the driver now wants
+    gpu_instance: int | None = None  # MIG: the GPU instance the driver attributes it to
+    compute_instance: int | None = None
+    # Empty for a real XID line; else the driver message read as this XID, in words.
+    via: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NvswitchSxid:
+    code: int
+    pci: str  # the NVSwitch's address, not a GPU's
+    switch: str  # "nvidia-nvswitch3"
+    fatal: bool | None  # None: a detail line of the error before it
+    link: int | None
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class NvrmGpuHeader:
+    """``NVRM: The NVIDIA GPU 0000:18:00.0`` alone: the first line of a message split over
+    lines; it names the GPU the next line is about."""
+
+    pci: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +176,54 @@ class NetdevLink:
     up: bool
 
 
-def parse_kernel(message: str) -> KernelXid | NetdevLink | None:
+@dataclass(frozen=True, slots=True)
+class IbPortState:
+    device: str  # the IB device ("mlx5_0"), or the netdev where a driver prints that
+    pci: str
+    port: int
+    state: str  # DOWN, INIT, ARMED, ACTIVE, ACTIVE_DEFER
+
+    @property
+    def up(self) -> bool | None:
+        """True for a port passing traffic, False for one down, None for one coming up."""
+        if self.state in IB_UP_STATES:
+            return True
+        if self.state in IB_DOWN_STATES:
+            return False
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PcieAer:
+    severity: str  # AER_CORRECTED, AER_NONFATAL or AER_FATAL
+    pci: str  # the device in error, as pci_address() writes it
+    driver: str  # the driver of the line's device ("nvidia", "pcieport", ...)
+    port: str  # the reporting root port, where the line names it
+
+    @property
+    def from_gpu_driver(self) -> bool:
+        """The line is the NVIDIA driver's own device speaking: the address is a GPU's."""
+        return self.driver == "nvidia" and not self.port
+
+
+KernelLine = KernelXid | NvswitchSxid | NvrmGpuHeader | NetdevLink | IbPortState | PcieAer
+
+# Words one of which every line parse_kernel reads holds, case and all; the database leaves
+# kernel lines holding none of them out of a diagnosis window (incidents/selectors.py), so a
+# line class added above needs its word here.
+KERNEL_WORDS = ("Xid", "ink", "fallen off the bus", "NVRM: The NVIDIA GPU", "RmInitAdapter",
+                "rm_init_adapter", "probe", "AER", "PCIe Bus Error")
+
+
+def parse_kernel(message: str) -> KernelLine | None:
+    if "NVRM" in message and ("\n" in message or "\\x0a" in message):
+        # A message printed over several lines, as one record: read it as one line.
+        message = _NVRM_CONT.sub(" ", message)
     if "Xid" in message:
+        if "SXid" in message:
+            s = _SXID_LINE.search(message)
+            if s:
+                return _sxid(s)
         m = _XID_LINE.search(message)
         if m:
             code, text = int(m.group("code")), m.group("text").strip()
@@ -65,13 +231,84 @@ def parse_kernel(message: str) -> KernelXid | NetdevLink | None:
             r = _RECOVERY.search(text)
             if r:
                 action = _recovery_action(r.group("to"))
-            return KernelXid(code, m.group("pci").lower(), (m.group("pid") or "").strip("'"),
-                             (m.group("name") or "").strip(), text, action)
+            gi, ci = m.group("gi"), m.group("ci")
+            return KernelXid(code, pci_address(m.group("pci")),
+                             (m.group("pid") or "").strip().strip("'"),
+                             (m.group("name") or "").strip(), text, action,
+                             int(gi) if gi else None, int(ci) if ci else None)
+    if "NVRM" in message:
+        if "fallen off the bus" in message:
+            f = _FALLEN.search(message)
+            if f:
+                pci = f.group("pci")
+                return KernelXid(79, pci_address(pci) if pci else "", "", "", message.strip(),
+                                 via="the driver's 'fallen off the bus' message")
+        h = _NVRM_HEADER.search(message)
+        if h:
+            return NvrmGpuHeader(pci_address(h.group("pci")))
+    if "ailed" in message and ("nit" in message or "probe" in message):
+        i = _INIT_FAILED.search(message)
+        if i:
+            pci = i.group("pci") or i.group("pci2") or i.group("pci3")
+            return KernelXid(143, pci_address(pci) if pci else "", "", "", message.strip(),
+                             via="the driver failing to initialize the GPU at load")
     if "ink" in message:
+        if "Port: " in message:
+            b = _IB_PORT.search(message)
+            if b:
+                return IbPortState(b.group("dev"), (b.group("pci") or "").lower(),
+                                   int(b.group("port")), b.group("state"))
         m = _NETDEV_LINK.search(message)
         if m:
-            return NetdevLink(m.group("dev"), m.group("pci").lower(),
+            return NetdevLink(m.group("dev"), (m.group("pci") or "").lower(),
                               m.group("state").lower() == "up")
+        n = _NIC_LINK_BARE.search(message)
+        if n:
+            return NetdevLink(n.group("dev"), "", n.group("state").lower() == "up")
+    if "AER" in message or "PCIe Bus Error" in message:
+        return _aer(message)
+    return None
+
+
+def _sxid(m: re.Match[str]) -> NvswitchSxid:
+    rest = m.group("rest").strip()
+    word = rest.split(",", 1)[0].strip().lower()
+    fatal: bool | None
+    if word.startswith("fatal"):
+        fatal = True
+    elif word.startswith(("non-fatal", "nonfatal", "non fatal")):
+        fatal = False
+    else:
+        fatal = None  # "Severity 1 Engine instance ...", "Data {...}": detail lines
+    link = _SXID_LINK.search(rest)
+    return NvswitchSxid(int(m.group("code")), pci_address(m.group("pci")),
+                        m.group("switch") or "", fatal, int(link.group("link")) if link else None,
+                        rest)
+
+
+def _severity(word: str) -> str:
+    word = word.lower()
+    if word.startswith("correct"):
+        return AER_CORRECTED
+    return AER_NONFATAL if "non-fatal" in word else AER_FATAL
+
+
+def _aer(message: str) -> PcieAer | None:
+    r = _AER_RECEIVED.search(message)
+    if r:
+        port = pci_address(r.group("port"))
+        if r.group("src"):
+            source = pci_address(r.group("src"))
+        else:
+            # "id=0010": the requester id, bus << 8 | device << 3 | function, in the port's
+            # domain.
+            rid = int(r.group("id"), 16)
+            source = f"{port[:4]}:{rid >> 8:02x}:{(rid >> 3) & 0x1f:02x}"
+        return PcieAer(_severity(r.group("sev")), source, r.group("driver"), port)
+    b = _AER_BUS_ERROR.search(message)
+    if b:
+        return PcieAer(_severity(b.group("sev")), pci_address(b.group("dev")), b.group("driver"),
+                       "")
     return None
 
 
@@ -170,6 +407,22 @@ def parse_job_line(message: str) -> JobLine | None:
 # --- Slurm -------------------------------------------------------------------------------
 
 NOT_RESPONDING = "NOT_RESPONDING"
+
+# slurmctld's reason when a slurmd registers fewer GPUs than slurm.conf gives its node
+# (gres.c): "gres/gpu count reported lower than configured (7 < 8)"; older releases said
+# "gres/gpu count too low (7 < 8)"; a typed GRES names its type ("gres/gpu:a100 ..."). Both
+# Slurm and scontrol may append who set it and when: "[slurm@2024-12-19T11:03:34]".
+_GRES_GPU_LOW = re.compile(
+    r"\bgres/gpu(?::[\w.-]+)? count (?:reported lower than configured|too low) "
+    r"\((?P<reported>\d+) < (?P<configured>\d+)\)")
+
+
+def slurm_gpus_lost(reason: str) -> tuple[int, int] | None:
+    """(reported, configured) when a Slurm reason says the node registered too few GPUs."""
+    m = _GRES_GPU_LOW.search(reason)
+    if m is None:
+        return None
+    return int(m.group("reported")), int(m.group("configured"))
 
 
 def slurm_node_state(value: Any) -> frozenset[str]:

@@ -34,6 +34,8 @@ from collectors.knowledge.causes import PLAYBOOK_FOR, RootCause
 from collectors.knowledge.slurm import drained_by, index_ranges
 from incidents.diagnosis.facts import (
     Facts,
+    GpuLostFact,
+    HwFact,
     JobFact,
     LinkFact,
     ReachFact,
@@ -45,6 +47,7 @@ from incidents.diagnosis.types import Diagnosis, JobInfo, Note
 
 # Short names for the root-cause labels (collectors.knowledge.causes, with their playbooks).
 GPU_HARDWARE, GPU_MEMORY = RootCause.GPU_HARDWARE, RootCause.GPU_MEMORY
+NVLINK_FAULT = RootCause.NVLINK
 NETWORK_FLAP, SWITCH_FAILURE = RootCause.NETWORK_FLAP, RootCause.SWITCH_FAILURE
 THERMAL, NODE_UNREACHABLE = RootCause.THERMAL, RootCause.NODE_UNREACHABLE
 APPLICATION_ERROR = RootCause.APPLICATION_ERROR
@@ -72,6 +75,7 @@ LINK_AFTER_GPU_S = 3600.0    # a node's link loss this soon after its GPU fault 
 JOB_ACTIVE_SLACK_S = 60.0    # a job's output this close to an event places it in the job
 APP_BEFORE_FAULT_S = 5.0     # an app failure this long before a fault in its job is its own
 ABSORB_APP_XID_S = 60.0      # application XIDs this close to a hardware XID are its echo
+INIT_FAILED_XID = 143        # "GPU initialization failure": what a failed driver load reads as
 
 
 def _when(at: datetime) -> str:
@@ -374,12 +378,62 @@ class Engine:
         memory_by_node: dict[str, list] = defaultdict(list)
         for m in self.facts.memory:
             memory_by_node[m.node].append(m)
+        hw_by_node: dict[str, list[HwFact]] = defaultdict(list)
+        for h in self.facts.hardware:
+            hw_by_node[h.node].append(h)
         app_xids: list[XidFact] = []
-        for node in sorted(set(by_node) | set(memory_by_node)):
-            app_xids += self._node_gpu(node, by_node.get(node, []), memory_by_node.get(node, []))
+        for node in sorted(set(by_node) | set(memory_by_node) | set(hw_by_node)):
+            app_xids += self._node_gpu(node, by_node.get(node, []), memory_by_node.get(node, []),
+                                       self._hardware(node, hw_by_node.get(node, []),
+                                                      by_node.get(node, [])))
         self._application_xids(app_xids)
+        self._gpus_lost()
 
-    def _node_gpu(self, node: str, xids: list[XidFact], memory: list) -> list[XidFact]:
+    def _hardware(self, node: str, hardware: list[HwFact], xids: list[XidFact]) -> list[HwFact]:
+        """Of a node's fatal AER and SXid lines, those that are its GPUs' or NVSwitches'.
+
+        A fatal PCIe error counts against the node's GPUs only where its device is known to be
+        one: the agent matched the address to a GPU, the NVIDIA driver printed the line, or an
+        NVRM line in the window names the same address. A NIC's or a disk's fatal error is
+        shown, not blamed on the GPUs."""
+        gpus = {f.gpu for f in xids}
+        kept = []
+        for h in hardware:
+            if h.kind == "aer" and not (h.gpu_known or h.device in gpus):
+                self.note("symptom", f"fatal PCIe error (AER) on {node} {h.device} at "
+                          f"{_when(h.at)}: not known to be a GPU; shown, not acted on", h.at,
+                          nodes=(node,))
+                continue
+            kept.append(h)
+        return kept
+
+    def _gpus_lost(self) -> None:
+        """slurmctld drained a node that registered fewer GPUs than configured: a GPU is lost
+        (fallen off the bus, or not found at boot). Some GPUs missing is a fault of the node;
+        none at all is as often a slurmd that cannot see any (no NVML, no gres.conf, the driver
+        not loaded), so it is blamed with a confidence that waits for a person."""
+        seen: dict[str, GpuLostFact] = {}
+        for f in self.facts.gpus_lost:
+            seen.setdefault(f.node, f)
+        for node, f in sorted(seen.items()):
+            if node in self.gpu_nodes:
+                continue  # an XID or a kernel line already says which GPU and why
+            partial = 0 < f.reported < f.configured
+            confidence = 0.85 if partial else 0.6
+            why = (f"{f.configured - f.reported} of its {f.configured} GPUs are gone"
+                   if partial else "slurmd sees none of its GPUs: the driver, NVML or "
+                   "gres.conf may be at fault as well as the GPUs; check before acting")
+            jobs = tuple(sorted(j for j in self.jobs_of.get(node, ()) if self._job_alive(j, f.t)))
+            victims, victim_ids = self.victims_text(jobs, f.t, {node})
+            self.gpu_nodes[node] = f.t
+            self.add(Diagnosis(
+                GPU_HARDWARE, (node,), confidence, PLAYBOOK_FOR[GPU_HARDWARE],
+                f"slurmctld drained {node} at {_when(f.at)}: '{f.reason}' ({f.reported} GPUs "
+                f"registered, {f.configured} configured): {why}." + victims,
+                f.at, jobs=jobs, evidence=tuple(_ids([f]) + victim_ids)), f.t)
+
+    def _node_gpu(self, node: str, xids: list[XidFact], memory: list,
+                  hardware: list[HwFact]) -> list[XidFact]:
         counts: dict[tuple[str, int], int] = defaultdict(int)
         cause: XidFact | None = None
         supporting: list[XidFact] = []
@@ -407,7 +461,7 @@ class Engine:
         label: RootCause | None = None
         confidence = 0.0
         lead_text = ""
-        evidence = _ids(xids) + _ids(memory)
+        evidence = _ids(xids) + _ids(memory) + _ids(hardware)
         first_at = None
         if cause is not None:
             info = x.xid_info(cause.code)
@@ -415,13 +469,21 @@ class Engine:
             label = GPU_HARDWARE if info.klass == x.DRIVER else RootCause(info.klass)
             confidence = {x.HARDWARE: 0.97, x.MEMORY: 0.95, x.NVLINK: 0.93, x.DRIVER: 0.6}[
                 info.klass]
+            where = cause.gpu + (f" ({cause.instance})" if cause.instance else "")
             if info.repeat > 1:
                 confidence = 0.9
                 lead_text = (f"XID {cause.code} ({info.meaning}) {counts[(cause.gpu, cause.code)]}"
-                             f" times on {node} {cause.gpu}, from {_when(xids[0].at)}")
+                             f" times on {node} {where}, from {_when(xids[0].at)}")
+            elif cause.via:
+                lead_text = (f"{cause.via[0].upper()}{cause.via[1:]} on {node} {where} at "
+                             f"{_when(cause.at)}, read as XID {cause.code} ({info.meaning})")
             else:
-                lead_text = f"XID {cause.code} ({info.meaning}) on {node} {cause.gpu} at " \
+                lead_text = f"XID {cause.code} ({info.meaning}) on {node} {where} at " \
                             f"{_when(cause.at)}"
+            if cause.code == INIT_FAILED_XID and cause.via:
+                # The driver failing to start a GPU is also what a driver or firmware that does
+                # not match the GPU looks like (GSP firmware, a vGPU host): a person looks.
+                confidence = 0.75
             if info.klass == x.DRIVER:
                 lead_text += " (a driver or firmware fault: check before acting)"
             lead_text += f"; NVIDIA: {info.advice}"
@@ -438,6 +500,22 @@ class Engine:
             m = memory[0]
             label, confidence, first_at = GPU_MEMORY, 0.9, m.at
             lead_text = f"{m.text} at {_when(m.at)}: uncorrectable GPU memory error"
+        hw_cause: HwFact | None = None
+        if label is None and hardware:
+            # A fatal NVSwitch error is the node's NVLink fabric; a fatal PCIe error on a GPU
+            # takes the GPU off the bus.
+            hw_cause = hardware[0]
+            first_at = hw_cause.at
+            if hw_cause.kind == "sxid":
+                label, confidence = NVLINK_FAULT, 0.9
+                lead_text = (f"Fatal NVSwitch error SXid {hw_cause.code} on {node} "
+                             f"{hw_cause.device} at {_when(hw_cause.at)}: NVLink traffic "
+                             "through the switch stops until the node's GPUs and NVSwitches "
+                             "are reset (reboot the node)")
+            else:
+                label, confidence = GPU_HARDWARE, 0.9
+                lead_text = (f"Fatal uncorrectable PCIe error (AER) on {node} {hw_cause.device}"
+                             f" at {_when(hw_cause.at)}: the GPU's link failed")
         if label is None:
             for s in supporting:
                 self.note("symptom", f"XID {s.code} on {node} {s.gpu} at {_when(s.at)} alone is "
@@ -447,9 +525,15 @@ class Engine:
 
         assert first_at is not None
         extras = []
+        for h in hardware:
+            if h is not hw_cause:
+                what = f"SXid {h.code}" if h.kind == "sxid" else "fatal PCIe error (AER)"
+                extras.append(f"{what} on {h.device} at {_when(h.at)}")
+                break
         later = [s for s in supporting if s is not cause and s.t >= first_at.timestamp()]
         if later:
-            extras.append("then " + ", ".join(f"XID {s.code} at {_when(s.at)}" for s in later[:4]))
+            extras.append("then " + ", ".join(
+                f"{s.via or f'XID {s.code}'} at {_when(s.at)}" for s in later[:4]))
         for r in recovery:
             if r.recovery_action is not None:
                 extras.append(f"XID 154 asks for '{p.recovery_action_name(r.recovery_action)}'")
@@ -458,7 +542,8 @@ class Engine:
             extras.append(f"DCGM agrees: {memory[0].text}")
         t = first_at.timestamp()
         jobs, spared = self.on_gpu(
-            node, cause.gpu if cause is not None else (memory[0].gpu if memory else None),
+            node, cause.gpu if cause is not None else (
+                memory[0].gpu if memory else (hw_cause.device if hw_cause else None)),
             (j for j in self.jobs_of.get(node, ()) if self._job_alive(j, t)))
         victims, victim_ids = self.victims_text(jobs, t, {node})
         explanation = (lead_text + (f" ({'; '.join(extras)})" if extras else "") + "." + victims
@@ -482,7 +567,11 @@ class Engine:
         """An application XID blames its job, unless it follows one GPU across jobs."""
         by_gpu: dict[tuple[str, str, int], list[tuple[XidFact, str | None]]] = defaultdict(list)
         for f in app:
-            by_gpu[(f.node, f.gpu, f.code)].append((f, self.job_at(f.node, f.t, f.gpu)))
+            # On a MIG GPU each instance is its own device to the jobs on it, and jobs on
+            # different instances run side by side: the same application XID in two of them
+            # is two jobs' bugs, not one GPU following them.
+            where = f"{f.gpu} {f.instance}" if f.instance else f.gpu
+            by_gpu[(f.node, where, f.code)].append((f, self.job_at(f.node, f.t, f.gpu)))
         self.app_xid_jobs: dict[str, list[XidFact]] = defaultdict(list)
         for (node, gpu, code), seen in sorted(by_gpu.items()):
             jobs = {j for _, j in seen if j}

@@ -1110,6 +1110,91 @@ def unreachable_sinfo_shapes() -> Scenario:
     return s.expects("node_unreachable", [n])
 
 
+# --- formats real fleets print (tests/fixtures/real_logs has each line's source) -------------
+
+MIG_XID94 = ("NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel "
+             "(0x9). RST: No, D-RST: No")
+SXID_FATAL = ("[6781753.400584] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 "
+              "LTSSM Fault Up")
+SXID_DETAIL = ("[6781753.404848] nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 20034, Severity 1 "
+               "Engine instance 60 Sub-engine instance 00")
+SXID_NONFATAL = ("[111111111.111] nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, "
+                 "Link 32 egress non-posted PRIV error (First)")
+FALLEN_SPLIT = ("[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0\n               NVRM: (PCI ID: "
+                "10de:26b5) installed in this system has\n               NVRM: fallen off the bus "
+                "and is not responding to commands.")
+PROBE_FAILED = "[ 1843.439662] NVRM: The NVIDIA probe routine failed for 1 device(s)."
+AER_CORRECTED = ("Sep 19 16:18:02 bubz kernel: [68183.615790] pcieport 0000:00:03.1: AER: "
+                 "Correctable error message received from 0000:00:00.0")
+AER_CORRECTED_DETAIL = ("Sep 19 16:18:02 bubz kernel: [68183.637897] pcieport 0000:00:03.1: PCIe "
+                        "Bus Error: severity=Correctable, type=Data Link Layer, (Receiver ID)")
+GPU_BURN_DMESG = (
+    "[74785.660366] pcieport 0000:00:02.0: AER: Corrected error received: id=0010",
+    "[74889.542031] pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010",
+    "[74889.542044] pcieport 0000:00:02.0: PCIe Bus Error: severity=Uncorrected (Fatal), "
+    "type=Transaction Layer, id=0010(Receiver ID)",
+    "[74889.644138] NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus.",
+)
+
+
+@scenario
+def mig_xid94_one_gpu() -> Scenario:
+    s = Scenario("mig-xid94-contained-one-gpu", "A contained ECC error (XID 94) in the MIG form "
+                 "the driver prints, naming the GPU instance; the job's other rank times out. "
+                 "The GPU's node is at fault, not the peer.", seed=69)
+    j = s.job("93110", "erin", s.nodes[2:4])
+    s.noise().kernel(140, s.nodes[2], MIG_XID94)
+    s.peers_time_out(400, j, s.nodes[2])
+    return s.expects("gpu_memory", [s.nodes[2]])
+
+
+@scenario
+def nvswitch_fatal_sxid() -> Scenario:
+    s = Scenario("nvswitch-fatal-sxid", "A fatal NVSwitch error (SXid 20034, LTSSM Fault Up) "
+                 "and its detail line on one node; a non-fatal SXid on another. Only the fatal "
+                 "one is an NVLink fault.", seed=70, prefix="hgx-")
+    s.noise().kernel(200, s.nodes[1], SXID_FATAL).kernel(200.2, s.nodes[1], SXID_DETAIL)
+    s.kernel(260, s.nodes[6], SXID_NONFATAL)
+    return s.expects("nvlink", [s.nodes[1]])
+
+
+@scenario
+def fallen_off_bus_without_xid() -> Scenario:
+    s = Scenario("fallen-off-bus-without-xid", "The driver's three-line 'fallen off the bus' "
+                 "message (no XID) and its probe failure on one node; corrected PCIe errors on "
+                 "another node are noise.", seed=71)
+    s.noise().kernel(90, s.nodes[5], FALLEN_SPLIT).kernel(90.1, s.nodes[5], PROBE_FAILED)
+    for t in (30, 31, 200, 201, 420):
+        s.kernel(t, s.nodes[0], AER_CORRECTED).kernel(t + 0.1, s.nodes[0], AER_CORRECTED_DETAIL)
+    return s.expects("gpu_hardware", [s.nodes[5]])
+
+
+@scenario
+def root_port_fatal_aer_then_xid79() -> Scenario:
+    s = Scenario("root-port-fatal-aer-then-xid79", "A corrected then a fatal PCIe error at the "
+                 "root port above a GPU (Surprise Down), then XID 79 on the GPU: one GPU fault "
+                 "on that node.", seed=72)
+    j = s.job("40777", "fay", s.nodes[4:8])
+    s.noise()
+    for k, line in enumerate(GPU_BURN_DMESG):
+        s.kernel(100 + (0 if k == 0 else 100 + k * 0.1), s.nodes[6], line)
+    s.peers_time_out(800, j, s.nodes[6])
+    return s.expects("gpu_hardware", [s.nodes[6]])
+
+
+@scenario
+def slurm_gres_gpu_count_drain() -> Scenario:
+    s = Scenario("slurm-gres-gpu-count-drain", "slurmctld drains a node whose slurmd registers "
+                 "fewer GPUs than configured ('gres/gpu count reported lower than configured'); "
+                 "another node is drained for a failed task kill. Only the first lost GPUs.",
+                 seed=73)
+    s.noise()
+    s.slurm_node(150, s.nodes[3], ["IDLE", "DRAIN", "INVALID_REG"],
+                 "gres/gpu count reported lower than configured (0 < 8)")
+    s.slurm_node(240, s.nodes[7], ["IDLE", "DRAIN"], "Kill task failed")
+    return s.expects("gpu_hardware", [s.nodes[3]])
+
+
 def dump(doc: dict[str, Any]) -> str:
     """Readable and diff-friendly: the header indented, one signal per line."""
     head = {k: v for k, v in doc.items() if k != "signals"}

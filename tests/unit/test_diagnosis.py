@@ -201,6 +201,24 @@ def test_an_application_xid_follows_a_gpu_across_jobs_placed_by_their_output() -
     assert (d.root_cause, d.nodes, d.jobs) == ("gpu_hardware", ("gpu-003",), ("a1", "a2"))
 
 
+def test_an_application_xid_in_two_mig_instances_is_not_one_gpu_following_jobs() -> None:
+    first, second = JobInfo("m1", "ann", ("gpu-003",)), JobInfo("m2", "ben", ("gpu-003",))
+
+    def xid13(instance: int) -> str:
+        return (f"NVRM: Xid (PCI:0000:3b:00 GPU-I:{instance:02d}): 13, pid=881, name=python, "
+                "Graphics SM Warp Exception on (GPC 4, TPC 2, SM 1): Out Of Range Register")
+
+    crash = "RuntimeError: CUDA error: an illegal instruction was encountered"
+    window = [obs(0, "job_log", job="m1", node="gpu-003", message="step 10 loss 3.1"),
+              obs(300, "kernel", node="gpu-003", message=xid13(1)),
+              obs(301, "job_log", job="m1", node="gpu-003", message=crash),
+              obs(1200, "job_log", job="m2", node="gpu-003", message="step 1 loss 2.7"),
+              obs(1800, "kernel", node="gpu-003", message=xid13(2)),
+              obs(1801, "job_log", job="m2", node="gpu-003", message=crash)]
+    found = {(d.root_cause, d.job) for d in diagnose(window, TOPOLOGY, [first, second])}
+    assert found == {("application_error", "m1"), ("application_error", "m2")}
+
+
 def test_dcgm_labels_as_strings_keep_each_gpu_apart() -> None:
     # XID 119 once on GPU 1; the other GPUs keep reading 0. Read as one GPU, the gauge would
     # flip 0 -> 119 -> 0 on every scrape and look like a repeated XID 119.

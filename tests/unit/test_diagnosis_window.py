@@ -8,9 +8,11 @@ picked by JSON lookups, which the two databases evaluate differently."""
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -87,3 +89,24 @@ def test_leaving_idle_samples_out_changes_no_verdict() -> None:
                              diagnose_window(window, topology))
     assert verdict_lean == verdict
     assert {d.root_cause for d in verdict.diagnoses} >= {"gpu_hardware", "thermal"}
+
+
+def test_every_kernel_line_a_parser_reads_is_read_from_the_database() -> None:
+    """The window leaves kernel chatter out by word; every real line a parser reads (the
+    corpus in tests/fixtures/real_logs: SXids, AER, port states, the driver's own messages)
+    must still be read in full, and reach the verdict reading every row reaches."""
+    corpus = yaml.safe_load((Path(__file__).resolve().parents[1] / "fixtures" / "real_logs"
+                             / "kernel.yaml").read_text())
+    cluster = Cluster.objects.create(name="formats")
+    t0 = timezone.now() - timedelta(minutes=10)
+    read = [e["line"] for e in corpus["lines"] if e["expect"]["kind"] != "ignored"]
+    Signal.objects.bulk_create(
+        Signal(cluster=cluster, source="kernel", kind="pushed_kernel", node_name=f"gpu-{i:03d}",
+               message=line, data={}, observed_at=t0 + timedelta(seconds=i))
+        for i, line in enumerate(read))
+    start, end = timezone.now() - timedelta(minutes=30), timezone.now()
+    window = selectors.observations_between(cluster, start, end)
+    assert sorted(o.message for o in window if o.message) == sorted(read)
+    every_row = [selectors.observation_from_signal(s) for s in Signal.objects.filter(
+        cluster=cluster).order_by("observed_at", "id")]
+    assert diagnose_window(window) == diagnose_window(every_row)

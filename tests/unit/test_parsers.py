@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from collectors.knowledge import dcgm
+from collectors.knowledge.slurm import drained_by
 from collectors.knowledge.xid import XID_TABLE, xid_info
 from incidents.diagnosis import parsers as p
 
@@ -199,3 +200,18 @@ def test_exporter_labels_and_samples_given_as_strings_are_read_as_numbers() -> N
     assert (o.gpu, o.value) == (None, 64.0)
     o = Observation.from_record({"source": "dcgm", "gpu": True, "value": "n/a"}, at)
     assert (o.gpu, o.value) == (None, None)
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ("PCI:0000:3B:00", "0000:3b:00"), ("0000:3b:00.0", "0000:3b:00"),
+    ("00000000:3B:00.0", "0000:3b:00"), ("3b:00.0", "0000:3b:00"), ("0019:01:00", "0019:01:00"),
+])
+def test_every_spelling_of_a_gpu_address_is_one_key(text: str, key: str) -> None:
+    # XID lines, AER lines and NVML each spell the address their own way; one GPU, one key.
+    assert p.pci_address(text) == key
+
+
+def test_who_drained_a_node_is_read_from_the_reason() -> None:
+    assert drained_by("Low RealMemory [slurm@2024-12-19T11:03:34]") == "slurmctld"
+    assert drained_by("swap PSU [root@2024-12-19T11:03:34]") == "an administrator"
+    assert drained_by("swap PSU") == "an administrator"
