@@ -92,7 +92,7 @@ class Stack:
     """gunicorn and a Celery worker with beat on this bench's database, stopped by ``stop``."""
 
     def __init__(self, tmp: Path, sim_state: Path, web_workers: int, concurrency: int,
-                 beat: bool = True) -> None:
+                 beat: bool = True, split: bool = False) -> None:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.logs = tmp / "logs"
@@ -106,14 +106,25 @@ class Stack:
         python = sys.executable
         gunicorn = Path(python).parent / "gunicorn"
         web = [str(gunicorn)] if gunicorn.exists() else [python, "-m", "gunicorn"]
-        worker = [python, "-m", "celery", "-A", "fleetwatch", "worker",
-                  "-Q", "collect,diagnose,remediate,default", "--concurrency", str(concurrency),
-                  "--loglevel", "WARNING"]
-        if beat:
-            worker += ["-B", "-s", str(tmp / "beat-schedule")]
+        def worker(queues: str, processes: int, with_beat: bool) -> list[str]:
+            return [python, "-m", "celery", "-A", "fleetwatch", "worker", "-Q", queues,
+                    "--concurrency", str(processes), "--loglevel", "WARNING",
+                    "-n", f"{queues.replace(',', '-')}@%h",
+                    *(["-B", "-s", str(tmp / "beat-schedule")] if with_beat else [])]
+
+        # One worker for every queue (the embedded default's way), or one per queue as
+        # deploy/kubernetes runs them (``split``): the collector's with the beat, the
+        # webhooks' and pages', diagnosis's, and the repairs' with ``concurrency`` processes.
+        workers = ([("worker", worker("collect", 1, beat)),
+                    ("worker-default", worker("default", 1, False)),
+                    ("worker-diagnose", worker("diagnose", 1, False)),
+                    ("worker-remediate", worker("remediate", concurrency, False))] if split
+                   else [("worker", worker("collect,diagnose,remediate,default", concurrency,
+                                           beat))])
+        self.names = [name for name, _ in workers] + ["web"]
         self.procs: list[subprocess.Popen[bytes]] = []
         for name, cmd in [
-            ("worker", worker),
+            *workers,
             ("web", [*web, "-c", str(ROOT / "deploy" / "gunicorn.conf.py"), "fleetwatch.wsgi",
                      "--bind", f"127.0.0.1:{self.port}", "--workers", str(web_workers)]),
         ]:
@@ -132,8 +143,9 @@ class Stack:
         """CPU time (user + system) so far of each service's processes (its session: the
         master and its workers), from /proc: what the work cost, whatever the wall clock."""
         tick = os.sysconf("SC_CLK_TCK")
-        sessions = {proc.pid: name for proc, name in zip(self.procs, ("worker", "web"),
-                                                          strict=True)}
+        # The workers' processes together (one or one per queue), and the web's.
+        sessions = {proc.pid: name.split("-")[0]
+                    for proc, name in zip(self.procs, self.names, strict=True)}
         spent = dict.fromkeys(sessions.values(), 0.0)
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
@@ -146,8 +158,9 @@ class Stack:
         return spent
 
     def log_count(self, name: str, text: str) -> int:
-        path = self.logs / f"{name}.log"
-        return path.read_text(errors="replace").count(text) if path.exists() else 0
+        """How often ``text`` appears in the logs of ``name`` (the workers: all of them)."""
+        return sum(path.read_text(errors="replace").count(text)
+                   for path in self.logs.glob(f"{name}*.log"))
 
     def log_tail(self, name: str, lines: int = 20) -> list[str]:
         path = self.logs / f"{name}.log"
@@ -282,7 +295,8 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     reader_user, _ = user_with_role("storm-reader", OPERATOR)
     read_key = token_create(reader_user, "storm-reader", ("read",), ttl_days=1)[1]
 
-    stack = Stack(tmp, sim_state, args.web_workers, args.worker_concurrency)
+    stack = Stack(tmp, sim_state, args.web_workers, args.worker_concurrency,
+                  split=args.split_workers)
     sampler = Sampler(queue)
     waits = WaitSampler()
     fault: dict[str, Any] = {"node": fault_node}
@@ -439,6 +453,7 @@ def run_storm(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "mode": "storm", "nodes": n, "spread_s": args.spread, "clients": args.clients,
         "tokens": args.tokens, "tokens_made_s": round(tokens_s, 1),
         "web_workers": args.web_workers, "worker_concurrency": args.worker_concurrency,
+        "split_workers": args.split_workers,
         "first_collection_s": round(first_collection_s, 1),
         "pushes_failed": len(errors), "errors": errors[:5],
         "storm_pushed_s": round(storm_pushed - started, 2),
@@ -704,8 +719,11 @@ def storm_report(r: dict[str, Any], other: dict[str, Any] | None) -> str:
         f"{'its own agent token' if r['tokens'] == 'agent' else 'one shared ingest token'}) "
         f"through `POST /api/v1/signals/`, spread over {r['spread_s']:g} s from "
         f"{r['clients']} client threads (all pushed after {r['storm_pushed_s']:.1f} s); gunicorn "
-        f"with {r['web_workers']} workers, one Celery worker of concurrency "
-        f"{r['worker_concurrency']} with beat, PostgreSQL, Redis, the simulated fleet seeded "
+        f"with {r['web_workers']} workers, "
+        + ("a Celery worker per queue as deployed (collect with beat, default, diagnose, "
+           f"remediate of concurrency {r['worker_concurrency']})" if r.get("split_workers")
+           else f"one Celery worker of concurrency {r['worker_concurrency']} with beat")
+        + ", PostgreSQL, Redis, the simulated fleet seeded "
         f"with {r['nodes'] + EXTRA_NODES:,} nodes. {_s(f.get('after_start_s'))} in, an "
         f"unrelated XID 48 on {f['node']}, not in the storm, from its own agent.", "",
         "Seconds; median, p95, min - max, count.", "",
@@ -854,6 +872,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--web-workers", type=int, default=None,
                         help="gunicorn workers (storm 2, the production default; intake 1)")
     parser.add_argument("--worker-concurrency", type=int, default=3)
+    parser.add_argument("--split-workers", action="store_true",
+                        help="storm: a Celery worker per queue, as deploy/kubernetes runs them "
+                        "(collect with the beat, default, diagnose, remediate), instead of one")
     parser.add_argument("--max-wait", type=float, default=300.0,
                         help="storm: stop waiting for incidents this long after it began")
     parser.add_argument("--out", type=Path, default=Path("reports"))
@@ -872,7 +893,7 @@ def main(argv: list[str] | None = None) -> int:
         other_path = args.out / f"bench-storm-{other_n}.json"
         other = json.loads(other_path.read_text()) if other_path.exists() else None
         report = storm_report(r, other)
-        name = f"bench-storm-{args.nodes}"
+        name = f"bench-storm-{args.nodes}" + ("-split" if args.split_workers else "")
     print(report)
     (args.out / f"{name}.md").write_text(report)
     (args.out / f"{name}.json").write_text(json.dumps(r, indent=1, default=str))
