@@ -211,8 +211,11 @@ KernelLine = KernelXid | NvswitchSxid | NvrmGpuHeader | NetdevLink | IbPortState
 # Words one of which every line parse_kernel reads holds, case and all; the database leaves
 # kernel lines holding none of them out of a diagnosis window (incidents/selectors.py), so a
 # line class added above needs its word here.
+# ("nvidia: probe of", "probe with driver nvidia", "NVIDIA probe routine": the driver's own
+# probe failures, not every device's probe a chatty kernel logs.)
 KERNEL_WORDS = ("Xid", "ink", "fallen off the bus", "NVRM: The NVIDIA GPU", "RmInitAdapter",
-                "rm_init_adapter", "probe", "AER", "PCIe Bus Error")
+                "rm_init_adapter", "nvidia: probe of", "probe with driver nvidia",
+                "NVIDIA probe routine", "AER", "PCIe Bus Error")
 
 
 def parse_kernel(message: str) -> KernelLine | None:
