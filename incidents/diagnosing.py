@@ -116,7 +116,7 @@ def _recorded_already(cluster_id: int, diagnoses: list[Diagnosis]) -> dict[str, 
     """The diagnoses that would change nothing: their incident is open (or just resolved)
     and already holds all their evidence. Each run re-diagnoses the whole window, so during a
     storm every run found every incident again and re-recorded it, one transaction under the
-    audit lock each; two queries tell them apart, and only the rest are recorded. The rest
+    audit lock each; three queries tell them apart, and only the rest are recorded. The rest
     go through ``incident_record``, which decides under its locks as before."""
     if not diagnoses:
         return {}
@@ -127,29 +127,23 @@ def _recorded_already(cluster_id: int, diagnoses: list[Diagnosis]) -> dict[str, 
             .filter(~Q(status=Incident.Status.RESOLVED) | Q(resolved_at__gte=recent))
             .order_by("opened_at")):
         latest[incident.fingerprint] = incident  # the newest wins, as incident_record picks
-    linked: dict[int, set[int]] = {}
-    for incident_id, signal_id in Evidence.objects.filter(
-            incident_id__in=[i.pk for i in latest.values()]).values_list("incident_id",
-                                                                          "signal_id"):
-        linked.setdefault(incident_id, set()).add(signal_id)
-    done = {d.fingerprint: latest[d.fingerprint] for d in diagnoses
-            if d.fingerprint in latest
-            and set(d.evidence) <= linked.get(latest[d.fingerprint].pk, set())}
     # A storm incident holds diagnoses of its cause by their signals (their own fingerprints
     # opened nothing): one that brings no signal the storm lacks is recorded already.
     storms = {i.root_cause: i for i in Incident.objects.filter(cluster_id=cluster_id, storm=True)
               .exclude(status=Incident.Status.RESOLVED)}
-    if storms:
-        held: dict[int, set[int]] = {}
-        for incident_id, signal_id in Evidence.objects.filter(
-                incident_id__in=[i.pk for i in storms.values()]).values_list("incident_id",
-                                                                              "signal_id"):
-            held.setdefault(incident_id, set()).add(signal_id)
-        for d in diagnoses:
-            storm = storms.get(d.root_cause)
-            if (d.fingerprint not in done and storm is not None
-                    and set(d.evidence) <= held.get(storm.pk, set())):
-                done[d.fingerprint] = storm
+    linked: dict[int, set[int]] = {}
+    for incident_id, signal_id in Evidence.objects.filter(
+            incident_id__in=[i.pk for i in (*latest.values(), *storms.values())]
+    ).values_list("incident_id", "signal_id"):
+        linked.setdefault(incident_id, set()).add(signal_id)
+    done = {d.fingerprint: latest[d.fingerprint] for d in diagnoses
+            if d.fingerprint in latest
+            and set(d.evidence) <= linked.get(latest[d.fingerprint].pk, set())}
+    for d in diagnoses:
+        storm = storms.get(d.root_cause)
+        if (d.fingerprint not in done and storm is not None
+                and set(d.evidence) <= linked.get(storm.pk, set())):
+            done[d.fingerprint] = storm
     return done
 
 
