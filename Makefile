@@ -36,9 +36,12 @@ test: install
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Benchmarks: figures in reports/, never timed assertions in tests (the machines are shared).
+# tests.bench.quality: precision, recall and a confusion matrix per root cause on the replay
+# scenarios, no services; it fails on a wrong scenario or a healthy node blamed.
 # BURST_ARGS: e.g. --batches 500 for a shorter burst (the default is 2,000 batches of 100).
 bench: install
 	$(BIN)/python -m tests.bench.diagnosis --out reports
+	$(BIN)/python -m tests.bench.quality --out reports
 	deploy/bootstrap.sh test
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.collectors --out reports
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.pages --out reports
