@@ -12,9 +12,11 @@ while it shows or ends a thermal slowdown. That is what lets one cycle cover 100
 
 from __future__ import annotations
 
+import statistics
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any
 
@@ -77,6 +79,7 @@ class XidFact:
     # read as this XID, in words (the "fallen off the bus" message as XID 79, ...).
     via: str = ""
     instance: str = ""  # MIG: "GPU-I 5" (the fault is the physical GPU's; this is for people)
+    stale: bool = False  # a dcgm gauge read non-zero at the window's first scrape
 
 
 @dataclass(slots=True)
@@ -119,6 +122,7 @@ class LinkFact:
     amount: int
     text: str
     id: int | None
+    source: str = "nic"  # "kernel": a kernel line, stamped by the node's own clock
 
 
 @dataclass(slots=True)
@@ -207,6 +211,16 @@ class Facts:
     # nothing about a job, this is when it ran.
     job_activity: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     nodes_seen: set[str] = field(default_factory=set)
+    # node -> times a source that reads the node itself (its GPUs' samples, its kernel, its
+    # job's output) heard from it after a report that it stopped answering: life, whatever
+    # the kubelet or slurmctld says. Kept only for nodes with such a report, so it is short.
+    alive: dict[str, list[float]] = field(default_factory=dict)
+    claimed_down: set[str] = field(default_factory=set)
+    # (node, "0000:ba:00") -> the GPU's index, from dcgm-exporter's pci_bus_id label.
+    pci_gpus: dict[tuple[str, str], int] = field(default_factory=dict)
+    # source -> how often it reads a node (the median gap between one series' readings), where
+    # the window shows it: a scrape every 60 s spreads one moment's event over a minute.
+    intervals: dict[str, float] = field(default_factory=dict)
     first: datetime | None = None
     last: datetime | None = None
 
@@ -231,6 +245,8 @@ def _port_state(value: Any) -> str:
 _AT = attrgetter("at")
 
 
+# Sources that hear from a node itself: a sample or a line from it is the node alive.
+_LIFE = frozenset({"dcgm", "kernel", "nic", "job_log"})
 # The sources extract reads; any other observation only names a node and a time.
 _READ = frozenset({"dcgm", "kernel", "nic", "job_log", "slurm", "kubernetes", "collector"})
 
@@ -292,6 +308,17 @@ def _extract(observations: Sequence[Observation]) -> Facts:
     # identity tests skip the set insert and the time comparison for all but the first.
     last_node: str | None = None
     prev_at = observations[0].at
+    # How often each source reads a node, from one node's readings (the first it names):
+    # looked at only where the node changes from one observation to the next, so it costs
+    # next to nothing per sample.
+    # Nodes some source said stopped answering: from then on their own sources' signs of
+    # life are noted (in the branch below, once per run of one node's observations).
+    claimed = facts.claimed_down
+    alive = facts.alive
+    probes: dict[str, str] = {}
+    first_of: dict[str, datetime] = {}  # source -> its first observation (near enough)
+    probe_at: dict[str, float] = {}
+    gaps: dict[str, list[float]] = defaultdict(list)
 
     for obs in observations:
         at = obs.at
@@ -313,6 +340,18 @@ def _extract(observations: Sequence[Observation]) -> Facts:
             last_node = node
             if node:
                 seen_add(node)
+                if node in claimed and source in _LIFE:
+                    alive.setdefault(node, []).append(at.timestamp())
+                probe = probes.get(source)
+                if probe is None:
+                    probes[source] = node
+                    probe_at[source] = at.timestamp()
+                    first_of[source] = at
+                elif probe == node:
+                    t_probe = at.timestamp()
+                    if t_probe - probe_at[source] >= MIN_GAP_S:
+                        gaps[source].append(t_probe - probe_at[source])
+                        probe_at[source] = t_probe
         if source == "dcgm":
             value = obs.value
             if value is None:
@@ -360,7 +399,29 @@ def _extract(observations: Sequence[Observation]) -> Facts:
                     continue  # a zero where no XID was seen: nothing changed
                 gpu = obs.gpu if obs.gpu is not None else -1
                 key = (node, gpu)
-                if code != xid_last.get(key, 0):
+                last = xid_last.get(key)
+                if code and (bus := obs.fields.get("pci_bus_id")):
+                    # dcgm-exporter labels each GPU with its address: what ties a kernel
+                    # line's "PCI:0000:ba:00" to Slurm's GPU index on a shared node.
+                    facts.pci_gpus[(node, p.pci_address(str(bus)))] = gpu
+                if last is None:
+                    before = obs.fields.get("previous")
+                    if isinstance(before, int | float) and not isinstance(before, bool):
+                        last = int(before)
+                    elif code and at <= first_of.get(source, at) + STALE_XID:
+                        # The gauge is the last XID since the exporter started: read already
+                        # at the window's first scrape, it may be old news. The rules decide,
+                        # from whether anything went wrong around it.
+                        xid_last[key] = code
+                        xid_nodes.add(node)
+                        facts.xids.append(XidFact(
+                            at, at.timestamp(), node, f"GPU {gpu}", code,
+                            f"{dcgm.XID_ERRORS}={code} on {node} GPU {gpu}", "dcgm", obs.id,
+                            stale=True))
+                        continue
+                    else:
+                        last = 0
+                if code != last:
                     xid_last[key] = code
                     if code:
                         xid_nodes.add(node)
@@ -418,8 +479,19 @@ def _extract(observations: Sequence[Observation]) -> Facts:
                 str(f.get("error") or ""), obs.id))
     # The last time in order; a stand-in out of order can only lie before it.
     facts.first, facts.last = first, prev_at
+    facts.intervals = {source: statistics.median(found) for source, found in gaps.items()
+                       if len(found) >= MIN_GAPS}
     return facts
 
+
+# Readings of one node this close together are one reading (a scrape's samples carry one
+# time; a second node's in between does not make two); a source's interval is told from at
+# least this many gaps.
+MIN_GAP_S = 0.5
+# A dcgm XID gauge read non-zero this soon after dcgm's first sample in the window, with
+# nothing before it, held that value already: the window's first scrape round.
+STALE_XID = timedelta(seconds=60)
+MIN_GAPS = 2
 
 # A split message's lines are printed together: the head this close before its last line.
 HEADER_S = 5.0
@@ -449,7 +521,8 @@ def _kernel(obs: Observation, facts: Facts, ports: dict[tuple[str, str], str],
         headers[node] = (at.timestamp(), parsed.pci)
     elif isinstance(parsed, p.NetdevLink):
         facts.links.append(LinkFact(at, at.timestamp(), node, parsed.device,
-                                    "up" if parsed.up else "down", 1, obs.message, obs.id))
+                                    "up" if parsed.up else "down", 1, obs.message, obs.id,
+                                    "kernel"))
     elif isinstance(parsed, p.IbPortState):
         up = parsed.up
         if up is None:
@@ -461,10 +534,10 @@ def _kernel(obs: Observation, facts: Facts, ports: dict[tuple[str, str], str],
         ports[(node, port)] = parsed.state
         if not up and previous not in PORT_DOWN:
             facts.links.append(LinkFact(at, at.timestamp(), node, port, "down", 1, obs.message,
-                                        obs.id))
+                                        obs.id, "kernel"))
         elif up and previous in PORT_DOWN:
             facts.links.append(LinkFact(at, at.timestamp(), node, port, "up", 1, obs.message,
-                                        obs.id))
+                                        obs.id, "kernel"))
     elif isinstance(parsed, p.NvswitchSxid):
         # Non-fatal SXids are corrected or contained by the switch and the traffic goes on;
         # detail lines repeat the error before them. Only a fatal one stops NVLink traffic.
@@ -560,6 +633,11 @@ def _slurm(obs: Observation, facts: Facts) -> None:
     reason = str(f.get("reason") or "")
     t = obs.at.timestamp()
     shown = "+".join(sorted(tokens))
+    if tokens & p.SLURM_PLANNED:
+        # `scontrol reboot`, a maintenance reservation, power saving: someone meant it, and a
+        # node that goes quiet or loses its link now is being worked on.
+        facts.admin_drains.append((obs.at, obs.node, reason or f"Slurm {shown}"))
+        return
     out = tokens & {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL"}
     if p.NOT_RESPONDING in tokens and not out and reason \
             and not reason.lower().startswith("not responding"):
@@ -572,6 +650,7 @@ def _slurm(obs: Observation, facts: Facts) -> None:
             "not responding")):
         facts.reach.append(ReachFact(obs.at, t, obs.node, "slurm", False,
                                      f"Slurm: {obs.node} {shown} ({reason or 'no reason'})", obs.id))
+        facts.claimed_down.add(obs.node)
         return
     if tokens & {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "INVALID_REG", "INVAL"} and (
             lost := p.slurm_gpus_lost(reason)) is not None:
@@ -597,9 +676,17 @@ def _kubernetes(obs: Observation, facts: Facts) -> None:
         facts.reach.append(ReachFact(
             obs.at, t, obs.node, "kubernetes", ready,
             f"Kubernetes: {obs.node} Ready={f.get('status')} ({f.get('reason', '')})", obs.id))
+        if not ready:
+            facts.claimed_down.add(obs.node)
         return
     reason = str(f.get("event_reason") or f.get("reason") or "")
     if reason in p.UNREACHABLE_EVENTS or reason in p.REACHABLE_EVENTS:
         facts.reach.append(ReachFact(
             obs.at, t, obs.node, "kubernetes", reason in p.REACHABLE_EVENTS,
             f"Kubernetes event {reason} on {obs.node}: {obs.message}".rstrip(": "), obs.id))
+        if reason in p.UNREACHABLE_EVENTS:
+            facts.claimed_down.add(obs.node)
+    elif reason in p.CORDONED_EVENTS or f.get("unschedulable") is True:
+        # A cordon (kubectl cordon or drain, kured before a reboot): the node is being taken
+        # out of service on purpose, like a drain in Slurm.
+        facts.admin_drains.append((obs.at, obs.node, "cordoned in Kubernetes"))

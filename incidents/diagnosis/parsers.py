@@ -364,7 +364,15 @@ _EXCEPTION = re.compile(
 )
 _EXIT = re.compile(r"(?:exited|exit(?:ed)?) with (?:exit )?(?:code|status) (?P<code>-?\d+)",
                    re.IGNORECASE)
-_NCCL_WORDS = ("NCCL", "DistBackendError", "ProcessGroup", "c10d", "Gloo", "Connection reset",
+# PyTorch's and NCCL's own words for a communicator that failed (its watchdog's lines carry
+# no exception name of their own).
+_NCCL_FAILED = ("NCCL WARN", "ncclRemoteError", "ncclSystemError", "ncclInternalError",
+                "NCCL error", "NCCL communicator", "ProcessGroupNCCL")
+# Exit codes of a task that was told to stop (128 + SIGTERM, 128 + SIGINT: scancel, a time
+# limit, torchrun stopping the other workers), or succeeded.
+_NOT_FAILED = frozenset({0, 130, 143})
+_NCCL_WORDS = ("NCCL", "DistBackendError", "DistNetworkError", "DistStoreError", "ProcessGroup",
+               "c10d", "Gloo", "gloo", "Connection reset", "Connection closed by peer",
                "Broken pipe", "collective operation timeout")
 
 
@@ -374,8 +382,22 @@ class JobLine:
     detail: str
 
 
+# What launchers put before each line of a rank's output: srun --label ("3: "), torchrun
+# --tee ("[default3]:"), PyTorch 2.x's own ("[rank3]:"), a timestamp in brackets; one or more.
+_RANK_PREFIX = re.compile(r"^(?:\s*(?:\[[^\]\n]{1,64}\]:?|\d{1,6}:)\s*)+")
+# torchrun's summaries of a worker that failed (the worker printed why before it) and of the
+# launcher being told to stop (scancel, a time limit): neither is a bug of its own.
+_LAUNCHER_SUMMARY = re.compile(r"ChildFailedError|multiprocessing\.api:\s*\[ERROR\] failed")
+_STOPPED = re.compile(r"SignalException: Process \d+ got signal: (?:15|2|9|SIGTERM|SIGINT|SIGKILL)"
+                      r"|got signal: (?:SIGTERM|SIGINT)")
+
+
 def parse_job_line(message: str) -> JobLine | None:
-    line = message.strip()
+    line = _RANK_PREFIX.sub("", message.strip(), count=1)
+    if _STOPPED.search(line):
+        return None
+    if _LAUNCHER_SUMMARY.search(line):
+        return JobLine(APP_EXIT, line[:200])
     if "NET/IB" in line:
         m = _IB_COMPLETION.search(line)
         if m:
@@ -399,10 +421,10 @@ def parse_job_line(message: str) -> JobLine | None:
         if any(word in line for word in _NCCL_WORDS):
             return JobLine(NCCL_ERROR, line[:200])
         return JobLine(APP_EXCEPTION, line[:200])
-    if "NCCL WARN" in line or "ncclRemoteError" in line or "ncclSystemError" in line:
+    if any(word in line for word in _NCCL_FAILED):
         return JobLine(NCCL_ERROR, line[:200])
     m = _EXIT.search(line)
-    if m and int(m.group("code")) != 0:
+    if m and int(m.group("code")) not in _NOT_FAILED:
         return JobLine(APP_EXIT, f"exit code {m.group('code')}")
     return None
 
@@ -410,6 +432,11 @@ def parse_job_line(message: str) -> JobLine | None:
 # --- Slurm -------------------------------------------------------------------------------
 
 NOT_RESPONDING = "NOT_RESPONDING"
+# Node state flags of work someone planned: `scontrol reboot` (REBOOT_REQUESTED, then
+# REBOOT_ISSUED while it boots), a maintenance reservation, power saving (slurm.conf's
+# SuspendProgram); sinfo's short forms included.
+SLURM_PLANNED = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT", "MAINTENANCE", "MAINT",
+                           "POWER_DOWN", "POWERING_DOWN", "POWERED_DOWN", "POWERING_UP", "BOOT"})
 
 # slurmctld's reason when a slurmd registers fewer GPUs than slurm.conf gives its node
 # (gres.c): "gres/gpu count reported lower than configured (7 < 8)"; older releases said
@@ -426,6 +453,16 @@ def slurm_gpus_lost(reason: str) -> tuple[int, int] | None:
     if m is None:
         return None
     return int(m.group("reported")), int(m.group("configured"))
+
+
+# sinfo's state suffixes (man sinfo, NODE STATE CODES) and short names, as the flags and
+# states `scontrol show node --json` spells out.
+_SINFO_SUFFIX = {"*": NOT_RESPONDING, "~": "POWERED_DOWN", "#": "POWERING_UP",
+                 "%": "POWERING_DOWN", "!": "POWER_DOWN", "@": "REBOOT_REQUESTED",
+                 "^": "REBOOT_ISSUED", "$": "MAINTENANCE"}
+_SINFO_SHORT = {"ALLOC": "ALLOCATED", "MIX": "MIXED", "COMP": "COMPLETING", "DRNG": "DRAINING",
+                "DRAIN": "DRAIN", "DRAINED": "DRAINED", "MAINT": "MAINTENANCE", "RESV": "RESERVED",
+                "NPC": "PERFCTRS", "INVAL": "INVALID_REG", "PLND": "PLANNED"}
 
 
 def slurm_node_state(value: Any) -> frozenset[str]:
@@ -450,12 +487,13 @@ def _state_tokens(value: Any) -> list[str]:
     if isinstance(value, str):
         out = []
         for part in re.split(r"[+,\s]+", value.strip()):
+            while part and part[-1] in _SINFO_SUFFIX:
+                out.append(_SINFO_SUFFIX[part[-1]])
+                part = part[:-1]
             if not part:
                 continue
-            if part.endswith("*"):
-                out.append(NOT_RESPONDING)
-                part = part.rstrip("*")
-            out.append(part.upper())
+            upper = part.upper()
+            out.append(_SINFO_SHORT.get(upper, upper))
         return out
     if isinstance(value, Iterable):
         return [t for item in value for t in _state_tokens(item)]
@@ -520,6 +558,8 @@ def slurm_exit_code(value: Any) -> ExitCode | None:
 
 UNREACHABLE_EVENTS = frozenset({"NodeNotReady", "NodeStatusUnknown", "NodeUnreachable"})
 REACHABLE_EVENTS = frozenset({"NodeReady"})
+# The node controller's event for `kubectl cordon` (spec.unschedulable set).
+CORDONED_EVENTS = frozenset({"NodeNotSchedulable"})
 
 
 def k8s_ready(condition: Any, status: Any) -> bool | None:

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+import incidents.diagnosis.clocks as clocks
 import incidents.diagnosis.parsers as p
 from collectors.knowledge import dcgm
 from collectors.knowledge import xid as x
@@ -65,6 +66,8 @@ CORROBORATE_S = 300.0        # another source agreeing within this long makes it
 REACH_BURST_S = 60.0         # nodes stopping answering this close together went together
 REACH_SWITCH_MIN_NODES = 3   # ... and at least this many, for a leaf with no link evidence
 RECOVERED_S = 60.0           # a node that answers again this soon did not stop answering
+LIFE_AFTER_S = 5.0           # the node's own samples this long after it "stopped answering" ...
+LIFE_SAMPLES = 2             # ... this many times: it did not
 NIC_EXPLAINS_S = 300.0       # a link loss this long before a node stops answering explains it
 THERMAL_SUSTAIN_S = 45.0     # four 15 s scrapes in a row; shorter is a GPU touching its limit
 THERMAL_MIN_SAMPLES = 3      # ... and seen on at least this many scrapes
@@ -76,6 +79,15 @@ JOB_ACTIVE_SLACK_S = 60.0    # a job's output this close to an event places it i
 APP_BEFORE_FAULT_S = 5.0     # an app failure this long before a fault in its job is its own
 ABSORB_APP_XID_S = 60.0      # application XIDs this close to a hardware XID are its echo
 INIT_FAILED_XID = 143        # "GPU initialization failure": what a failed driver load reads as
+HEALTHY_WORK_S = 120.0       # a job still writing output this long after a stale XID: it works
+FAILED_JOB_STATES = frozenset({"FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"})
+# How late each source may report a moment, where the window does not show its interval.
+PROMETHEUS_SCRAPE_S = 15.0   # Prometheus's usual scrape interval
+DCGM_COLLECT_S = 30.0        # dcgm-exporter's own collection interval (-c 30000), on top
+SOURCE_LAG_S = {
+    "slurm": 300.0,          # SlurmdTimeout's default: how long before a silent node is DOWN
+    "kubernetes": 50.0,      # node-monitor-grace-period (40 s) and a status update (10 s)
+}
 
 
 def _when(at: datetime) -> str:
@@ -126,6 +138,11 @@ class _Cause:
     t: float
     nodes: frozenset[str]
     diagnosis: Diagnosis
+    # The earliest the fault may have happened: a source that reads late (a scrape, Slurm's
+    # ping timeout) saw it up to its lag after it.
+    early: float = 0.0
+    # Jobs on its node that Slurm says held other GPUs: the fault is not theirs.
+    spared: frozenset[str] = frozenset()
 
 
 def _first(item: tuple[int, JobFact]) -> int:
@@ -211,9 +228,21 @@ class Engine:
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def add(self, diagnosis: Diagnosis, t: float) -> None:
+    def add(self, diagnosis: Diagnosis, t: float, source: str = "kernel",
+            spared: Iterable[str] = ()) -> None:
+        """Record a fault found at ``t`` by ``source`` (whose lag says how much earlier it may
+        have happened); ``spared``: jobs on its node on other GPUs."""
         self.diagnoses.append(diagnosis)
-        self.causes.append(_Cause(t, frozenset(diagnosis.nodes), diagnosis))
+        self.causes.append(_Cause(t, frozenset(diagnosis.nodes), diagnosis,
+                                  t - self.lag(source), frozenset(spared)))
+
+    def lag(self, source: str) -> float:
+        """How long after a moment ``source`` may report it."""
+        if source == "dcgm":
+            return self.facts.intervals.get("dcgm", PROMETHEUS_SCRAPE_S) + DCGM_COLLECT_S
+        if source == "nic":
+            return self.facts.intervals.get("nic", PROMETHEUS_SCRAPE_S)
+        return SOURCE_LAG_S.get(source, 0.0)
 
     def note(self, kind: str, text: str, at: datetime, **kw: object) -> None:
         self.notes.append(Note(kind, text, at, **kw))  # type: ignore[arg-type]
@@ -254,6 +283,8 @@ class Engine:
         not known (a kernel line naming a PCI address), keeps today's reading: every job there.
         """
         index = _gpu_index(gpu)
+        if index is None and gpu and gpu.startswith("PCI "):
+            index = self.facts.pci_gpus.get((node, gpu[4:]))
         held, others = [], []
         for job in sorted(jobs):
             gpus = self.job_gpus.get(job, {}).get(node)
@@ -374,6 +405,12 @@ class Engine:
     def gpu_faults(self) -> None:
         by_node: dict[str, list[XidFact]] = defaultdict(list)
         for f in self.facts.xids:
+            if f.stale and not self._troubled(f.node) and self._working(f.node, f.t):
+                self.note("symptom", f"{f.text} already at the window's first scrape "
+                          f"({_when(f.at)}), while its node's jobs kept working and nothing "
+                          "went wrong: the last XID since the exporter started, not a new one",
+                          f.at, nodes=(f.node,))
+                continue
             by_node[f.node].append(f)
         memory_by_node: dict[str, list] = defaultdict(list)
         for m in self.facts.memory:
@@ -388,6 +425,32 @@ class Engine:
                                                       by_node.get(node, [])))
         self._application_xids(app_xids)
         self._gpus_lost()
+
+    def _troubled(self, node: str) -> bool:
+        """Whether the window shows anything going wrong on or around a node: another XID or
+        hardware line, a report that it stopped answering, its jobs' errors or failed ends."""
+        if any(f.node == node and not f.stale for f in self.facts.xids) or any(
+                h.node == node for h in self.facts.hardware) or node in self.facts.claimed_down:
+            return True
+        for job in self.jobs_of.get(node, ()):
+            span = self.facts.job_spans.get(job)
+            if span is not None and span.state in FAILED_JOB_STATES:
+                return True
+            if any(f.job == job for f in self.facts.job_lines):
+                return True
+        return False
+
+    def _working(self, node: str, t: float) -> bool:
+        """Whether a job on the node completed, or kept writing output (on any of its nodes)
+        for a while after ``t``: the GPUs there did their work."""
+        jobs = self.jobs_of.get(node, set())
+        for job in jobs:
+            span = self.facts.job_spans.get(job)
+            if span is not None and span.state == "COMPLETED":
+                return True
+        # A job's output is often its first rank's alone: any of its nodes will do.
+        return any(job in jobs and last - t >= HEALTHY_WORK_S
+                   for (job, _), (_, last) in self.facts.job_activity.items())
 
     def _hardware(self, node: str, hardware: list[HwFact], xids: list[XidFact]) -> list[HwFact]:
         """Of a node's fatal AER and SXid lines, those that are its GPUs' or NVSwitches'.
@@ -430,7 +493,7 @@ class Engine:
                 GPU_HARDWARE, (node,), confidence, PLAYBOOK_FOR[GPU_HARDWARE],
                 f"slurmctld drained {node} at {_when(f.at)}: '{f.reason}' ({f.reported} GPUs "
                 f"registered, {f.configured} configured): {why}." + victims,
-                f.at, jobs=jobs, evidence=tuple(_ids([f]) + victim_ids)), f.t)
+                f.at, jobs=jobs, evidence=tuple(_ids([f]) + victim_ids)), f.t, "slurm")
 
     def _node_gpu(self, node: str, xids: list[XidFact], memory: list,
                   hardware: list[HwFact]) -> list[XidFact]:
@@ -549,8 +612,11 @@ class Engine:
         explanation = (lead_text + (f" ({'; '.join(extras)})" if extras else "") + "." + victims
                        + self.spared_text(node, spared))
         self.gpu_nodes[node] = min(self.gpu_nodes.get(node, t), t)
+        read_by = cause.source if cause is not None else ("dcgm" if memory and hw_cause is None
+                                                          and label == GPU_MEMORY else "kernel")
         self.add(Diagnosis(label, (node,), confidence, PLAYBOOK_FOR[label], explanation,
-                           first_at, jobs=jobs, evidence=tuple(evidence + victim_ids)), t)
+                           first_at, jobs=jobs, evidence=tuple(evidence + victim_ids)), t,
+                 read_by, spared)
         # Application XIDs right around a hardware fault on the same node are its echo.
         return [a for a in app if abs(a.t - t) > ABSORB_APP_XID_S]
 
@@ -581,6 +647,7 @@ class Engine:
                 info = x.xid_info(code)
                 first = seen[0][0]
                 t = first.t
+                spared = self.on_gpu(node, first.gpu, self.jobs_of.get(node, ()))[1]
                 self.gpu_nodes[node] = t
                 self.add(Diagnosis(
                     GPU_HARDWARE, (node,), 0.8, PLAYBOOK_FOR[GPU_HARDWARE],
@@ -588,7 +655,7 @@ class Engine:
                     f"{len(jobs)} different jobs ({_names(jobs)}) from {_when(first.at)}: an "
                     "application XID that follows one GPU from job to job points at the GPU.",
                     first.at, jobs=tuple(sorted(jobs)), evidence=tuple(_ids(f for f, _ in seen))),
-                    t)
+                    t, first.source, spared)
                 continue
             for f, job in seen:
                 if job:
@@ -651,7 +718,7 @@ class Engine:
             )
             self.add(Diagnosis(SWITCH_FAILURE, tuple(nodes), 0.9, PLAYBOOK_FOR[SWITCH_FAILURE],
                                explanation, burst[0].at, switch=leaf, jobs=jobs,
-                               evidence=tuple(_ids(related))), b0)
+                               evidence=tuple(_ids(related))), b0, burst[0].source)
         by_node: dict[str, list[LinkFact]] = defaultdict(list)
         for f in self.facts.links:
             if id(f) not in absorbed:
@@ -660,15 +727,21 @@ class Engine:
             self._node_link(node, by_node[node])
 
     def _burst(self, losses: list[LinkFact], size: int) -> list[LinkFact] | None:
-        """The largest set of this leaf's nodes losing their link within SWITCH_BURST_S,
-        if it is most of the leaf."""
-        best: list[LinkFact] = []
-        best_nodes = 0
-        for start, end, count in _most_nodes(losses, SWITCH_BURST_S):
-            if count > best_nodes:
-                best, best_nodes = losses[start:end], count
-        if best_nodes >= 2 and best_nodes > SWITCH_MAJORITY * size:
-            return best
+        """The largest set of this leaf's nodes losing their link at once, if it is most of
+        the leaf. "At once" is SWITCH_BURST_S, or the NIC source's interval where it reads
+        more slowly: each node's loss is seen at its own scrape, and with scrapes a minute
+        apart one moment is reported over most of that minute. Three or more nodes, most of
+        the leaf, within SWITCH_SPREAD_S are one event too, whatever the interval."""
+        nic = self.facts.intervals.get("nic", 0.0)
+        for span, least in ((max(SWITCH_BURST_S, min(SWITCH_SPREAD_S, nic * 1.1)), 2),
+                            (SWITCH_SPREAD_S, REACH_SWITCH_MIN_NODES)):
+            best: list[LinkFact] = []
+            best_nodes = 0
+            for start, end, count in _most_nodes(losses, span):
+                if count > best_nodes:
+                    best, best_nodes = losses[start:end], count
+            if best_nodes >= least and best_nodes > SWITCH_MAJORITY * size:
+                return best
         return None
 
     def _node_link(self, node: str, links: list[LinkFact]) -> None:
@@ -721,7 +794,7 @@ class Engine:
         self.nic_nodes.setdefault(node, []).append(t)
         self.add(Diagnosis(NETWORK_FLAP, (node,), confidence, PLAYBOOK_FOR[NETWORK_FLAP],
                            text + "." + clean + victims, first.at, jobs=jobs,
-                           evidence=tuple(_ids(links) + victim_ids)), t)
+                           evidence=tuple(_ids(links) + victim_ids)), t, first.source)
 
     # --- 4. thermal ------------------------------------------------------------------------
 
@@ -755,7 +828,8 @@ class Engine:
             ids = [i for r, _, _ in runs for i in r.ids][:50]
             self.gpu_nodes.setdefault(node, first.t_start)
             self.add(Diagnosis(THERMAL, (node,), 0.85, PLAYBOOK_FOR[THERMAL], explanation,
-                               first.start, jobs=jobs, evidence=tuple(ids)), first.t_start)
+                               first.start, jobs=jobs, evidence=tuple(ids)), first.t_start,
+                     "dcgm")
 
     # --- 5. reachability -------------------------------------------------------------------
 
@@ -777,6 +851,20 @@ class Engine:
                           f"{_when(first.at)} and answered again at {_when(back[0].at)}",
                           first.at, nodes=(node,))
                 continue
+            later = [r for r in events if r.reachable and r.source == first.source
+                     and r.t > first.t]
+            life = [t for t in self.facts.alive.get(node, ())
+                    if first.t + LIFE_AFTER_S < t <= (later[0].t if later else -math.inf)]
+            if len(life) >= LIFE_SAMPLES and {r.source for r in down} == {first.source}:
+                # The kubelet or slurmd stopped reporting for a while and came back, and the
+                # node itself never stopped: its GPUs' samples, its kernel or its job kept
+                # coming all along (through other paths than the claim's).
+                self.note("symptom", f"{node}: {first.source} said it stopped answering at "
+                          f"{_when(first.at)} ({first.text}), but the node itself kept reporting"
+                          f" (GPU samples, kernel or job output) {len(life)} time(s) until it was "
+                          f"back at {_when(later[0].at)}: the reporting agent, not the node; "
+                          "not acted on", first.at, nodes=(node,))
+                continue
             if node in self.gpu_nodes:
                 continue  # the GPU fault is the cause; its diagnosis says so
             if any(first.t - NIC_EXPLAINS_S <= t <= first.t + RECOVERED_S
@@ -797,7 +885,8 @@ class Engine:
                            f"GPU or NIC fault of its own." + victims)
             self.add(Diagnosis(NODE_UNREACHABLE, (node,), 0.85 if len(sources) > 1 else 0.75,
                                PLAYBOOK_FOR[NODE_UNREACHABLE], explanation, first.at, jobs=jobs,
-                               evidence=tuple(_ids(down) + victim_ids)), t)
+                               evidence=tuple(_ids(down) + victim_ids)), t,
+                     first.source)
 
     def _leaves_unreachable(self, by_node: Mapping[str, list[ReachFact]]) -> None:
         """Most of one leaf's nodes stopping answering together, while the other leaves keep
@@ -855,7 +944,7 @@ class Engine:
                 f"{_when(burst[0].at)} ({said}), while {_names(clean)} kept answering and none "
                 "of them shows a GPU fault: the switch they share, not the nodes, is the likely "
                 "cause; no node is blamed.", burst[0].at, switch=leaf, jobs=jobs,
-                evidence=tuple(_ids(burst))), b0)
+                evidence=tuple(_ids(burst))), b0, burst[0].source)
 
     # --- 6. jobs ---------------------------------------------------------------------------
 
@@ -889,7 +978,7 @@ class Engine:
             nodes = self.job_nodes.get(job, set())
             # A fault may be listed twice here: only whether there is one, and the earliest
             # time, are read.
-            touching = [c for n in nodes for c in causes_at.get(n, ())]
+            touching = [c for n in nodes for c in causes_at.get(n, ()) if job not in c.spared]
             touching += causes_of.get(job, ())
             if not failures and not xids:
                 if symptoms and not touching:
@@ -901,9 +990,14 @@ class Engine:
             first_xid = min((f.t for f in xids), default=None)
             own = min((t for t in (first_own, first_xid) if t is not None), default=None)
             if touching:
-                fault_t = min(c.t for c in touching)
+                fault_t = min(c.early for c in touching)
                 if own is None or own >= fault_t - APP_BEFORE_FAULT_S:
                     continue  # the job died of the fault above, not of its own bug
+                if symptoms and first_own is not None and (first_xid is None or first_xid >= (
+                        symptoms[0].t)) and first_own >= symptoms[0].t - APP_BEFORE_FAULT_S:
+                    # Its ranks lost each other first and failed after: how a job dies of a
+                    # fault, whatever the faulty node's clock or its source's delay said.
+                    continue
             self._application_error(job, failures, strong, xids, symptoms)
 
     def _application_error(self, job: str, failures: list[JobFact], strong: list[JobFact],
@@ -935,7 +1029,14 @@ class Engine:
 
 def run(facts: Facts, topology: Mapping[str, Sequence[str]],
         jobs: Sequence[JobInfo]) -> tuple[list[Diagnosis], list[Note]]:
+    skews = clocks.estimate(facts)
+    clocks.align(facts, skews)
     engine = Engine(facts, topology, jobs)
+    for skew in sorted(skews.values(), key=lambda s: s.node):
+        engine.note("clock", f"{skew.node}'s clock reads {abs(skew.offset):.0f} s "
+                    f"{'ahead' if skew.offset > 0 else 'behind'} ({skew.why}): its kernel lines "
+                    "and job output are read on the cluster's clock",
+                    facts.first or datetime.now(UTC), nodes=(skew.node,))
     reach = engine.source_outages()
     engine.gpu_faults()
     engine.link_faults()

@@ -100,8 +100,9 @@ class Note:
     """Something diagnosis saw and deliberately did not turn into an incident.
 
     ``kind`` is ``source_outage`` (a collector down, or one source alone claiming the whole
-    fleet changed), ``symptom`` (errors with no fault behind them in the window) or
-    ``suppressed`` (evidence that could not be trusted). Shown, never acted on.
+    fleet changed), ``symptom`` (errors with no fault behind them in the window),
+    ``suppressed`` (evidence that could not be trusted) or ``clock`` (a node's clock found off,
+    and its lines read on the cluster's clock). Shown, never acted on.
     """
 
     kind: str

@@ -1110,6 +1110,235 @@ def unreachable_sinfo_shapes() -> Scenario:
     return s.expects("node_unreachable", [n])
 
 
+# --- time, cause and consequence, shared nodes, ordinary life ---------------------------------
+# Real lines: PyTorch 2.x's rank prefixes and c10d errors (pytorch/pytorch issues 113128,
+# 122732), torchrun's elastic agent (torch/distributed/elastic/multiprocessing/api.py), srun's
+# task exits, mlx5's netdev link lines, Slurm's node state flags (slurm/src/common/slurm_protocol_defs.c).
+
+LINK_DOWN = "mlx5_core 0000:{bus}:00.0 ibp{bus}s0: Link down"
+RANK_CUDA_LAUNCH = "[rank{rank}]: RuntimeError: CUDA error: unspecified launch failure"
+RANK_ECC = "[rank{rank}]: RuntimeError: CUDA error: uncorrectable ECC error encountered"
+DIST_BACKEND = ("[rank{rank}]: torch.distributed.DistBackendError: NCCL error in: "
+                "../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, remote process exited or there "
+                "was a network error, NCCL version 2.21.5")
+PG_WATCHDOG = ("[rank{rank}]:[E1205 10:05:12.331000 4123 ProcessGroupNCCL.cpp:1595] [PG 0 "
+               "(default_pg) Rank {rank}] Process group watchdog thread terminated with exception: "
+               "NCCL error: remote process exited or there was a network error")
+CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "
+SIGTERM_WORKERS = ("[2026-12-05 10:05:20,331] torch.distributed.elastic.multiprocessing.api: "
+                   "[WARNING] Sending process {pid} closing signal SIGTERM")
+SIGNAL_15 = ("torch.distributed.elastic.multiprocessing.api.SignalException: Process {pid} got "
+             "signal: 15")
+SRUN_TASK_EXIT = "srun: error: {node}: task {task}: Exited with exit code {code}"
+TIME_LIMIT = "slurmstepd: error: *** JOB {job} ON {node} CANCELLED AT 2026-12-05T10:09:00 DUE TO TIME LIMIT ***"
+
+
+@scenario
+def clock_skew_leaf_kernel_lines() -> Scenario:
+    s = Scenario("clock-skew-leaf-down-kernel-lines", "A leaf switch dies; the NIC readings (read "
+                 "centrally) see its four nodes' ports go DOWN within seconds, but the nodes' own "
+                 "kernel lines are stamped by clocks up to two minutes off. The skewed lines are "
+                 "the same event, not four link faults.", seed=90)
+    leaf, members = s.leaf(0)
+    s.noise()
+    for k, (node, skew) in enumerate(zip(members, (0, 95, -130, 40), strict=True)):
+        bus = f"{12 + k:02x}"
+        s.nic_state(300 + k * 2.5, node, "DOWN")
+        s.kernel(298 + k * 2 + skew, node, LINK_DOWN.format(bus=bus))
+    return s.expects("switch_failure", members, switch=leaf)
+
+
+@scenario
+def dcgm_late_xid_rank_crashed_first() -> Scenario:
+    s = Scenario("dcgm-late-xid-rank-crashed-first", "A GPU falls off the bus; only dcgm-exporter "
+                 "reports it (no kernel agent), in a scrape 40 s after the rank on it already "
+                 "crashed with a CUDA error and the other ranks lost it. The crash is the fault's, "
+                 "not the job's own bug.", seed=91)
+    j = s.job("51230", "olga", s.nodes[0:4])
+    n = s.nodes[2]
+    s.noise()
+    for t in range(0, 600, 30):
+        s.dcgm(t + 5, n, 3, "DCGM_FI_DEV_XID_ERRORS", 79 if t + 5 >= 360 else 0)
+    s.log(320, j, n, RANK_CUDA_LAUNCH.format(rank=19))
+    for i, node in enumerate(s.nodes[0:4]):
+        if node != n:
+            s.log(323 + i, j, node, DIST_BACKEND.format(rank=i * 8))
+    s.log(330, j, s.nodes[0], CHILD_FAILED)
+    s.job_dies(338, j, exit_code=1)
+    return s.expects("gpu_hardware", [n])
+
+
+@scenario
+def slow_nic_scrapes_leaf_down() -> Scenario:
+    s = Scenario("slow-nic-scrapes-leaf-down", "A leaf switch dies at 300 s; the NIC states are "
+                 "scraped once a minute, each node at its own phase, so its four nodes' ports are "
+                 "seen DOWN over 53 s. One event, the switch.", seed=92)
+    leaf, members = s.leaf(1)
+    s.noise()
+    # Each node's exporter is scraped every 60 s at its own phase; the leaf's nodes' phases
+    # put their first scrape after the switch died at these moments.
+    seen_down = dict(zip(members, (305, 322, 341, 358), strict=True))
+    for node in s.nodes:
+        t = seen_down[node] % 60 if node in seen_down else s.rng.uniform(0, 60)
+        while t < 600:
+            down = node in seen_down and t >= seen_down[node]
+            s.nic_state(t, node, "DOWN" if down else "ACTIVE")
+            t += 60
+    return s.expects("switch_failure", members, switch=leaf)
+
+
+@scenario
+def torchrun_peers_any_order() -> Scenario:
+    s = Scenario("xid48-torchrun-peers-any-order", "A double-bit ECC error (XID 48) on one GPU; "
+                 "the rank on it dies with a CUDA ECC error, torchrun tears the job down and the "
+                 "other ranks print c10d errors, SIGTERM notices and ChildFailedError in no "
+                 "particular order, one of them stamped before the XID (its clock is 10 s "
+                 "behind). One GPU memory fault; no bug of the job.", seed=93)
+    j = s.job("60412", "pavel", s.nodes[4:8])
+    n = s.nodes[5]
+    s.noise()
+    s.kernel(300, n, _xid(48, "4e", "An uncorrectable double bit error (DBE) has been detected "
+                                      "on GPU in the framebuffer at partition 0, subpartition 0.",
+                          pid="2212", name="python"))
+    s.log(300.4, j, n, RANK_ECC.format(rank=8))
+    peers = [node for node in s.nodes[4:8] if node != n]
+    lines = [(peers[0], DIST_BACKEND.format(rank=0)), (peers[1], PG_WATCHDOG.format(rank=16)),
+             (peers[2], SIGNAL_15.format(pid=4100)), (peers[0], CHILD_FAILED),
+             (peers[1], SIGTERM_WORKERS.format(pid=4123)),
+             (peers[2], SRUN_TASK_EXIT.format(node=peers[2], task=3, code=143))]
+    s.rng.shuffle(lines)
+    for k, (node, line) in enumerate(lines):
+        s.log(291 + k * 4, j, node, line)  # the first is 9 s before the XID: a clock behind
+    s.job_dies(335, j, exit_code=1)
+    return s.expects("gpu_memory", [n])
+
+
+@scenario
+def shared_node_overlapping_jobs() -> Scenario:
+    s = Scenario("shared-node-xid31-follows-gpu-overlapping-jobs", "Three jobs share an 8-GPU "
+                 "node (Slurm's GPU indices per job). XID 31 follows GPU 5 from job B to job C "
+                 "(the GPU is at fault); job A on GPUs 0-3, running beside both, hits XID 13 on "
+                 "GPU 1 with its own illegal memory access. Two faults: the node's GPU, and job "
+                 "A's code.", seed=94)
+    n = s.nodes[1]
+    a = s.job("70001", "quinn", [n], started=None)
+    b = s.job("70002", "rosa", [n], started=None)
+    c = s.job("70003", "sam", [n], started=None)
+    s.noise()
+    s.slurm_job(5, a, "RUNNING", [n], gpus={n: [0, 1, 2, 3]})
+    s.slurm_job(8, b, "RUNNING", [n], gpus={n: [4, 5, 6, 7]})
+    for t in range(0, 600, 30):
+        s.dcgm(t + 2, n, 5, "DCGM_FI_DEV_XID_ERRORS",
+               31 if 200 <= t + 2 < 260 or t + 2 >= 450 else 0)
+        s.dcgm(t + 2, n, 1, "DCGM_FI_DEV_XID_ERRORS", 13 if t + 2 >= 500 else 0)
+    s.log(203, b, n, "[rank5]: RuntimeError: CUDA error: an illegal memory access was encountered")
+    s.slurm_job(215, b, "FAILED", [n], exit_code=1)
+    s.slurm_job(300, c, "RUNNING", [n], gpus={n: [4, 5, 6, 7]})
+    s.log(453, c, n, "[rank1]: RuntimeError: CUDA error: an illegal memory access was encountered")
+    s.slurm_job(460, c, "FAILED", [n], exit_code=1)
+    s.log(502, a, n, "[rank1]: RuntimeError: CUDA error: an illegal memory access was encountered")
+    s.slurm_job(510, a, "FAILED", [n], exit_code=1)
+    return s.expects("gpu_hardware", [n]).expects("application_error", job=a)
+
+
+@scenario
+def stale_xid_gauge_job_completes() -> Scenario:
+    s = Scenario("stale-xid-gauge-job-completes", "dcgm-exporter's XID gauge on one GPU still "
+                 "reads 13 (the last XID since it started, from a job days ago) at every scrape; "
+                 "the job on it trains and completes normally. Nothing new happened.", seed=95)
+    n = s.nodes[6]
+    j = s.job("80321", "tara", [n], started=None)
+    s.noise()
+    s.slurm_job(3, j, "RUNNING", [n])
+    for t in range(0, 600, 30):
+        s.dcgm(t + 1, n, 2, "DCGM_FI_DEV_XID_ERRORS", 13)
+        s.log(t + 10, j, n, f"[rank2]: step {t // 30 + 1200} loss 1.{t % 97:02d}")
+    s.slurm_job(590, j, "COMPLETED", [n], exit_code=0)
+    return s
+
+
+@scenario
+def kubelet_notready_node_working() -> Scenario:
+    s = Scenario("kubelet-notready-node-working", "The kubelet on one node stops posting status "
+                 "for three minutes (Ready=Unknown, NodeStatusUnknown) and comes back, while "
+                 "dcgm-exporter keeps scraping its GPUs, Slurm keeps it ALLOCATED and its job "
+                 "keeps logging steps. Nothing is wrong with the node.", seed=96)
+    n = s.nodes[3]
+    j = s.job("80400", "uma", [n], started=None)
+    s.noise()
+    s.slurm_job(2, j, "RUNNING", [n])
+    s.k8s_condition(200, n, "Unknown", "NodeStatusUnknown")
+    s.k8s_event(201, n, "NodeNotReady", f"Node {n} status is now: NodeNotReady")
+    for t in range(0, 600, 20):
+        s.dcgm(t + 4, n, 0, "DCGM_FI_DEV_GPU_UTIL", 97)
+        s.log(t + 7, j, n, f"[rank0]: step {t // 20 + 300} loss 0.8{t % 9}")
+    s.slurm_node(260, n, ["ALLOCATED"])
+    s.k8s_condition(380, n, "True", "KubeletReady")
+    s.k8s_event(381, n, "NodeReady", f"Node {n} status is now: NodeReady")
+    return s
+
+
+@scenario
+def scontrol_reboot_maintenance() -> Scenario:
+    s = Scenario("scontrol-reboot-maintenance", "An administrator runs `scontrol reboot ASAP "
+                 "nextstate=RESUME reason=kernel-upgrade`: the node drains (REBOOT_REQUESTED), "
+                 "reboots (REBOOT_ISSUED): its links go down, Kubernetes loses it for two "
+                 "minutes, and it comes back IDLE. Maintenance, not a fault.", seed=97)
+    n = s.nodes[5]
+    s.noise()
+    s.slurm_node(100, n, ["IDLE", "DRAIN", "REBOOT_REQUESTED"], "kernel-upgrade")
+    s.slurm_node(160, n, ["DOWN", "REBOOT_ISSUED"], "reboot issued")
+    s.kernel(165, n, "mlx5_core 0000:0c:00.0 ibp12s0: Link down")
+    s.nic_state(170, n, "DOWN")
+    s.k8s_condition(215, n, "Unknown", "NodeStatusUnknown")
+    s.k8s_event(216, n, "NodeNotReady", f"Node {n} status is now: NodeNotReady")
+    s.kernel(330, n, "mlx5_core 0000:0c:00.0 ibp12s0: Link up")
+    s.nic_state(335, n, "ACTIVE")
+    s.k8s_event(338, n, "Rebooted", f"Node {n} has been rebooted, boot id: 3f1c2a9e-5b7d")
+    s.k8s_condition(340, n, "True", "KubeletReady")
+    s.slurm_node(350, n, ["IDLE"])
+    return s
+
+
+@scenario
+def kured_cordon_reboot() -> Scenario:
+    s = Scenario("kured-cordon-reboot-uncordon", "kured cordons a node (NodeNotSchedulable), "
+                 "drains it, reboots it (NotReady for two minutes, its links down and up) and "
+                 "uncordons it; Slinky's slurm-operator drains the Slurm node meanwhile. Ordinary "
+                 "maintenance: no incident.", seed=98)
+    n = s.nodes[0]
+    s.noise()
+    s.k8s_event(100, n, "NodeNotSchedulable", f"Node {n} status is now: NodeNotSchedulable")
+    s.slurm_node(104, n, ["IDLE", "DRAIN"], "slurm-operator: Node cordoned")
+    s.k8s_condition(190, n, "Unknown", "NodeStatusUnknown")
+    s.k8s_event(191, n, "NodeNotReady", f"Node {n} status is now: NodeNotReady")
+    s.nic_state(195, n, "DOWN")
+    s.nic_state(320, n, "ACTIVE")
+    s.k8s_event(325, n, "Rebooted", f"Node {n} has been rebooted, boot id: 9a0e7c11-44d2")
+    s.k8s_condition(326, n, "True", "KubeletReady")
+    s.k8s_event(400, n, "NodeSchedulable", f"Node {n} status is now: NodeSchedulable")
+    s.slurm_node(405, n, ["IDLE"])
+    return s
+
+
+@scenario
+def scancel_and_time_limit() -> Scenario:
+    s = Scenario("scancel-and-time-limit", "One job is cancelled by its user (torchrun gets "
+                 "SIGTERM, its tasks exit 143), another hits its time limit (slurmstepd's "
+                 "message). Jobs ending the way jobs end: no incident.", seed=99)
+    a = s.job("90001", "vic", s.nodes[0:2])
+    b = s.job("90002", "wen", s.nodes[4:6])
+    s.noise()
+    s.log(200, a, s.nodes[0], SIGNAL_15.format(pid=5501))
+    s.log(201, a, s.nodes[1], SRUN_TASK_EXIT.format(node=s.nodes[1], task=1, code=143))
+    s.job_dies(205, a, "CANCELLED", exit_code={"status": ["SIGNALED"], "return_code": 0,
+                                                 "signal": {"id": 15, "name": "TERM"}})
+    s.log(400, b, s.nodes[4], TIME_LIMIT.format(job=b, node=s.nodes[4]))
+    s.log(401, b, s.nodes[5], SRUN_TASK_EXIT.format(node=s.nodes[5], task=8, code=143))
+    s.job_dies(402, b, "TIMEOUT")
+    return s
+
+
 # --- formats real fleets print (tests/fixtures/real_logs has each line's source) -------------
 
 MIG_XID94 = ("NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel "

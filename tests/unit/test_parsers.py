@@ -124,6 +124,23 @@ def test_unrelated_kernel_lines_are_noise() -> None:
     ("srun: error: gpu-003: task 0: Exited with exit code 1", p.APP_EXIT),
     ("/var/spool/slurmd/job123/slurm_script: line 9: 4411 Segmentation fault (core dumped)",
      p.APP_CRASH),
+    # Launcher prefixes: PyTorch 2.x ("[rank3]:"), torchrun --tee ("[default0]:"), srun --label.
+    ("[rank3]: RuntimeError: CUDA error: an illegal memory access was encountered",
+     p.APP_EXCEPTION),
+    ("[default0]:Traceback (most recent call last):", p.APP_TRACEBACK),
+    ("3: ValueError: bad shape", p.APP_EXCEPTION),
+    ("0: [rank0]: torch.OutOfMemoryError: CUDA out of memory.", p.APP_OOM),
+    # PyTorch's watchdog and c10d's own words for a communicator that failed.
+    ("[rank0]:[E1205 10:05:12.331000 4123 ProcessGroupNCCL.cpp:1595] [PG 0 (default_pg) Rank 0] "
+     "Process group watchdog thread terminated with exception: NCCL error: unhandled system "
+     "error", p.NCCL_ERROR),
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "
+     "peer [10.0.0.2]:29500", p.NCCL_ERROR),
+    ("torch.distributed.DistStoreError: Socket Timeout", p.NCCL_ERROR),
+    # torchrun's summary that a worker failed: the worker said why; weak on its own.
+    ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", p.APP_EXIT),
+    ("[2026-12-05 10:05:20,331] torch.distributed.elastic.multiprocessing.api: [ERROR] failed "
+     "(exitcode: 1) local_rank: 0 (pid: 4123) of binary: /usr/bin/python3", p.APP_EXIT),
 ])
 def test_job_output_lines(line: str, kind: str) -> None:
     parsed = p.parse_job_line(line)
@@ -135,11 +152,27 @@ def test_ordinary_training_output_is_noise() -> None:
     assert p.parse_job_line("srun: error: gpu-003: task 0: Exited with exit code 0") is None
 
 
+@pytest.mark.parametrize("line", [
+    # A job told to stop (scancel, a time limit, torchrun stopping the other workers).
+    "srun: error: gpu-003: task 3: Exited with exit code 143",
+    "torch.distributed.elastic.multiprocessing.api.SignalException: Process 4100 got signal: 15",
+    "slurmstepd: error: *** JOB 90002 ON gpu-005 CANCELLED AT 2026-12-05T10:09:00 DUE TO TIME "
+    "LIMIT ***",
+])
+def test_a_job_told_to_stop_is_not_a_failure(line: str) -> None:
+    assert p.parse_job_line(line) is None
+
+
 @pytest.mark.parametrize(("value", "tokens"), [
     (["IDLE", "DRAIN"], {"IDLE", "DRAIN"}),                                  # 23.02+
     ({"state": "down", "state_flags": ["NOT_RESPONDING"]}, {"DOWN", "NOT_RESPONDING"}),  # 22.05
     ("down*", {"DOWN", "NOT_RESPONDING"}),                                   # sinfo
     ("idle+drain", {"IDLE", "DRAIN"}),
+    # sinfo's suffixes and short names (man sinfo, NODE STATE CODES)
+    ("idle~", {"IDLE", "POWERED_DOWN"}),
+    ("mix@", {"MIXED", "REBOOT_REQUESTED"}),
+    ("alloc", {"ALLOCATED"}),
+    ("drng", {"DRAINING"}),
     (None, set()),
 ])
 def test_slurm_node_states(value: object, tokens: set[str]) -> None:
