@@ -130,6 +130,15 @@ def actor_name(user: AbstractBaseUser | AnonymousUser | None, *, token: bool = F
     return f"{'token' if token else 'user'}:{user.get_username()}"
 
 
+def actor_shown(actor: str) -> str:
+    """An audit actor as a person reads it: "demo" for user:demo, "token ci" for token:ci,
+    "system" for the system."""
+    kind, _, name = actor.partition(":")
+    if not name:
+        return actor
+    return name if kind == "user" else f"{kind} {name}"
+
+
 def actor_from_request(request: HttpRequest | Request) -> str:
     """Who is acting in a request: ``token:NAME`` when an API token authenticated it (the
     token's name, never its key), else ``user:NAME`` for a signed-in person. DRF leaves the

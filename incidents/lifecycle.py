@@ -11,7 +11,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from collectors.knowledge import RootCause
+from collectors.knowledge import SEVERITY_FOR, RootCause
+from collectors.models import Job
 from collectors.roles import SYSTEM
 from incidents.audit import audit_lock, audit_record
 from incidents.diagnosis import Diagnosis
@@ -70,6 +71,8 @@ def _incident_record(cluster_id: int, diagnosis: Diagnosis) -> tuple[Incident, b
         fingerprint=diagnosis.fingerprint, nodes=list(diagnosis.nodes),
         jobs=list(diagnosis.jobs), switch=diagnosis.switch or "",
         detected_at=diagnosis.detected_at, opened_at=now,
+        severity=SEVERITY_FOR[RootCause(diagnosis.root_cause)],
+        nodes_charted=_nodes_involved(cluster_id, diagnosis.nodes, diagnosis.jobs),
     )
     _evidence_add(incident, diagnosis.evidence)
     audit_record("incident.opened", f"incident {incident.pk}", incident=incident,
@@ -131,7 +134,8 @@ def _storm_record(cluster_id: int, cause: RootCause, diagnoses: list[Diagnosis])
         storm = Incident.objects.create(
             cluster_id=cluster_id, root_cause=cause, storm=True, fingerprint=fingerprint,
             confidence=min(d.confidence for d in diagnoses), explanation=explanation,
-            nodes=nodes, jobs=jobs, detected_at=detected, status=Incident.Status.NEEDS_ATTENTION)
+            nodes=nodes, jobs=jobs, detected_at=detected, status=Incident.Status.NEEDS_ATTENTION,
+            severity=SEVERITY_FOR[cause], nodes_charted=nodes[:CHART_NODES_MAX])
         opened = True
     else:
         storm.nodes, storm.jobs, storm.detected_at = nodes, jobs, detected
@@ -150,6 +154,22 @@ def _storm_record(cluster_id: int, cause: RootCause, diagnoses: list[Diagnosis])
         audit_record("incident.extended", f"incident {storm.pk}", incident=storm,
                      result=f"{added} more signal(s) of the storm; {len(nodes)} nodes now")
     return storm
+
+
+# At most this many nodes are kept for an incident's chart: more lines than anyone can read.
+CHART_NODES_MAX = 32
+
+
+def _nodes_involved(cluster_id: int, nodes: tuple[str, ...], jobs: tuple[str, ...]) -> list[str]:
+    """The nodes involved when the incident opens: the blamed ones first, then the other nodes
+    of its jobs. Kept with the incident (``nodes_charted``): by the time someone reads the
+    chart the jobs have been requeued elsewhere, and their nodes now are not the ones hit."""
+    others: set[str] = set()
+    if jobs:
+        for job_nodes in Job.objects.filter(cluster_id=cluster_id, slurm_id__in=jobs).values_list(
+                "nodes", flat=True):
+            others.update(job_nodes or [])
+    return (list(dict.fromkeys(nodes)) + sorted(others - set(nodes)))[:CHART_NODES_MAX]
 
 
 def _evidence_add(incident: Incident, signal_ids: tuple[int, ...]) -> int:

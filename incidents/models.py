@@ -17,6 +17,9 @@ from collectors.models import Cluster, Signal
 # are the migration's: adding a cause there is a migration here).
 RootCause = models.TextChoices(  # type: ignore[call-overload]  # stubs lack the (value, label) form
     "RootCause", [(name, (value, label)) for name, value, label in causes.choices()])
+# Severities, likewise (collectors.knowledge.causes.Severity).
+Severity = models.TextChoices(  # type: ignore[call-overload]  # as RootCause
+    "Severity", [(name, (value, label)) for name, value, label in causes.severity_choices()])
 
 
 class Incident(models.Model):
@@ -51,6 +54,16 @@ class Incident(models.Model):
     # Someone said "I have it": the page stops asking for attention (an actor string).
     acknowledged_by = models.CharField(max_length=150, blank=True)
     acknowledged_at = models.DateTimeField(null=True, blank=True)
+    # The person on call who owns it now (incidents.oncall changes it, audited).
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True,
+                              blank=True, related_name="incidents_owned")
+    severity = models.CharField(max_length=8, choices=Severity.choices,
+                                default=causes.Severity.SEV3.value,
+                                help_text="from the root cause when opened; an operator may "
+                                "change it")
+    # The nodes its chart draws, kept as they were when it opened (the blamed nodes and the
+    # other nodes of its jobs): jobs end and move, and the chart must still show who was hit.
+    nodes_charted = models.JSONField(default=list, blank=True)
     signals = models.ManyToManyField(Signal, through="Evidence", related_name="incidents")
 
     class Meta:

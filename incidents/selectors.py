@@ -17,6 +17,7 @@ from collectors.clients.base import ClientError
 from collectors.knowledge import dcgm
 from collectors.models import Cluster, Job, Node, Signal
 from collectors.redaction import redact_url
+from collectors.roles import actor_shown
 from collectors.selectors import TelemetryPoint, json_list_has
 from collectors.sources import cluster_names, sources_of
 from incidents.audit import audit_verify
@@ -179,36 +180,102 @@ def replacement_nodes(incident: Incident) -> set[str]:
     }
 
 
-def incident_timeline(incident: Incident) -> list[dict[str, Any]]:
-    """Everything that happened around an incident, in one time-ordered list."""
+# What an incident's timeline can show besides the diagnosis (always there): the filter's
+# choices, in the page's order.
+TIMELINE_KINDS = {"signal": "signals", "step": "steps", "note": "notes", "audit": "audit"}
+
+
+def timeline_kinds(asked: list[str]) -> set[str]:
+    """The kinds a timeline filter asked for (all when it asked for none); unknown ones are
+    ignored, as a list page ignores what it does not filter on."""
+    kinds = {k for k in asked if k in TIMELINE_KINDS}
+    return kinds if asked else set(TIMELINE_KINDS)
+
+
+def incident_timeline(incident: Incident,
+                      kinds: set[str] | None = None) -> list[dict[str, Any]]:
+    """Everything that happened around an incident, in one time-ordered list: of ``kinds``
+    (TIMELINE_KINDS; all when None), always with the diagnosis. Notes are the audit trail's
+    (incidents.oncall), shown as notes rather than as audit entries."""
+    from incidents.oncall import NOTE_VERB  # oncall imports the models only; no cycle
+
+    kinds = set(TIMELINE_KINDS) if kinds is None else kinds
     start = incident.detected_at - timedelta(minutes=2)
     end = (incident.resolved_at or timezone.now()) + timedelta(minutes=1)
-    items: list[dict[str, Any]] = [
-        {"at": step.started_at, "type": "step", "step": step,
-         "title": f"Step {step.order}: {step.title}"}
-        for step in Step.objects.filter(remediation__incident=incident, started_at__isnull=False)
-    ]
-    watched = set(incident.nodes) | replacement_nodes(incident)
-    # The database picks the incident's signals: at 100,000 GPUs the cluster's window holds
-    # far more rows than the page shows.
-    wanted = Q(node_name__in=watched) | (Q(source=Signal.Source.COLLECTOR)
-                                         & ~Q(kind=PUSHED_COLLECTOR))
-    if incident.jobs:
-        wanted |= Q(job_id__in=incident.jobs)
-    signals = Signal.objects.filter(wanted, cluster=incident.cluster,
-                                    observed_at__range=(start, end))
-    for s in signals.order_by("observed_at", "id")[:TIMELINE_MAX_SIGNALS]:
-        items.append({"at": s.observed_at, "type": "signal", "signal": s,
-                      "title": f"{s.get_source_display()}: {s.message}"})
+    items: list[dict[str, Any]] = []
+    if "step" in kinds:
+        items += [{"at": step.started_at, "type": "step", "step": step,
+                   "title": f"Step {step.order}: {step.title}"}
+                  for step in Step.objects.filter(remediation__incident=incident,
+                                                  started_at__isnull=False)]
+    if "signal" in kinds:
+        watched = set(incident.nodes) | replacement_nodes(incident)
+        # The database picks the incident's signals: at 100,000 GPUs the cluster's window
+        # holds far more rows than the page shows.
+        wanted = Q(node_name__in=watched) | (Q(source=Signal.Source.COLLECTOR)
+                                             & ~Q(kind=PUSHED_COLLECTOR))
+        if incident.jobs:
+            wanted |= Q(job_id__in=incident.jobs)
+        signals = Signal.objects.filter(wanted, cluster=incident.cluster,
+                                        observed_at__range=(start, end))
+        for s in signals.order_by("observed_at", "id")[:TIMELINE_MAX_SIGNALS]:
+            items.append({"at": s.observed_at, "type": "signal", "signal": s,
+                          "title": f"{s.get_source_display()}: {s.message}"})
+    # The explanation itself is the page's (and the API's incident): said once, not here.
     items.append({"at": incident.opened_at, "type": "diagnosis",
                   "title": f"Diagnosis: {incident.get_root_cause_display()} "
-                           f"({incident.confidence:.0%})", "text": incident.explanation})
-    for entry in AuditEntry.objects.filter(incident=incident).select_related("step"):
-        items.append({"at": entry.at, "type": "audit", "entry": entry,
-                      "title": f"{entry.actor} {entry.verb} {entry.target}"})
-    items.sort(key=lambda i: (i["at"], {"signal": 0, "diagnosis": 1, "step": 2,
+                           f"({incident.confidence:.0%})"})
+    if kinds & {"audit", "note"}:
+        entries = AuditEntry.objects.filter(incident=incident).select_related("step")
+        if "audit" not in kinds:
+            entries = entries.filter(verb=NOTE_VERB)
+        elif "note" not in kinds:
+            entries = entries.exclude(verb=NOTE_VERB)
+        for entry in entries:
+            who = actor_shown(entry.actor)
+            if entry.verb == NOTE_VERB:
+                items.append({"at": entry.at, "type": "note", "entry": entry, "who": who,
+                              "title": f"Note by {who}", "text": entry.result})
+            else:
+                items.append({"at": entry.at, "type": "audit", "entry": entry, "who": who,
+                              "verb": entry.verb, "target": entry.target,
+                              "title": f"{who} {entry.verb} {entry.target}",
+                              # The opening entry's result is the explanation: said above.
+                              "repeats_explanation": entry.verb == "incident.opened"})
+    items.sort(key=lambda i: (i["at"], {"signal": 0, "diagnosis": 1, "step": 2, "note": 3,
                                         "audit": 3}[i["type"]]))
     return items
+
+
+def incident_title(incident: Incident) -> dict[str, Any]:
+    """An incident's title in parts (its number, the cause, the nodes, the switch), for a
+    template to lay out; ``text`` joins them for a page title or a subject line."""
+    nodes = list(incident.nodes)
+    where: list[str] = []
+    if incident.storm:
+        where.append(f"{len(nodes)} nodes")
+    elif nodes:
+        where.append(", ".join(nodes))
+    if incident.switch:
+        where.append(f"leaf switch {incident.switch}")
+    cause = incident.get_root_cause_display()
+    text = f"Incident #{incident.pk}: {'storm of ' if incident.storm else ''}{cause}"
+    if where:
+        text += " on " + " · ".join(where)
+    return {"pk": incident.pk, "cause": cause, "storm": incident.storm,
+            "nodes": [] if incident.storm else nodes, "node_count": len(nodes),
+            "switch": incident.switch, "text": text}
+
+
+def oncall_people() -> list[Any]:
+    """Who can own an incident: the people who may act on it (operators and admins)."""
+    from django.contrib.auth import get_user_model
+
+    from collectors.roles import ADMIN, OPERATOR
+
+    return list(get_user_model().objects.filter(
+        Q(groups__name__in=[OPERATOR, ADMIN]) | Q(is_superuser=True), is_active=True)
+        .distinct().order_by("username"))
 
 
 # A flapping source can log thousands of signals in an incident's window; the page shows the
@@ -217,25 +284,35 @@ TIMELINE_MAX_SIGNALS = 500
 
 
 def incident_nodes_charted(incident: Incident) -> list[str]:
-    """The nodes an incident's chart draws: the blamed and replacement nodes, and the other
-    nodes of the affected jobs."""
-    names = set(incident.nodes) | replacement_nodes(incident)
-    for nodes in Job.objects.filter(cluster=incident.cluster,
-                                    slurm_id__in=incident.jobs).values_list("nodes", flat=True):
-        names.update(nodes or [])
-    return sorted(names)
+    """The nodes an incident's chart draws: those involved when it opened (kept with it:
+    the blamed nodes and the other nodes of its jobs), and the replacements brought in."""
+    names = list(incident.nodes_charted or incident.nodes)
+    return names + sorted(replacement_nodes(incident) - set(names))
 
 
-def incident_chart(incident: Incident) -> dict[str, Any]:
+# The chart's time ranges: "incident" is the incident itself (from just before the fault to
+# just after the end); the others reach that far back before the fault, to show what led up.
+CHART_RANGES = {"incident": timedelta(minutes=3), "1h": timedelta(hours=1),
+                "6h": timedelta(hours=6), "24h": timedelta(hours=24)}
+CHART_RANGE_LABELS = {"incident": "the incident", "1h": "from 1 h before the fault",
+                      "6h": "from 6 h before the fault", "24h": "from 24 h before the fault"}
+
+
+def incident_chart(incident: Incident, span: str = "incident") -> dict[str, Any]:
     """Mean GPU utilisation (``series``) and temperature (``temperature``) per node around the
-    incident, for the failed and replacement nodes and the other nodes of the affected jobs:
-    from the stored samples (the simulated fleet), or from Prometheus range queries when
-    FleetWatch reads a real one."""
-    start = incident.detected_at - timedelta(minutes=3)
+    incident, for the nodes involved when it opened and the replacements (``roles`` says
+    which line is the failed node and which its replacement): from the stored samples (the
+    simulated fleet), or from Prometheus range queries when FleetWatch reads a real one.
+    ``span`` is one of CHART_RANGES (KeyError otherwise: the view answers 400)."""
+    start = incident.detected_at - CHART_RANGES[span]
     end = (incident.resolved_at or timezone.now()) + timedelta(minutes=2)
     names = incident_nodes_charted(incident)
+    roles = {n: "involved" for n in names}
+    roles.update({n: "failed" for n in incident.nodes if n in roles})
+    roles.update({n: "replacement" for n in replacement_nodes(incident)})
     chart: dict[str, Any] = {"fault_at": incident.detected_at.isoformat(), "resolved_at":
-                             incident.resolved_at.isoformat() if incident.resolved_at else None}
+                             incident.resolved_at.isoformat() if incident.resolved_at else None,
+                             "range": span, "roles": roles}
     try:
         points = fleet.telemetry_points(incident.cluster, names, start, end)
     except ClientError as exc:

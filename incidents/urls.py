@@ -27,6 +27,7 @@ urlpatterns = [
     path("incidents/", views.incident_list, name="incident-list"),
     path("incidents/<int:pk>/", views.incident_detail, name="incident-detail"),
     path("incidents/<int:pk>/live", views.incident_live, name="incident-live"),
+    path("incidents/<int:pk>/timeline", views.incident_timeline, name="incident-timeline"),
     path("incidents/<int:pk>/chart.json", views.incident_chart, name="incident-chart"),
     path("incidents/<int:pk>/replay.json", views.incident_replay, name="incident-replay"),
     path("incidents/<int:pk>/postmortem.md", views.incident_postmortem,

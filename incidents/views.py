@@ -13,15 +13,17 @@ from django.core.exceptions import BadRequest, ImproperlyConfigured, PermissionD
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
+from django.utils.crypto import get_random_string
 from django.views.decorators.http import require_POST
 
 from collectors.clients.base import ClientError
 from collectors.roles import ADMIN, actor_name, role_of
 from collectors.sim import faults
 from collectors.views import grid_group, json_answer, list_status, paginate
-from incidents import deliveries, selectors
+from incidents import deliveries, lifecycle, oncall, selectors
 from incidents.audit import audit_record
 from incidents.filters import AuditFilter, IncidentFilter
+from incidents.forms import AssignForm, NoteForm, ResolveForm, SeverityForm
 from incidents.models import Incident, Remediation, Step
 from incidents.remediation import transitions
 from incidents.remediation.playbooks import playbook_get
@@ -61,12 +63,12 @@ def _incident_context(request: HttpRequest, incident: Incident) -> dict[str, obj
     failed_step = next((s for s in steps if s.status == Step.Status.FAILED), None)
     return {
         "incident": incident,
+        "title": selectors.incident_title(incident),
         "remediation": remediation,
         "steps": steps,
         "awaiting_step": next((s for s in steps if s.status == Step.Status.AWAITING_APPROVAL),
                               None),
         "playbook": playbook,
-        "timeline": selectors.incident_timeline(incident),
         "deliveries": deliveries.incident_deliveries(incident.pk),
         # What a webhook receiver answered may hold internal details: admins only, as in the API.
         "show_receiver_answers": role_of(request.user) == ADMIN,
@@ -83,19 +85,46 @@ def _incident_context(request: HttpRequest, incident: Incident) -> dict[str, obj
     }
 
 
-def incident_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    incident = get_object_or_404(Incident.objects.select_related("cluster"), pk=pk)
-    return render(request, "incidents/incident_detail.html", _incident_context(request, incident))
+def incident_detail(request: HttpRequest, pk: int, forms: dict[str, object] | None = None,
+                    status: int = 200) -> HttpResponse:
+    """The incident page. ``forms``: on-call forms refused, shown again with what was typed."""
+    incident = get_object_or_404(Incident.objects.select_related("cluster", "owner"), pk=pk)
+    span = request.GET.get("range", "incident")
+    return render(request, "incidents/incident_detail.html", {
+        **_incident_context(request, incident), **_timeline_context(request, incident),
+        **_oncall_context(incident, forms or {}),
+        "chart_range": span if span in selectors.CHART_RANGES else "incident",
+        "chart_ranges": selectors.CHART_RANGE_LABELS}, status=status)
 
 
 def incident_live(request: HttpRequest, pk: int) -> HttpResponse:
+    incident = get_object_or_404(Incident.objects.select_related("owner"), pk=pk)
+    return render(request, "partials/incident_live.html",
+                  {**_incident_context(request, incident), **_oncall_context(incident, {})})
+
+
+def _timeline_context(request: HttpRequest, incident: Incident) -> dict[str, object]:
+    kinds = selectors.timeline_kinds(request.GET.getlist("show"))
+    return {"timeline": selectors.incident_timeline(incident, kinds), "timeline_shown": kinds,
+            "timeline_kinds": selectors.TIMELINE_KINDS,
+            # The timeline region polls with the page's own filter.
+            "timeline_query": "&".join(f"show={k}" for k in sorted(kinds))}
+
+
+def incident_timeline(request: HttpRequest, pk: int) -> HttpResponse:
+    """The incident's timeline, filtered as the page asks (``show``: TIMELINE_KINDS)."""
     incident = get_object_or_404(Incident, pk=pk)
-    return render(request, "partials/incident_live.html", _incident_context(request, incident))
+    return render(request, "partials/incident_timeline.html",
+                  {"incident": incident, **_timeline_context(request, incident)})
 
 
 def incident_chart(request: HttpRequest, pk: int) -> JsonResponse:
     incident = get_object_or_404(Incident, pk=pk)
-    return json_answer(selectors.incident_chart(incident))
+    span = request.GET.get("range", "incident")
+    if span not in selectors.CHART_RANGES:
+        return JsonResponse({"detail": f"range: expected one of "
+                                       f"{', '.join(selectors.CHART_RANGES)}"}, status=400)
+    return json_answer(selectors.incident_chart(incident, span))
 
 
 def incident_replay(request: HttpRequest, pk: int) -> JsonResponse:
@@ -129,7 +158,8 @@ DONE_MESSAGES = {
 }
 # Every action a page may post; the URL takes only these (incidents/urls.py), so an unknown
 # one is the site's 404 page.
-PAGE_ACTIONS = ("start", *ACTIONS)
+PAGE_ACTIONS = ("start", *ACTIONS, *("acknowledge", "take", "assign", "severity", "note",
+                                     "resolve"))
 
 
 def _form_id(request: HttpRequest, name: str) -> int:
@@ -158,13 +188,80 @@ def incident_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
                                     incident=incident)
             ACTIONS[action](rem.pk, request.user)
             messages.success(request, DONE_MESSAGES[action])
-        else:
-            raise Http404("no such action")
+        else:  # the on-call's own (or a 404)
+            refused = _oncall_act(request, incident, action)
+            if refused is not None:
+                return refused
     except InvalidTransition as exc:
         messages.warning(request, str(exc))
         if request.headers.get("Accept") == "application/json":
             return JsonResponse({"error": str(exc)}, status=409)
     return redirect("incident-detail", pk=incident.pk)
+
+
+# --- the person on call: acknowledge, own, severity, notes, resolve (incidents.oncall) --------
+
+
+def _oncall_context(incident: Incident, forms: dict[str, object]) -> dict[str, object]:
+    return {
+        "note_form": forms.get("note") or NoteForm(initial={"key": get_random_string(24)}),
+        "resolve_form": forms.get("resolve") or ResolveForm(),
+        "severity_form": SeverityForm(initial={"severity": incident.severity}),
+        "assign_form": AssignForm(initial={
+            "owner": incident.owner.get_username() if incident.owner else None}),
+        "oncall_open": forms.get("open", ""),
+    }
+
+
+ONCALL_DONE = {
+    "acknowledge": "Acknowledged: you have it.",
+    "take": "You own this incident now.",
+    "note": "Note added to the timeline.",
+    "resolve": "Resolved.",
+}
+
+
+def _oncall_act(request: HttpRequest, incident: Incident, action: str) -> HttpResponse | None:
+    """One on-call action from the page. Input it refuses: the page again, 400, with what was
+    typed and why; a state it does not fit: InvalidTransition, for incident_action to say."""
+    actor = actor_name(request.user)
+    if action == "acknowledge":
+        lifecycle.incident_acknowledge(incident.pk, actor=actor)
+    elif action == "take":
+        oncall.incident_assign(incident.pk, request.user, actor=actor)  # type: ignore[arg-type]
+    elif action == "assign":
+        assign = AssignForm(request.POST)
+        if not assign.is_valid():
+            raise BadRequest(f"owner: {assign.errors.get('owner', ['invalid'])[0]}")
+        owner = assign.cleaned_data["owner"]
+        oncall.incident_assign(incident.pk, owner, actor=actor)
+        messages.success(request, f"Owner: {owner.get_username()}." if owner else "No owner now.")
+        return None
+    elif action == "severity":
+        severity = SeverityForm(request.POST)
+        if not severity.is_valid():
+            raise BadRequest(f"severity: {severity.errors['severity'][0]}")
+        updated = oncall.incident_severity_set(incident.pk, severity.cleaned_data["severity"],
+                                               actor=actor)
+        messages.success(request, f"Severity: {updated.get_severity_display()}.")
+        return None
+    elif action == "note":
+        note = NoteForm(request.POST)
+        if not note.is_valid():
+            return incident_detail(request, incident.pk, {"note": note, "open": "note"}, 400)
+        oncall.incident_note_add(incident.pk, note.cleaned_data["text"], actor=actor,
+                                 key=note.cleaned_data["key"])
+    elif action == "resolve":
+        resolve = ResolveForm(request.POST)
+        if not resolve.is_valid():
+            return incident_detail(request, incident.pk, {"resolve": resolve,
+                                                          "open": "resolve"}, 400)
+        lifecycle.incident_resolve_by_hand(incident.pk, actor=actor,
+                                           note=resolve.cleaned_data["note"])
+    else:
+        raise Http404("no such action")
+    messages.success(request, ONCALL_DONE[action])
+    return None
 
 
 @require_POST

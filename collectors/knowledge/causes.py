@@ -1,4 +1,4 @@
-"""Root causes, risk classes and the playbook each root cause runs first.
+"""Root causes, risk classes, the playbook each root cause runs first and its default severity.
 
 The labels are a contract (``../shared/DESIGN.md``): the API, the replay format, the incident
 model's choices and the UI all use these strings, so they are written here once and nowhere
@@ -89,3 +89,46 @@ INCIDENT_CAUSES: Final[tuple[RootCause, ...]] = tuple(c for c in RootCause if c 
 def choices(causes: tuple[RootCause, ...] = INCIDENT_CAUSES) -> list[tuple[str, str, str]]:
     """(member name, value, label) per cause: what a Django ``TextChoices`` is built from."""
     return [(c.name, c.value, CAUSE_LABELS[c]) for c in causes]
+
+
+class Severity(StrEnum):
+    """How bad an incident is for the people on call, SEV1 worst (as PagerDuty, Grafana OnCall
+    and incident.io number them). An incident starts at its root cause's default
+    (``SEVERITY_FOR``); an operator may change it."""
+
+    SEV1 = "sev1"
+    SEV2 = "sev2"
+    SEV3 = "sev3"
+    SEV4 = "sev4"
+
+    @property
+    def label(self) -> str:
+        return SEVERITY_LABELS[self]
+
+
+SEVERITY_LABELS: Final = MappingProxyType({
+    Severity.SEV1: "SEV1 critical",
+    Severity.SEV2: "SEV2 major",
+    Severity.SEV3: "SEV3 minor",
+    Severity.SEV4: "SEV4 low",
+})
+
+# Each root cause's default severity: a dead leaf switch takes every node under it; a lost GPU,
+# bad HBM, NVLink or a node gone takes a node (and its jobs) out; a flapping link, heat or a
+# slow node degrades without stopping; a user's own bug is the user's.
+SEVERITY_FOR: Final = MappingProxyType({
+    RootCause.SWITCH_FAILURE: Severity.SEV1,
+    RootCause.GPU_HARDWARE: Severity.SEV2,
+    RootCause.GPU_MEMORY: Severity.SEV2,
+    RootCause.NVLINK: Severity.SEV2,
+    RootCause.NODE_UNREACHABLE: Severity.SEV2,
+    RootCause.NETWORK_FLAP: Severity.SEV3,
+    RootCause.THERMAL: Severity.SEV3,
+    RootCause.FAIL_SLOW: Severity.SEV3,
+    RootCause.APPLICATION_ERROR: Severity.SEV4,
+})
+
+
+def severity_choices() -> list[tuple[str, str, str]]:
+    """(member name, value, label) per severity, as ``choices`` gives for causes."""
+    return [(s.name, s.value, SEVERITY_LABELS[s]) for s in Severity]

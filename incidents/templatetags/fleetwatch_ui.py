@@ -12,6 +12,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from collectors.roles import actor_shown
+
 register = template.Library()
 
 
@@ -119,3 +121,9 @@ def lowerfirst(value: str) -> str:
     (``lower`` would also turn Slurm and Kubernetes into common nouns)."""
     text = str(value)
     return text[:1].lower() + text[1:]
+
+
+@register.filter
+def actor(value: str) -> str:
+    """An audit actor (user:NAME, token:NAME, system) as a person reads it."""
+    return actor_shown(value)

@@ -58,9 +58,20 @@
   function drawSeries(el, d) {
     if (d.error) { say(el, d.error); return; }  // e.g. Prometheus unreachable: say so
     const data = d[el.dataset.field] || {};
-    const traces = Object.entries(data).map(([name, s]) => ({
-      type: "scatter", mode: "lines", name: name, x: s.x, y: s.y,
-    }));
+    // An incident's chart says which line is the failed node and which its replacement
+    // (d.roles): those are drawn bold and named so; the other nodes involved stay thin.
+    const roles = d.roles || {};
+    const traces = Object.entries(data).map(([name, s]) => {
+      const role = roles[name];
+      const marked = role === "failed" || role === "replacement";
+      return {
+        type: "scatter", mode: "lines", x: s.x, y: s.y,
+        name: marked ? `${name} (${role})` : name,
+        line: marked ? { width: 4, color: role === "failed" ? COLORS.bad : COLORS.ok }
+          : { width: role ? 1.5 : 2 },
+        opacity: role && !marked ? 0.6 : 1,
+      };
+    });
     if (!traces.length) { say(el, "No samples in this window."); return; }
     clearMessage(el);
     const marks = [];
