@@ -14,7 +14,16 @@ from rest_framework import serializers
 
 from collectors.api.serializers import SignalSerializer
 from collectors.models import Cluster
-from incidents.models import ApiToken, AuditEntry, Incident, Remediation, RootCause, Step
+from incidents.models import (
+    ApiToken,
+    AuditEntry,
+    Incident,
+    Remediation,
+    RootCause,
+    Severity,
+    Step,
+)
+from incidents.oncall import NOTE_KEY_MAX_CHARS, NOTE_MAX_CHARS
 from incidents.tokens import SCOPES
 
 # --- incidents and their repair -------------------------------------------------------------
@@ -45,13 +54,53 @@ class IncidentSerializer(serializers.ModelSerializer):
     cluster: serializers.SlugRelatedField[Cluster] = serializers.SlugRelatedField(
         slug_field="name", read_only=True)
     root_cause = serializers.ChoiceField(choices=RootCause.choices, read_only=True)
+    owner: serializers.SlugRelatedField[AbstractBaseUser] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, help_text="the person on call who owns it, or null")
+    severity = serializers.ChoiceField(choices=Severity.choices, read_only=True)
 
     class Meta:
         model = Incident
         fields = ["id", "cluster", "root_cause", "confidence", "explanation", "playbook",
-                  "status", "nodes", "jobs", "switch", "storm", "detected_at", "opened_at",
-                  "resolved_at", "phases", "repaired_by", "acknowledged_by", "acknowledged_at",
-                  "remediations"]
+                  "status", "severity", "nodes", "jobs", "switch", "storm", "detected_at",
+                  "opened_at", "resolved_at", "phases", "repaired_by", "acknowledged_by",
+                  "acknowledged_at", "owner", "nodes_charted", "remediations"]
+
+
+class AssignSerializer(serializers.Serializer):
+    owner = serializers.CharField(allow_null=True, allow_blank=True, max_length=150,
+                                  help_text="the username of an operator or admin; null or "
+                                  "empty for nobody")
+
+    def validate_owner(self, value: str | None) -> AbstractBaseUser | None:
+        if not value:
+            return None
+        from incidents.selectors import oncall_people
+
+        for person in oncall_people():
+            if person.get_username() == value:
+                return person
+        raise serializers.ValidationError(
+            f"no operator or admin named {value!r}: only they can own an incident")
+
+
+class SeveritySerializer(serializers.Serializer):
+    severity = serializers.ChoiceField(choices=Severity.choices)
+
+
+class NoteSerializer(serializers.Serializer):
+    text = serializers.CharField(max_length=NOTE_MAX_CHARS,
+                                 help_text="what the note says (shown on the timeline)")
+    key = serializers.CharField(max_length=NOTE_KEY_MAX_CHARS, required=False, default="",
+                                allow_blank=True, write_only=True,
+                                help_text="optional: a second note with the same key is "
+                                "refused (409), so a retried call adds one note")
+
+
+class NoteOutSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    at = serializers.DateTimeField()
+    actor = serializers.CharField()
+    text = serializers.CharField(source="result")
 
 
 class ResolveSerializer(serializers.Serializer):
@@ -71,7 +120,7 @@ class TimelineItemSerializer(serializers.Serializer):
     ``type``."""
 
     at = serializers.DateTimeField()
-    type = serializers.ChoiceField(choices=["signal", "diagnosis", "step", "audit"])
+    type = serializers.ChoiceField(choices=["signal", "diagnosis", "step", "note", "audit"])
     title = serializers.CharField()
     text = serializers.CharField(required=False, allow_null=True)
     signal = SignalSerializer(required=False, allow_null=True)

@@ -31,14 +31,18 @@ from collectors.api.permissions import ADMIN_ONLY, OPERATE, READ, READ_ONLY
 from collectors.api.serializers import ConflictSerializer
 from collectors.api.views import NamedNotFound
 from collectors.roles import actor_from_request
-from incidents import filters, lifecycle, selectors
+from incidents import filters, lifecycle, oncall, selectors
 from incidents.api.serializers import (
+    AssignSerializer,
     AuditEntrySerializer,
     AuditVerifySerializer,
     IncidentSerializer,
+    NoteOutSerializer,
+    NoteSerializer,
     PolicySerializer,
     RemediationSerializer,
     ResolveSerializer,
+    SeveritySerializer,
     StepSerializer,
     TimelineItemSerializer,
     TokenCreatedSerializer,
@@ -84,7 +88,8 @@ class IncidentViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
     filterset_class = filters.IncidentFilter
     ordering_fields = ["opened_at", "detected_at", "resolved_at", "confidence"]
     access = {**READ_ONLY, "timeline": READ, "replay": READ, "acknowledge": OPERATE,
-              "remediate": OPERATE, "approve": OPERATE, "cancel": OPERATE, "resolve": OPERATE}
+              "remediate": OPERATE, "approve": OPERATE, "cancel": OPERATE, "resolve": OPERATE,
+              "assign": OPERATE, "severity": OPERATE, "notes": OPERATE}
 
     def _fresh(self, pk: int) -> Response:
         return Response(IncidentSerializer(self.get_queryset().get(pk=pk)).data)
@@ -172,6 +177,58 @@ class IncidentViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
             incident.refresh_from_db()
             return conflict(str(exc), incident.status)
         return self._fresh(incident.pk)
+
+
+    # --- the person on call (incidents.oncall) ---
+
+    @extend_schema(request=AssignSerializer, responses={200: IncidentSerializer, 409: CONFLICT})
+    @action(detail=True, methods=["post"])
+    def assign(self, request: Request, pk: str | None = None) -> Response:
+        """Give the incident an owner (an operator's or admin's username), or none (null).
+        409 when it already has that owner, or is resolved."""
+        incident = self.get_object()
+        body = AssignSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            oncall.incident_assign(incident.pk, body.validated_data["owner"],
+                                   actor=actor_from_request(request))
+        except InvalidTransition as exc:
+            return conflict(str(exc), incident.status)
+        return self._fresh(incident.pk)
+
+    @extend_schema(request=SeveritySerializer,
+                   responses={200: IncidentSerializer, 409: CONFLICT})
+    @action(detail=True, methods=["post"])
+    def severity(self, request: Request, pk: str | None = None) -> Response:
+        """Set the incident's severity (it starts at its root cause's default). 409 when it
+        already has that severity."""
+        incident = self.get_object()
+        body = SeveritySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            oncall.incident_severity_set(incident.pk, body.validated_data["severity"],
+                                         actor=actor_from_request(request))
+        except InvalidTransition as exc:
+            return conflict(str(exc), incident.status)
+        return self._fresh(incident.pk)
+
+    @extend_schema(request=NoteSerializer, responses={201: NoteOutSerializer, 409: CONFLICT})
+    @action(detail=True, methods=["post"])
+    def notes(self, request: Request, pk: str | None = None) -> Response:
+        """Write a note on the incident's timeline (it is an audit entry: who, when, text).
+        Empty text: 400. A second note with the same ``key``: 409."""
+        incident = self.get_object()
+        body = NoteSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            entry = oncall.incident_note_add(incident.pk, body.validated_data["text"],
+                                             actor=actor_from_request(request),
+                                             key=body.validated_data["key"])
+        except oncall.OnCallError as exc:
+            raise ValidationError({"text": [str(exc).removeprefix("text: ")]}) from None
+        except InvalidTransition as exc:
+            return conflict(str(exc), incident.status)
+        return Response(NoteOutSerializer(entry).data, status=status.HTTP_201_CREATED)
 
 
 class RemediationViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
