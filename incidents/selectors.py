@@ -240,11 +240,19 @@ def incident_timeline(incident: Incident,
                 items.append({"at": entry.at, "type": "audit", "entry": entry, "who": who,
                               "verb": entry.verb, "target": entry.target,
                               "title": f"{who} {entry.verb} {entry.target}",
+                              # What a person decided is read without unfolding the entry.
+                              "said": entry.result if entry.verb in _SAID_VERBS else "",
                               # The opening entry's result is the explanation: said above.
                               "repeats_explanation": entry.verb == "incident.opened"})
     items.sort(key=lambda i: (i["at"], {"signal": 0, "diagnosis": 1, "step": 2, "note": 3,
                                         "audit": 3}[i["type"]]))
     return items
+
+
+# Audit verbs whose result a person wrote or chose (incidents.oncall, incidents.lifecycle): the
+# timeline shows it beside the entry even while the entry is folded.
+_SAID_VERBS = frozenset({"incident.assigned", "incident.unassigned", "incident.severity",
+                         "incident.resolved_by_hand"})
 
 
 def incident_title(incident: Incident) -> dict[str, Any]:
