@@ -44,7 +44,6 @@ class AssignForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        people = [u.pk for u in selectors.oncall_people()]
         field = self.fields["owner"]
         assert isinstance(field, forms.ModelChoiceField)
-        field.queryset = get_user_model().objects.filter(pk__in=people).order_by("username")
+        field.queryset = selectors.oncall_people()

@@ -275,15 +275,15 @@ def incident_title(incident: Incident) -> dict[str, Any]:
             "switch": incident.switch, "text": text}
 
 
-def oncall_people() -> list[Any]:
+def oncall_people() -> QuerySet[Any]:
     """Who can own an incident: the people who may act on it (operators and admins)."""
     from django.contrib.auth import get_user_model
 
     from collectors.roles import ADMIN, OPERATOR
 
-    return list(get_user_model().objects.filter(
-        Q(groups__name__in=[OPERATOR, ADMIN]) | Q(is_superuser=True), is_active=True)
-        .distinct().order_by("username"))
+    return get_user_model().objects.filter(
+        Q(groups__name__in=[OPERATOR, ADMIN]) | Q(is_superuser=True), is_active=True
+    ).distinct().order_by("username")
 
 
 # A flapping source can log thousands of signals in an incident's window; the page shows the

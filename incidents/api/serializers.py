@@ -76,9 +76,9 @@ class AssignSerializer(serializers.Serializer):
             return None
         from incidents.selectors import oncall_people
 
-        for person in oncall_people():
-            if person.get_username() == value:
-                return person
+        person: AbstractBaseUser | None = oncall_people().filter(username=value).first()
+        if person is not None:
+            return person
         raise serializers.ValidationError(
             f"no operator or admin named {value!r}: only they can own an incident")
 
