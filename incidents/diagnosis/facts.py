@@ -164,6 +164,24 @@ class CollectorFact:
 
 
 @dataclass(slots=True)
+class ToolFact:
+    """Another health tool's verdict on a node (NVSentinel, gpud, Node Problem Detector). One
+    that names an XID is also read as that XID (an XidFact); this keeps what the tool said."""
+
+    at: datetime
+    t: float
+    node: str
+    tool: str
+    check: str
+    claim: str   # collectors.knowledge.health_tools
+    active: bool
+    fatal: bool
+    has_xid: bool
+    text: str
+    id: int | None
+
+
+@dataclass(slots=True)
 class ThermalRun:
     """A stretch of samples in which one GPU's clocks were held back for thermal reasons."""
 
@@ -196,6 +214,7 @@ class Facts:
     job_lines: list[JobFact] = field(default_factory=list)
     memory: list[MemFact] = field(default_factory=list)
     collectors: list[CollectorFact] = field(default_factory=list)
+    tools: list[ToolFact] = field(default_factory=list)
     thermal_runs: list[ThermalRun] = field(default_factory=list)
     hot: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
     job_spans: dict[str, JobSpan] = field(default_factory=dict)
@@ -207,6 +226,8 @@ class Facts:
     # nothing about a job, this is when it ran.
     job_activity: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     nodes_seen: set[str] = field(default_factory=set)
+    # (node, tool check) -> the (XID, PCI) pairs already read from it (see tool_verdict).
+    tool_xids_seen: dict[tuple[str, str], set[tuple[int, str]]] = field(default_factory=dict)
     first: datetime | None = None
     last: datetime | None = None
 
@@ -232,7 +253,8 @@ _AT = attrgetter("at")
 
 
 # The sources extract reads; any other observation only names a node and a time.
-_READ = frozenset({"dcgm", "kernel", "nic", "job_log", "slurm", "kubernetes", "collector"})
+_READ = frozenset({"dcgm", "kernel", "nic", "job_log", "slurm", "kubernetes", "collector",
+                   "gpud"})
 
 
 class _OutOfOrder(Exception):
@@ -407,6 +429,9 @@ def _extract(observations: Sequence[Observation]) -> Facts:
             continue
         if source == "kubernetes":
             _kubernetes(obs, facts)
+            continue
+        if source == "gpud":
+            tool_verdict(obs, facts, p.parse_gpud_event(obs.fields, obs.message))
             continue
         if source == "collector":
             f = obs.fields
@@ -603,3 +628,30 @@ def _kubernetes(obs: Observation, facts: Facts) -> None:
         facts.reach.append(ReachFact(
             obs.at, t, obs.node, "kubernetes", reason in p.REACHABLE_EVENTS,
             f"Kubernetes event {reason} on {obs.node}: {obs.message}".rstrip(": "), obs.id))
+        return
+    tool_verdict(obs, facts, p.parse_tool_verdict(f, obs.message))
+
+
+def tool_verdict(obs: Observation, facts: Facts, verdict: p.ToolVerdict | None) -> None:
+    """A health tool's verdict: kept as a ToolFact, and each XID it names read as that XID.
+
+    NVSentinel rewrites its condition's whole message on every change (each fault it still
+    holds, joined), so an XID already read from a node's condition is not read again until the
+    condition clears: one fault, one XidFact, however often the message is rewritten."""
+    if verdict is None or not obs.node:
+        return
+    node, at = obs.node, obs.at
+    seen = facts.tool_xids_seen.setdefault((node, verdict.check), set())
+    if not verdict.active and verdict.fatal:
+        seen.clear()  # the condition cleared: a later XID is a new one
+    for x in verdict.xids:
+        key = (x.code, x.pci)
+        if key in seen:
+            continue
+        seen.add(key)
+        gpu = f"PCI {x.pci}" if x.pci else "a GPU (address not given)"
+        facts.xids.append(XidFact(at, at.timestamp(), node, gpu, x.code, verdict.text,
+                                  verdict.tool, obs.id, via=f"the {verdict.tool} verdict {verdict.check}"))
+    facts.tools.append(ToolFact(at, at.timestamp(), node, verdict.tool, verdict.check,
+                                verdict.claim, verdict.active, verdict.fatal,
+                                bool(verdict.xids), verdict.text, obs.id))

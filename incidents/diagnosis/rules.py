@@ -43,6 +43,7 @@ from incidents.diagnosis.facts import (
     XidFact,
     collector_sources,
 )
+from incidents.diagnosis.tools import tool_verdicts
 from incidents.diagnosis.types import Diagnosis, JobInfo, Note
 
 # Short names for the root-cause labels (collectors.knowledge.causes, with their playbooks).
@@ -940,6 +941,7 @@ def run(facts: Facts, topology: Mapping[str, Sequence[str]],
     engine.gpu_faults()
     engine.link_faults()
     engine.thermal_faults()
+    tool_verdicts(engine)  # other health tools' verdicts with no XID: incidents.diagnosis.tools
     engine.unreachable_nodes(reach)
     engine.job_failures()
     for at, node, reason in facts.admin_drains:

@@ -1194,6 +1194,119 @@ def slurm_gres_gpu_count_drain() -> Scenario:
     s.slurm_node(240, s.nodes[7], ["IDLE", "DRAIN"], "Kill task failed")
     return s.expects("gpu_hardware", [s.nodes[3]])
 
+# --- other health tools' verdicts (NVSentinel, gpud, Node Problem Detector) ------------------
+# Strings as the tools write them: NVSentinel's platform connector (condition type = check name,
+# reason = check name + IsNotHealthy/IsHealthy, message "ErrorCode:.. PCI:.. GPU_UUID:.. ..
+# Recommended Action=..;", "No Health Failures" once healthy), gpud's /v1/events (component,
+# name, type, message), node-problem-detector's config/*.json and AKS's GPU conditions.
+NVS_XID79 = ("ErrorCode:79 PCI:0000:{bus}:00 GPU_UUID:GPU-b5f21324-f1f9-f1a4-1a37-1166234f6e4f "
+             "MESSAGE=NVRM: Xid (PCI:0000:{bus}:00): 79, pid=0, name=<unknown>, GPU has fallen "
+             "off the bus. Recommended Action=RESTART_BM;")
+GPUD_XID79 = ("XID 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS GPU has fallen off the bus "
+              "detected on GPU PCI:0000:{bus}:00")
+
+
+def _tool_condition(s: Scenario, t: float, node: str, condition: str, status: str, reason: str,
+                    message: str) -> Scenario:
+    return s.add(t, "kubernetes", node=node, condition=condition, status=status, reason=reason,
+                 message=message)
+
+
+@scenario
+def nvsentinel_xid79_and_kernel_line() -> Scenario:
+    s = Scenario("nvsentinel-xid79-and-kernel-line", "The kernel logs XID 79 and NVSentinel's "
+                 "syslog monitor sets SysLogsXIDError on the same node for the same GPU; the "
+                 "job's other ranks time out. One fault, one node, not two incidents.", seed=91)
+    j = s.job("91001", "ana", s.nodes[:8])
+    n = s.nodes[2]
+    s.noise().kernel(120, n, XID79.format(bus="ef"))
+    _tool_condition(s, 124, n, "SysLogsXIDError", "True", "SysLogsXIDErrorIsNotHealthy",
+                    NVS_XID79.format(bus="ef"))
+    s.peers_time_out(700, j, n).job_dies(720, j, "NODE_FAIL", state_reason="NodeDown")
+    return s.expects("gpu_hardware", [n])
+
+
+@scenario
+def nvsentinel_xid79_alone() -> Scenario:
+    s = Scenario("nvsentinel-xid79-condition-alone", "Only NVSentinel reports the XID 79 (the "
+                 "node agent is not installed): its condition names the code and the GPU, and "
+                 "counts as that XID.", seed=92)
+    n = s.nodes[5]
+    s.noise()
+    _tool_condition(s, 200, n, "SysLogsXIDError", "True", "SysLogsXIDErrorIsNotHealthy",
+                    NVS_XID79.format(bus="9b"))
+    # The condition rewritten with the same fault (NVSentinel re-lists what it holds).
+    _tool_condition(s, 260, n, "SysLogsXIDError", "True", "SysLogsXIDErrorIsNotHealthy",
+                    NVS_XID79.format(bus="9b"))
+    return s.expects("gpu_hardware", [n])
+
+
+@scenario
+def nvsentinel_nvlink_no_code() -> Scenario:
+    s = Scenario("nvsentinel-nvlink-watch-no-xid", "NVSentinel's DCGM NVLink watch sets "
+                 "GpuNvlinkWatch True with a DCGM health code and no XID; nothing else sees a "
+                 "fault. An NVLink diagnosis that waits for a person.", seed=93)
+    n = s.nodes[1]
+    s.noise()
+    _tool_condition(s, 150, n, "GpuNvlinkWatch", "True", "GpuNvlinkWatchIsNotHealthy",
+                    "ErrorCode:DCGM_FR_NVLINK_DOWN GPU:3 Recommended Action=RESTART_VM;")
+    return s.expects("nvlink", [n])
+
+
+@scenario
+def aks_ib_link_flapping() -> Scenario:
+    s = Scenario("aks-npd-ib-link-flapping", "AKS's node problem detector sets IBLinkFlapping "
+                 "on one node; no NIC counter is collected there. A network flap of that node, "
+                 "below automatic repair.", seed=94)
+    n = s.nodes[6]
+    s.noise()
+    _tool_condition(s, 240, n, "IBLinkFlapping", "True", "IBLinkFlapping", "")
+    return s.expects("network_flap", [n])
+
+
+@scenario
+def tool_lookalikes_open_nothing() -> Scenario:
+    s = Scenario("health-tool-lookalikes", "Verdicts that must open nothing: NPD's KernelDeadlock "
+                 "(DockerHung), ReadonlyFilesystem and FrequentKubeletRestart (node problems, not "
+                 "GPU faults); NVSentinel's SysLogsXIDError cleared ('No Health Failures'); a "
+                 "non-fatal GpuThermalWatch event; a GpuMemWatch condition that NVSentinel clears "
+                 "a minute later; gpud's XID component reporting an Info event; MemoryPressure "
+                 "from the kubelet.", seed=95)
+    a, b, c, d, e, f = s.nodes[:6]
+    s.noise()
+    _tool_condition(s, 100, a, "KernelDeadlock", "True", "DockerHung",
+                    "task docker:7 blocked for more than 300 seconds.")
+    _tool_condition(s, 130, b, "ReadonlyFilesystem", "True", "FilesystemIsReadOnly",
+                    "Remounting filesystem read-only")
+    _tool_condition(s, 160, c, "FrequentKubeletRestart", "True", "FrequentKubeletRestart",
+                    "Found 5 matching logs, which meets the threshold of 5")
+    _tool_condition(s, 190, d, "SysLogsXIDError", "False", "SysLogsXIDErrorIsHealthy",
+                    "No Health Failures")
+    s.k8s_event(220, d, "GpuThermalWatchIsNotHealthy",
+                "ErrorCode:DCGM_FR_CLOCK_THROTTLE_THERMAL GPU:0 Recommended Action=NONE;")
+    _tool_condition(s, 250, e, "GpuMemWatch", "True", "GpuMemWatchIsNotHealthy",
+                    "ErrorCode:DCGM_FR_VOLATILE_DBE_DETECTED GPU:1 Recommended Action=RESTART_VM;")
+    _tool_condition(s, 310, e, "GpuMemWatch", "False", "GpuMemWatchIsHealthy",
+                    "No Health Failures")
+    s.add(340, "gpud", node=f, component="accelerator-nvidia-error-xid", name="error_xid",
+          type="Info", message="XID 13 GRAPHICS_SM_WARP_EXCEPTION detected on GPU PCI:0000:1b:00")
+    _tool_condition(s, 370, f, "MemoryPressure", "True", "KubeletHasInsufficientMemory",
+                    "kubelet has insufficient memory available")
+    return s
+
+
+@scenario
+def gpud_xid79_source_outage_elsewhere() -> Scenario:
+    s = Scenario("gpud-xid79-and-gpud-down-elsewhere", "gpud on one node reports XID 79 through "
+                 "the node agent; on another node the agent cannot reach gpud. The first node is "
+                 "at fault; a gpud that is down is a source outage, never a failed node.", seed=96)
+    n, other = s.nodes[4], s.nodes[0]
+    s.noise()
+    s.add(180, "gpud", node=n, component="accelerator-nvidia-error-xid", name="error_xid",
+          type="Fatal", message=GPUD_XID79.format(bus="9b"))
+    s.collector(200, "gpud", False, f"gpud on {other}: connection refused")
+    return s.expects("gpu_hardware", [n])
+
 
 def dump(doc: dict[str, Any]) -> str:
     """Readable and diff-friendly: the header indented, one signal per line."""
