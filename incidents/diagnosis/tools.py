@@ -66,8 +66,8 @@ def _node_verdicts(engine: Engine, node: str, verdicts: list[ToolFact]) -> None:
     cleared = {c for c, f in latest.items() if not f.active}
     faults: list[ToolFact] = []
     for f in verdicts:
-        if not f.active:
-            continue
+        if not f.active or f.has_xid:
+            continue  # a verdict naming an XID was read as that XID by the GPU rules
         if f.claim == ht.NOT_GPU:
             engine.note("symptom", f"{node}: {_said(f)} at {_when(f.at)}: a node problem that is "
                         "not a GPU or network fault; shown, not acted on", f.at, nodes=(node,))
@@ -77,8 +77,6 @@ def _node_verdicts(engine: Engine, node: str, verdicts: list[ToolFact]) -> None:
         elif not f.fatal:
             engine.note("symptom", f"{node}: {_said(f)} at {_when(f.at)}: a warning of "
                         f"{f.tool}, not a fault it acts on; shown", f.at, nodes=(node,))
-        elif f.has_xid:
-            continue  # read as its XID by the GPU rules
         else:
             faults.append(f)
     if not faults:

@@ -1289,7 +1289,8 @@ def tool_lookalikes_open_nothing() -> Scenario:
     _tool_condition(s, 310, e, "GpuMemWatch", "False", "GpuMemWatchIsHealthy",
                     "No Health Failures")
     s.add(340, "gpud", node=f, component="accelerator-nvidia-error-xid", name="error_xid",
-          type="Info", message="XID 13 GRAPHICS_SM_WARP_EXCEPTION detected on GPU PCI:0000:1b:00")
+          type="Info", message="XID 13 ROBUST_CHANNEL_GR_EXCEPTION /\nROBUST_CHANNEL_GR_ERROR_SW_NOTIFY "
+          "Graphics Engine Exception detected on GPU PCI:0000:1b:00")
     _tool_condition(s, 370, f, "MemoryPressure", "True", "KubeletHasInsufficientMemory",
                     "kubelet has insufficient memory available")
     return s
