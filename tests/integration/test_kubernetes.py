@@ -335,6 +335,27 @@ def test_node_changes_list_watch_bookmarks_and_410(k8s: Any, api: KubernetesApi)
     assert any("410" in w for w in api.last_warnings)
 
 
+def test_node_changes_carry_every_condition_a_health_tool_sets(k8s: Any,
+                                                               api: KubernetesApi) -> None:
+    """NVSentinel and Node Problem Detector write their verdicts as node conditions: the
+    client reads them all, Ready apart, with status, reason and message."""
+    _, cursor, _ = api.node_changes(None, 1)
+    message = ("ErrorCode:79 PCI:0000:ef:00 GPU_UUID:GPU-b5f21324-f1f9-f1a4-1a37-1166234f6e4f "
+               "MESSAGE=NVRM: Xid (PCI:0000:ef:00): 79, pid=0, name=<unknown>, GPU has fallen "
+               "off the bus. Recommended Action=RESTART_BM;")
+    k8s.set_node_condition("gpu-002", "SysLogsXIDError", "True", "SysLogsXIDErrorIsNotHealthy",
+                           message)
+    k8s.set_node_condition("gpu-002", "KernelDeadlock", "False", "KernelHasNoDeadlock",
+                           "kernel has no deadlock")
+    changed, _, _ = api.node_changes(cursor, 1)
+    [node] = [n for n in changed if n.name == "gpu-002"]
+    assert node.ready is True
+    assert node.conditions == {
+        "SysLogsXIDError": ("True", "SysLogsXIDErrorIsNotHealthy", message),
+        "KernelDeadlock": ("False", "KernelHasNoDeadlock", "kernel has no deadlock")}
+    assert {n.name: n.conditions for n in api.nodes()}["gpu-002"] == node.conditions
+
+
 def test_event_changes_from_both_apis_resume_and_relist(k8s: Any, api: KubernetesApi) -> None:
     k8s.add_node_event("gpu-003", "NodeNotReady", "Node gpu-003 status is now: NodeNotReady",
                        "Warning")
