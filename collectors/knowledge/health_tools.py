@@ -25,6 +25,12 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Final
 
+# The tools, as FleetWatch names them in what it shows.
+NVSENTINEL: Final = "NVSentinel"
+GPUD: Final = "gpud"
+NPD: Final = "node-problem-detector"
+TOOLS: Final = frozenset({NVSENTINEL, GPUD, NPD})
+
 # What a verdict claims. GPU, GPU_MEMORY, NVLINK, NETWORK, THERMAL name a fault of the node's
 # hardware; NOT_GPU is a real node problem that is none of those (a hung kernel, a read-only
 # disk, a restarting kubelet): shown to people, never an incident of a GPU or network cause.

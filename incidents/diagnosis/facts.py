@@ -20,6 +20,7 @@ from typing import Any
 
 import incidents.diagnosis.parsers as p
 from collectors.knowledge import dcgm
+from collectors.knowledge import health_tools as ht
 from incidents.diagnosis.types import Observation
 
 # A GPU this hot while its clocks are held back for thermal reasons is overheating; a GPU this
@@ -443,6 +444,8 @@ def _extract(observations: Sequence[Observation]) -> Facts:
                 str(f.get("error") or ""), obs.id))
     # The last time in order; a stand-in out of order can only lie before it.
     facts.first, facts.last = first, prev_at
+    if facts.tools:
+        _drop_tool_xid_twins(facts)
     return facts
 
 
@@ -630,6 +633,31 @@ def _kubernetes(obs: Observation, facts: Facts) -> None:
             f"Kubernetes event {reason} on {obs.node}: {obs.message}".rstrip(": "), obs.id))
         return
     tool_verdict(obs, facts, p.parse_tool_verdict(f, obs.message))
+
+
+# A tool's XID this close to the same XID from the kernel or DCGM on the same node is that one
+# XID, seen twice: NVSentinel's syslog monitor reads the kernel line within seconds, gpud too.
+TOOL_TWIN_S = 120.0
+
+
+def _drop_tool_xid_twins(facts: Facts) -> None:
+    """Keep one XidFact per XID: a tool's reading of an XID that the kernel or DCGM also
+    reported is dropped, whichever came first, so an XID that counts only when repeated (119)
+    is not counted twice for being seen by two programs. Two PCI addresses that differ are two
+    GPUs, not twins."""
+    own: dict[tuple[str, int], list[XidFact]] = {}
+    for f in facts.xids:
+        if f.source not in ht.TOOLS:
+            own.setdefault((f.node, f.code), []).append(f)
+    if not own:
+        return
+
+    def twin(f: XidFact) -> bool:
+        return any(abs(o.t - f.t) <= TOOL_TWIN_S and not (
+            o.gpu.startswith("PCI ") and f.gpu.startswith("PCI ") and o.gpu != f.gpu)
+            for o in own.get((f.node, f.code), ()))
+
+    facts.xids = [f for f in facts.xids if f.source not in ht.TOOLS or not twin(f)]
 
 
 def tool_verdict(obs: Observation, facts: Facts, verdict: p.ToolVerdict | None) -> None:

@@ -585,7 +585,7 @@ def parse_tool_verdict(fields: Mapping[str, Any], message: str) -> ToolVerdict |
         if claim is None or condition in ht.KUBELET_CONDITIONS:
             return None
         active = str(fields.get("status")) == "True"
-        tool = ("NVSentinel" if ht.nvsentinel_check(reason) else "node-problem-detector")
+        tool = ht.NVSENTINEL if ht.nvsentinel_check(reason) else ht.NPD
         return ToolVerdict(tool, condition, claim, active, True,
                            _tool_xids(message) if active else (), message)
     event = str(fields.get("event_reason") or "")
@@ -598,7 +598,7 @@ def parse_tool_verdict(fields: Mapping[str, Any], message: str) -> ToolVerdict |
     if claim is None:
         return None
     # NVSentinel writes node events only for non-fatal faults (fatal ones set a condition).
-    return ToolVerdict("NVSentinel", name, claim, not healthy, False,
+    return ToolVerdict(ht.NVSENTINEL, name, claim, not healthy, False,
                        () if healthy else _tool_xids(message), message)
 
 
@@ -611,5 +611,5 @@ def parse_gpud_event(fields: Mapping[str, Any], message: str) -> ToolVerdict | N
         return None
     kind = str(fields.get("type") or "")
     fatal = kind in ht.GPUD_FAULT_TYPES
-    return ToolVerdict("gpud", component, claim, fatal, fatal,
+    return ToolVerdict(ht.GPUD, component, claim, fatal, fatal,
                        _tool_xids(message) if fatal else (), message)

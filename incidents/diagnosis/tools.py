@@ -66,8 +66,14 @@ def _node_verdicts(engine: Engine, node: str, verdicts: list[ToolFact]) -> None:
     cleared = {c for c, f in latest.items() if not f.active}
     faults: list[ToolFact] = []
     for f in verdicts:
-        if not f.active or f.has_xid:
-            continue  # a verdict naming an XID was read as that XID by the GPU rules
+        if not f.active:
+            continue
+        if f.has_xid:
+            # Read as its XID by the GPU rules (or, seen by the kernel or DCGM too, as theirs).
+            if node in engine.gpu_nodes:
+                engine.note("symptom", f"{node}: {_said(f)} at {_when(f.at)} agrees with the "
+                            "GPU fault found", f.at, nodes=(node,))
+            continue
         if f.claim == ht.NOT_GPU:
             engine.note("symptom", f"{node}: {_said(f)} at {_when(f.at)}: a node problem that is "
                         "not a GPU or network fault; shown, not acted on", f.at, nodes=(node,))

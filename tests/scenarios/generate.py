@@ -1227,6 +1227,25 @@ def nvsentinel_xid79_and_kernel_line() -> Scenario:
 
 
 @scenario
+def nvsentinel_xid119_once_with_kernel_line() -> Scenario:
+    s = Scenario("nvsentinel-xid119-once-and-kernel-line", "One GSP RPC timeout (XID 119), which "
+                 "counts only when it repeats: the kernel logs it and NVSentinel's condition "
+                 "repeats it seconds later. One XID seen by two programs, not two: no incident.",
+                 seed=97)
+    s.job("91101", "ana", s.nodes[:4])
+    n = s.nodes[1]
+    line = ("NVRM: Xid (PCI:0002:00:00): 119, pid=1582259, name=nvc:[driver], Timeout after 6s "
+            "of waiting for RPC response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL) "
+            "(0x20802a02 0x8).")
+    s.noise().kernel(200, n, line)
+    _tool_condition(s, 203, n, "SysLogsXIDError", "True", "SysLogsXIDErrorIsNotHealthy",
+                    "ErrorCode:119 PCI:0002:00:00 GPU_UUID:GPU-b5f21324-f1f9-f1a4-1a37-"
+                    f"1166234f6e4f kernel: [16450076.435595] {line} Recommended "
+                    "Action=COMPONENT_RESET;")
+    return s
+
+
+@scenario
 def nvsentinel_xid79_alone() -> Scenario:
     s = Scenario("nvsentinel-xid79-condition-alone", "Only NVSentinel reports the XID 79 (the "
                  "node agent is not installed): its condition names the code and the GPU, and "
