@@ -16,8 +16,10 @@ Sources (the strings are copied from them):
   node Event whose reason is checkName + "IsNotHealthy". Check names from docs/INTEGRATIONS.md.
 - gpud ``components/accelerator/nvidia/*/component.go`` (component names, event names) and
   ``api/v1/types.go`` (event types, health states).
-- node-problem-detector ``config/*.json`` (upstream conditions) and
-  https://learn.microsoft.com/en-us/azure/aks/node-problem-detector (AKS's GPU-only ones).
+- node-problem-detector ``config/*.json`` (upstream conditions),
+  https://learn.microsoft.com/en-us/azure/aks/node-problem-detector (AKS's, the GPU-only ones
+  among them) and https://cloud.google.com/anthos/clusters/docs/bare-metal/1.10/how-to/
+  node-problem-detector (GKE's; it lists no GPU or InfiniBand conditions).
 """
 
 from __future__ import annotations
@@ -84,6 +86,10 @@ CONDITION_CLAIMS: Final = MappingProxyType({
     "UnhealthyNvidiaDevicePlugin": NOT_GPU,
     "NTPProblem": NOT_GPU,
     "CSPMaintenance": NOT_GPU,
+    # GKE (Google Distributed Cloud) node problem detector
+    "KubeletUnhealthy": NOT_GPU,
+    "ContainerRuntimeUnhealthy": NOT_GPU,
+    "CorruptDockerOverlay2": NOT_GPU,
     "DCGMError": NOT_GPU,
 })
 

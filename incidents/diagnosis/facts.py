@@ -644,7 +644,7 @@ def _drop_tool_xid_twins(facts: Facts) -> None:
     """Keep one XidFact per XID: a tool's reading of an XID that the kernel or DCGM also
     reported is dropped, whichever came first, so an XID that counts only when repeated (119)
     is not counted twice for being seen by two programs. Two PCI addresses that differ are two
-    GPUs, not twins."""
+    GPUs (and so are two indices), not twins."""
     own: dict[tuple[str, int], list[XidFact]] = {}
     for f in facts.xids:
         if f.source not in ht.TOOLS:
@@ -652,10 +652,13 @@ def _drop_tool_xid_twins(facts: Facts) -> None:
     if not own:
         return
 
+    def other_gpu(a: str, b: str) -> bool:
+        # Both named the same way (two PCI addresses, two indices) and differently.
+        return a != b and a[:4] == b[:4] and a[:4] in ("PCI ", "GPU ")
+
     def twin(f: XidFact) -> bool:
-        return any(abs(o.t - f.t) <= TOOL_TWIN_S and not (
-            o.gpu.startswith("PCI ") and f.gpu.startswith("PCI ") and o.gpu != f.gpu)
-            for o in own.get((f.node, f.code), ()))
+        return any(abs(o.t - f.t) <= TOOL_TWIN_S and not other_gpu(o.gpu, f.gpu)
+                   for o in own.get((f.node, f.code), ()))
 
     facts.xids = [f for f in facts.xids if f.source not in ht.TOOLS or not twin(f)]
 
@@ -673,11 +676,12 @@ def tool_verdict(obs: Observation, facts: Facts, verdict: p.ToolVerdict | None) 
     if not verdict.active and verdict.fatal:
         seen.clear()  # the condition cleared: a later XID is a new one
     for x in verdict.xids:
-        key = (x.code, x.pci)
+        key = (x.code, x.pci or str(x.gpu))
         if key in seen:
             continue
         seen.add(key)
-        gpu = f"PCI {x.pci}" if x.pci else "a GPU (address not given)"
+        gpu = (f"PCI {x.pci}" if x.pci else f"GPU {x.gpu}" if x.gpu is not None
+               else "a GPU (address not given)")
         facts.xids.append(XidFact(at, at.timestamp(), node, gpu, x.code, verdict.text,
                                   verdict.tool, obs.id, via=f"the {verdict.tool} verdict {verdict.check}"))
     facts.tools.append(ToolFact(at, at.timestamp(), node, verdict.tool, verdict.check,

@@ -537,6 +537,7 @@ def k8s_ready(condition: Any, status: Any) -> bool | None:
 class ToolXid:
     code: int
     pci: str  # "0000:ef:00", or "" where the verdict names no address
+    gpu: int | None = None  # the GPU index (NVSentinel's "GPU:2" entity), where no address
 
 
 @dataclass(frozen=True, slots=True)
@@ -557,21 +558,25 @@ class ToolVerdict:
 # one such part for each fault, joined with ";". gpud: "XID 79 ... detected on GPU
 # PCI:0000:9b:00". NPD (AKS XIDErrors) carries the driver's own "Xid (PCI:...): 79" line.
 _TOOL_PART = re.compile(r"[^;]+")
-_TOOL_CODE = re.compile(r"\bErrorCode:(?P<code>\d+)\b|\bXID (?P<gpud>\d+)\b|"
+# (NVSentinel's event exporter documents an errorCode of "XID_79": read like "79".)
+_TOOL_CODE = re.compile(r"\bErrorCode:(?:XID_)?(?P<code>\d+)\b|\bXID (?P<gpud>\d+)\b|"
                         r"\bXid \((?:PCI:)?[0-9a-fA-F:.]+\): (?P<nvrm>\d+)\b")
 _TOOL_PCI = re.compile(r"\bPCI:(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})")
+_TOOL_GPU = re.compile(r"\bGPU:(?P<gpu>\d+)\b")
 
 
 def _tool_xids(message: str) -> tuple[ToolXid, ...]:
-    found: dict[tuple[int, str], None] = {}
+    found: dict[tuple[int, str, int | None], None] = {}
     for part in _TOOL_PART.findall(message):
         m = _TOOL_CODE.search(part)
         if m is None:
             continue
         code = int(m["code"] or m["gpud"] or m["nvrm"])
         pci = _TOOL_PCI.search(part)
-        found[(code, pci_address(pci["pci"]) if pci else "")] = None
-    return tuple(ToolXid(code, pci) for code, pci in found)
+        index = _TOOL_GPU.search(part) if pci is None else None
+        found[(code, pci_address(pci["pci"]) if pci else "",
+               int(index["gpu"]) if index else None)] = None
+    return tuple(ToolXid(code, pci, gpu) for code, pci, gpu in found)
 
 
 def parse_tool_verdict(fields: Mapping[str, Any], message: str) -> ToolVerdict | None:
