@@ -207,6 +207,7 @@ class Signal(models.Model):
         NIC = "nic", "NIC"
         JOB_LOG = "job_log", "job log"
         COLLECTOR = "collector", "collector"
+        GPUD = "gpud", "gpud (node agent)"
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="signals")
     source = models.CharField(max_length=16, choices=Source.choices)
