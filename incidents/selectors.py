@@ -52,7 +52,7 @@ def signal_as_replay(s: Signal) -> dict[str, Any]:
     if s.kind == "xid":
         out.setdefault("metric", dcgm.XID_ERRORS)
         out.setdefault("value", s.code)
-    if s.source in ("kernel", "job_log", "kubernetes") and s.message:
+    if s.source in ("kernel", "job_log", "kubernetes", "gpud") and s.message:
         out["message"] = s.message
     return out
 
