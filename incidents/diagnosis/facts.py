@@ -236,6 +236,9 @@ class Facts:
     # the kubelet or slurmctld says. Kept only for nodes with such a report, so it is short.
     alive: dict[str, list[float]] = field(default_factory=dict)
     claimed_down: set[str] = field(default_factory=set)
+    # node -> how far its re-stamped times may still be off (clocks.align): comparisons with
+    # another clock's times allow that much.
+    clock_spread: dict[str, float] = field(default_factory=dict)
     # Nodes whose NIC ports a source read in the window (a reading says the port's state).
     nic_read: set[str] = field(default_factory=set)
     # node -> the GPU indices dcgm-exporter read there, for nodes Slurm says lost GPUs only.

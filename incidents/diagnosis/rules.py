@@ -762,7 +762,9 @@ class Engine:
         drained = self.admin_drained.get(node)
         losses = [f for f in links if f.kind in ("down", "downed")]
         ticks = _densest(links, "recovery", RECOVERY_WINDOW_S)
-        if drained and losses and drained[0] <= losses[0].t:
+        slack = self.facts.clock_spread.get(node, 0.0) if losses and losses[0].source == (
+            "kernel") else 0.0
+        if drained and losses and drained[0] <= losses[0].t + slack:
             self.note("suppressed", f"{node}'s link went down after {drained_by(drained[1])} "
                       f"drained it ({drained[1]}): maintenance, not a fault", losses[0].at,
                       nodes=(node,))

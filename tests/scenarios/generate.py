@@ -1398,6 +1398,26 @@ def ib_flapping_condition_contradicted() -> Scenario:
     return s
 
 
+@scenario
+def skewed_clock_scontrol_reboot() -> Scenario:
+    s = Scenario("clock-behind-scontrol-reboot", "`scontrol reboot ASAP` on a node whose clock "
+                 "is 3 minutes behind: its shutdown's 'Link down' kernel line is stamped before "
+                 "slurmctld's REBOOT_REQUESTED, though the NIC readings (read centrally every "
+                 "60 s) see the port go down after it. The reboot, not a link fault.", seed=103)
+    n = s.nodes[3]
+    s.noise()
+    for t in range(15, 600, 60):
+        s.nic_state(t, n, "DOWN" if 241 <= t < 330 else "ACTIVE")
+    s.slurm_node(225, n, ["IDLE", "DRAIN", "REBOOT_REQUESTED"], "kernel 6.8 upgrade")
+    s.slurm_node(226, n, ["DOWN", "REBOOT_ISSUED"], "kernel 6.8 upgrade")
+    s.kernel(236 - 180, n, "mlx5_core 0000:0c:00.0 ibp12s0: Link down")
+    s.k8s_condition(268, n, "Unknown", "NodeStatusUnknown")
+    s.kernel(325 - 180, n, "mlx5_core 0000:0c:00.0 ibp12s0: Link up")
+    s.k8s_condition(330, n, "True", "KubeletReady")
+    s.slurm_node(335, n, ["IDLE"])
+    return s
+
+
 # --- formats real fleets print (tests/fixtures/real_logs has each line's source) -------------
 
 MIG_XID94 = ("NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel "
