@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from collectors.clients import get_telemetry
 from collectors.clients.base import ClientError
+from collectors.knowledge.dcgm import clock_event_reasons
 from collectors.knowledge.slurm import index_ranges
 from collectors.models import Cluster, CollectorRun, Gpu, GpuSample, Job, Node, Signal, SourceHealth
 from collectors.sources import sources_of
@@ -351,10 +352,37 @@ def node_detail(node: Node) -> dict[str, Any]:
                  .order_by("-updated_at")[:50]],
         "signals": list(Signal.objects.filter(cluster=node.cluster, node_name=node.name)
                         .order_by("-observed_at", "-id")[:50]),
+        # The NIC ports' last readings (state, link_downed, link_error_recovery per port).
+        "nic_ports": sorted((node.nic_ports or {}).items()),
+        # fleetwatch.io/ annotations and the like, as the Kubernetes collector stored them.
+        "k8s_annotations": sorted((node.k8s_annotations or {}).items()),
     }
+    gpus: list[Gpu] = out["gpus"]
+    dcgm_last = gpu_dcgm_last(node)
+    out["gpu_rows"] = [{"gpu": g, "clock_events": clock_event_reasons(g.clock_event_reasons),
+                        "dcgm": dcgm_last.get(g.index, [])} for g in gpus]
     for _, more in node_page.send(sender=Node, node=node):
         out.update(cast("dict[str, Any]", more))  # a dict each (the stubs say str | None)
     return out
+
+
+# How many of a node's newest DCGM field signals the node page reads for its GPUs' last
+# readings (a change is a signal, so a quiet GPU has few).
+DCGM_SIGNALS_READ = 500
+
+
+def gpu_dcgm_last(node: Node) -> dict[int, list[tuple[str, Any, datetime]]]:
+    """Per GPU, the last value of each DCGM field a signal recorded (remapped rows, ECC double
+    bit errors, ...): (metric, value, when), as the collector stored them on a change."""
+    last: dict[int, dict[str, tuple[str, Any, datetime]]] = {}
+    for gpu, data, at in (Signal.objects.filter(cluster=node.cluster, node_name=node.name,
+                                                kind="dcgm_field", gpu_index__isnull=False)
+                          .order_by("-observed_at", "-id")
+                          .values_list("gpu_index", "data", "observed_at")[:DCGM_SIGNALS_READ]):
+        metric = str((data or {}).get("metric", ""))
+        if metric:
+            last.setdefault(gpu, {}).setdefault(metric, (metric, (data or {}).get("value"), at))
+    return {gpu: sorted(fields.values()) for gpu, fields in last.items()}
 
 
 def jobs_for_list() -> QuerySet[Job]:
