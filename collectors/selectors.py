@@ -380,7 +380,7 @@ def gpu_dcgm_last(node: Node) -> dict[int, list[tuple[str, Any, datetime]]]:
                           .order_by("-observed_at", "-id")
                           .values_list("gpu_index", "data", "observed_at")[:DCGM_SIGNALS_READ]):
         metric = str((data or {}).get("metric", ""))
-        if metric:
+        if metric and gpu is not None:  # gpu_index__isnull=False: never None
             last.setdefault(gpu, {}).setdefault(metric, (metric, (data or {}).get("value"), at))
     return {gpu: sorted(fields.values()) for gpu, fields in last.items()}
 
