@@ -57,7 +57,7 @@ class NodeTable(ListTable):
                          order_by=("gpus_failed", "gpus_healthy", "name"))
     pool = tables.Column(default="-")
     leaf_switch = tables.Column(verbose_name="Leaf", default="-")
-    cluster = tables.Column(accessor="cluster__name")
+    cluster = tables.Column(verbose_name="Cluster", accessor="cluster__name")
     updated_at = time_column("Updated")
 
     class Meta(ListTable.Meta):
@@ -126,7 +126,7 @@ class JobTable(ListTable):
     restart_count = tables.Column(verbose_name="Restarts")
     step = tables.Column(verbose_name="Step / checkpoint", empty_values=(),
                          order_by=("step", "checkpoint_step"))
-    cluster = tables.Column(accessor="cluster__name")
+    cluster = tables.Column(verbose_name="Cluster", accessor="cluster__name")
     updated_at = time_column("Updated")
 
     class Meta(ListTable.Meta):

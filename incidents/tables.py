@@ -24,7 +24,7 @@ class IncidentTable(ListTable):
     nodes = tables.Column(verbose_name="Nodes / switch", order_by=("nodes", "switch"))
     jobs = tables.Column(order_by=("jobs", "id"))
     status = tables.Column()
-    cluster = tables.Column(accessor="cluster__name")
+    cluster = tables.Column(verbose_name="Cluster", accessor="cluster__name")
     opened_at = time_column("Opened", full=True)
     # Sorted by resolution time less opening time (annotated in selectors.incidents_for_list);
     # shown from the phases, which measure it from detection.

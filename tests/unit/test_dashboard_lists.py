@@ -113,6 +113,7 @@ def test_lists_sort_by_a_column_and_export_csv(ops: Client, fleet: Cluster) -> N
     rows = list(csv.DictReader(io.StringIO(response.content.decode())))
     assert [r["Node"] for r in rows] == ["gpu-004", "gpu-003", "gpu-002"]
     assert rows[0]["Health"] == "failed" and rows[0]["GPUs"] == "0/1 healthy, 1 failed"
+    assert rows[0]["Cluster"] == "lab"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", rows[0]["Updated"])
     assert "<" not in response.content.decode()
 
