@@ -33,11 +33,31 @@ def time_column(verbose_name: str, full: bool = False) -> tables.TemplateColumn:
         verbose_name=verbose_name)
 
 
+# A cell a spreadsheet would run as a formula (a job's name is whatever its user typed).
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(value: Any) -> Any:
+    """A text cell that starts like a formula, quoted with a leading apostrophe (OWASP's
+    advice for CSV injection); numbers, and the lists' "-" for nothing, stay as they are."""
+    if not isinstance(value, str) or value == "-" or not value.startswith(FORMULA_START):
+        return value
+    try:
+        float(value)
+    except ValueError:
+        return "'" + value
+    return value
+
+
 class ListTable(tables.Table):
     """The lists' common shape: our table template (sortable headers with aria-sort, the
-    site's pager) and a CSV name."""
+    site's pager), a CSV name, and CSV cells a spreadsheet will not run."""
 
     export_name = "list"
+
+    def as_values(self, exclude_columns: Any = None) -> Any:
+        for row in super().as_values(exclude_columns):
+            yield [csv_safe(cell) for cell in row]
 
     class Meta:
         template_name = "partials/table.html"

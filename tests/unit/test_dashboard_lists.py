@@ -14,7 +14,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from collectors.models import Cluster, Gpu, Node, SourceHealth
+from collectors.models import Cluster, Gpu, Job, Node, SourceHealth
 from incidents.models import Incident, Remediation
 
 pytestmark = pytest.mark.django_db
@@ -116,6 +116,13 @@ def test_lists_sort_by_a_column_and_export_csv(ops: Client, fleet: Cluster) -> N
     assert rows[0]["Cluster"] == "lab"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", rows[0]["Updated"])
     assert "<" not in response.content.decode()
+
+    # A job named like a formula is text in the CSV, not a formula a spreadsheet runs.
+    Job.objects.create(cluster=fleet, slurm_id="77", name='=HYPERLINK("http://x","y")',
+                       user="@me", nodes=["gpu-002"])
+    jobs = list(csv.DictReader(io.StringIO(ops.get("/jobs/?_export=csv").content.decode())))
+    assert jobs[0]["Name"] == "'=HYPERLINK(\"http://x\",\"y\")" and jobs[0]["User"] == "'@me"
+    assert jobs[0]["Nodes"] == "gpu-002" and jobs[0]["State"] == ""
 
     # A filter that does not parse is the list's 400, never an unfiltered CSV.
     bad = ops.get("/audit/?incident=x&_export=csv")
