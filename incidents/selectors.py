@@ -303,10 +303,12 @@ NEEDS_PERSON = (Remediation.Status.AWAITING_APPROVAL, Remediation.Status.BLOCKED
 ATTENTION_MAX = 50
 
 
-def attention(cluster: str | None = None) -> dict[str, Any]:
+def attention(cluster: str | None = None,
+              sources: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """What needs the person on call, first: remediations waiting for them or stopped,
     sources down and open incidents; ``count`` is how many things that is (an incident whose
-    remediation is listed counts once), for the tab title."""
+    remediation is listed counts once), for the tab title. ``sources``: the sources' health
+    when the caller has read it already."""
     newer = Remediation.objects.filter(incident=OuterRef("incident"),
                                        created_at__gt=OuterRef("created_at"))
     waiting = (Remediation.objects.filter(status__in=NEEDS_PERSON)
@@ -321,15 +323,16 @@ def attention(cluster: str | None = None) -> dict[str, Any]:
     order: dict[str, int] = {s: i for i, s in enumerate(NEEDS_PERSON)}
     remediations = sorted(waiting.order_by("created_at")[:ATTENTION_MAX],
                           key=lambda r: order[r.status])
-    sources = [item for item in fleet.sources_health(cluster) if item["source"].healthy is False]
+    down = [item for item in (fleet.sources_health(cluster) if sources is None else sources)
+            if item["source"].healthy is False]
     open_total = opened.count()
     covered = {r.incident_id for r in remediations}
     return {
         "remediations": remediations,
-        "sources_down": sources,
+        "sources_down": down,
         "open_incidents": list(opened[:ATTENTION_MAX]),
         "open_total": open_total,
-        "count": len(remediations) + len(sources) + open_total - len(covered),
+        "count": len(remediations) + len(down) + open_total - len(covered),
     }
 
 
@@ -345,8 +348,8 @@ def dashboard(by: str = "leaf", group: str | None = None, *, group_given: bool =
     if cluster:
         recent = recent.filter(cluster__name=cluster)
     clusters = cluster_names()
-    needs = attention(cluster)
     sources = fleet.sources_health(cluster)
+    needs = attention(cluster, sources)
     return {
         # The cluster chooser, where there is more than one.
         "clusters": clusters if len(clusters) > 1 else [],
