@@ -14,7 +14,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from collectors.models import Cluster, Gpu, Job, Node, SourceHealth
+from collectors.models import Cluster, Gpu, Job, Node, Signal, SourceHealth
 from incidents.models import Incident, Remediation
 
 pytestmark = pytest.mark.django_db
@@ -127,3 +127,31 @@ def test_lists_sort_by_a_column_and_export_csv(ops: Client, fleet: Cluster) -> N
     # A filter that does not parse is the list's 400, never an unfiltered CSV.
     bad = ops.get("/audit/?incident=x&_export=csv")
     assert bad.status_code == 400 and not bad["Content-Type"].startswith("text/csv")
+
+
+def test_node_page_shows_what_dcgm_and_kubernetes_reported(ops: Client, fleet: Cluster) -> None:
+    node = Node.objects.get(name="gpu-002")
+    node.nic_ports = {"mlx5_0/1": {"state": "DOWN", "link_downed": 4, "link_error_recovery": 1}}
+    node.k8s_annotations = {"fleetwatch.io/cordoned-by": "incident-7"}
+    node.k8s_ready_status, node.k8s_unschedulable = "True", True
+    node.save()
+    Gpu.objects.filter(node=node).update(clock_event_reasons=0x40 | 0x08, dbe_total=3.0)
+    Signal.objects.create(cluster=fleet, source="dcgm", kind="dcgm_field", node=node,
+                          node_name=node.name, gpu_index=0, value="2",
+                          data={"metric": "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "value": 2},
+                          observed_at=NOW - timedelta(minutes=5))
+    Signal.objects.create(cluster=fleet, source="dcgm", kind="dcgm_field", node=node,
+                          node_name=node.name, gpu_index=0, value="5",
+                          data={"metric": "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "value": 5},
+                          observed_at=NOW - timedelta(minutes=1))
+    page = ops.get("/nodes/gpu-002/").content.decode()
+    clocks = re.search(r'data-testid="gpu-clock-events-0">([^<]*)<', page)
+    assert clocks and clocks.group(1) == "hw slowdown, hw thermal slowdown"
+    dcgm = re.search(r'data-testid="gpu-dcgm-0">(.*?)</td>', page, re.S)
+    # The newest value of the field, once.
+    assert dcgm and "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS</code> 5 " in dcgm.group(1)
+    assert dcgm.group(1).count("REMAPPED_ROWS") == 1
+    assert "<code>mlx5_0/1</code></td><td>DOWN</td><td>4</td>" in page
+    assert "fleetwatch.io/cordoned-by=incident-7" in page
+    assert "cordoned (unschedulable)" in page
+    assert "not stored by the Kubernetes collector" in page
