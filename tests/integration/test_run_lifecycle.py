@@ -328,7 +328,7 @@ def test_a_step_cut_off_by_a_stop_resumes_at_the_next_start(stack: Stack) -> Non
     # Cut off inside the eviction: still leased, the pod not evicted, nothing audited for it.
     cut = _step(stack, "cordon_and_drain")
     assert cut["status"] == "running" and cut["lease_until"] is not None
-    pods = json.loads(stack.manage("fleetwatch", "sim", "--show").stdout)["pods"]
+    pods = json.loads(stack.manage("fleetwatch", "sim", "--show", "--json").stdout)["pods"]
     assert "slurmd-gpu-003" in [p["name"] for p in pods if p["node"] == "gpu-003"]
     assert _changes(stack, "k8s.evict") == 0
 
@@ -349,7 +349,7 @@ def test_a_step_cut_off_by_a_stop_resumes_at_the_next_start(stack: Stack) -> Non
     assert stack.query("SELECT count(*) FROM incidents_auditentry WHERE verb = 'k8s.cordon' "
                        "AND call != ''") == [(1,)]
     assert _changes(stack, "k8s.evict") == 1
-    pods = json.loads(stack.manage("fleetwatch", "sim", "--show").stdout)["pods"]
+    pods = json.loads(stack.manage("fleetwatch", "sim", "--show", "--json").stdout)["pods"]
     assert [p["name"] for p in pods if p["node"] == "gpu-003"] == ["dcgm-exporter-gpu-003"]
     assert stack.manage("fleetwatch", "audit", "verify").returncode == 0
     assert stack.proc is not None
