@@ -2,7 +2,10 @@
 # Start FleetWatch on its embedded default: SQLite and a filesystem Celery broker in
 # FLEETWATCH_DATA_DIR (./data), the simulated fleet (or, with FLEETWATCH_FLEET=real, the
 # sources the environment names), the web UI on $HOST:$PORT.
-# Runs web (gunicorn), one Celery worker for all queues and Celery beat.
+# Runs web (gunicorn), one Celery worker for all queues and Celery beat; once the web answers
+# and the worker has collected, prints the URL and the demo login (user and password; the
+# password is kept across starts, FLEETWATCH_DEMO_ROTATE=1 makes a new one). Logs are text on
+# a terminal, JSON otherwise (FLEETWATCH_LOG_FORMAT chooses).
 #
 # Stopping: Ctrl-C, SIGTERM, SIGINT or SIGHUP to this script (`make run` execs it, so a TERM
 # to make lands here), or any one of the three exiting, stops all three: SIGTERM to each; the
