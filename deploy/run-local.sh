@@ -79,6 +79,7 @@ stop() {
   trap - EXIT
   trap 'kill_groups KILL; exit 130' INT TERM HUP  # impatient: a second Ctrl-C kills at once
   [ -n "$step" ] && kill -TERM "$step" 2>/dev/null
+  [ -n "${seed_out:-}" ] && rm -f "$seed_out"
   if [ ${#pids[@]} -gt 0 ]; then
     echo "FleetWatch: stopping web, worker and beat" >&2
     for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
@@ -101,13 +102,15 @@ run_step $BIN/python manage.py migrate --noinput -v0
 # The login is kept across starts (its password saved in the data folder, the owner's alone);
 # FLEETWATCH_DEMO_PASSWORD sets one, FLEETWATCH_DEMO_ROTATE=1 makes a new one. Its line is kept
 # for the banner printed once everything has started.
-seed_out=$(mktemp "$data_dir/.seed.XXXXXX")
+rotate=
+if [ "${FLEETWATCH_DEMO_ROTATE:-0}" = 1 ]; then rotate=--rotate-password; fi
+seed_out=$(mktemp "$data_dir/.seed.XXXXXX")  # 0600; removed by stop() if cut off
 run_step $BIN/python manage.py fleetwatch seed --demo-user "${FLEETWATCH_DEMO_USER:-demo}" \
-  ${FLEETWATCH_DEMO_PASSWORD:+--password "$FLEETWATCH_DEMO_PASSWORD"} \
-  ${FLEETWATCH_DEMO_ROTATE:+--rotate-password} >"$seed_out" || { rm -f "$seed_out"; exit 1; }
+  ${FLEETWATCH_DEMO_PASSWORD:+--password "$FLEETWATCH_DEMO_PASSWORD"} $rotate >"$seed_out"
 login=$(sed -n 's/^login: //p' "$seed_out")
 cat "$seed_out"
 rm -f "$seed_out"
+seed_out=
 if [ "$embedded" = 1 ]; then
   # A step the last stop cut off resumes now rather than after its lease.
   run_step $BIN/python manage.py fleetwatch steps-resume
