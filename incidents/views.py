@@ -15,11 +15,12 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_POST
 
+from collectors import selectors as fleet_selectors
 from collectors.clients.base import ClientError
 from collectors.roles import ADMIN, actor_name, role_of
 from collectors.sim import faults
 from collectors.views import grid_group, json_answer, list_status, paginate
-from incidents import deliveries, selectors
+from incidents import deliveries, selectors, why
 from incidents.audit import audit_record
 from incidents.filters import AuditFilter, IncidentFilter
 from incidents.models import Incident, Remediation, Step
@@ -96,6 +97,14 @@ def incident_live(request: HttpRequest, pk: int) -> HttpResponse:
 def incident_chart(request: HttpRequest, pk: int) -> JsonResponse:
     incident = get_object_or_404(Incident, pk=pk)
     return json_answer(selectors.incident_chart(incident))
+
+
+def job_chart(request: HttpRequest, slurm_id: str) -> JsonResponse:
+    """The job's GPUs over its life, the fault that stopped it marked (its page's chart)."""
+    job = fleet_selectors.job_get(slurm_id, request.GET.get("cluster"))
+    if job is None:
+        raise Http404(f"no job {slurm_id}")
+    return json_answer(why.job_chart(job))
 
 
 def incident_replay(request: HttpRequest, pk: int) -> JsonResponse:

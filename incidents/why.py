@@ -10,12 +10,15 @@ writes into the job's Slurm comment (``fault_summary``), so Slurm and FleetWatch
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
 from django.urls import reverse
+from django.utils import timezone
 
+from collectors import selectors as fleet
+from collectors.clients.base import ClientError
 from collectors.clients.notify import absolute_url
 from collectors.knowledge.causes import RootCause
 from collectors.knowledge.xid import xid_info
@@ -204,3 +207,39 @@ def job_why(job: Job) -> Why:
     return Why(**common, headline=headline, stopped_by="fault", job_at_fault=False,
                action=action, requeued_at=requeued_at, resumed_from_step=resumed,
                steps_lost=lost, downtime_seconds=downtime, evidence=evidence)
+
+
+# The longest a job's chart reaches back: a job of weeks would be more samples than a page.
+CHART_MAX_HOURS = 24
+
+
+def job_chart(job: Job) -> dict[str, Any]:
+    """The job's GPUs over its life (since it first started, at most CHART_MAX_HOURS), with
+    the fault that stopped it marked: its GPUs now, and the faulty GPU it was on."""
+    why = job_why(job)
+    end = timezone.now()
+    begin = job.first_started_at or job.started_at or job.submitted_at or end - timedelta(hours=1)
+    start = max(begin - timedelta(minutes=5), end - timedelta(hours=CHART_MAX_HOURS))
+    wanted: dict[str, set[int] | None] = {
+        node: set((job.gpus or {}).get(node, [])) or None for node in job.nodes or []}
+    if why.node:
+        held = wanted.get(why.node, set())
+        wanted[why.node] = None if held is None else held | ({why.gpu} if why.gpu is not None
+                                                             else set())
+    out: dict[str, Any] = {"job": job.slurm_id, "start": start.isoformat(), "end": end.isoformat(),
+                           "fault_at": why.at.isoformat() if why.at else None,
+                           "utilization": {}, "temperature": {}}
+    try:
+        points = fleet.telemetry_points(job.cluster, sorted(wanted), start, end)
+    except ClientError as exc:
+        return {**out, "error": f"telemetry unavailable: {exc}"}
+    for node, gpu, at, util, temp in sorted(points, key=lambda p: (p[0], p[1], p[2])):
+        gpus = wanted.get(node)
+        if gpus is not None and gpu not in gpus:
+            continue
+        for key, value in (("utilization", util), ("temperature", temp)):
+            if value is not None:
+                series = out[key].setdefault(f"{node} GPU {gpu}", {"x": [], "y": []})
+                series["x"].append(at.isoformat())
+                series["y"].append(round(value, 1))
+    return out
