@@ -647,7 +647,8 @@ def owner_notify(user: str, subject: str, body: str, payload: dict[str, object])
         why = (f"no address for Slurm user {user!r} (FLEETWATCH_OWNER_CONTACTS, "
                "FLEETWATCH_OWNER_EMAIL_DOMAIN)" if not address
                else f"{address} needs FLEETWATCH_NOTIFY_SLACK_URL")
-        return ActionResult(f"notify owner {user} (not sent)", False, why)
+        # No call made: audited as a note (no outside call), not as a message sent.
+        return ActionResult("", False, f"owner {user} not told: {why}")
     if address.startswith("slack:"):
         payload = {**payload, "mention": address.removeprefix("slack:")}
     return MultiNotifier([channel]).notify(subject, body, {**payload, "owner": user})
