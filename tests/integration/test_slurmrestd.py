@@ -227,12 +227,12 @@ def test_cancel_with_sigterm_then_requeue_and_hold(cluster: Any, rest: SlurmRest
     why = "requeued after XID 79 (GPU has fallen off the bus) on gpu-002 GPU 0, incident 3"
     written = rest.set_comment(job, why, "admin_comment")
     assert written.changed and written.call.startswith(f"POST /slurm/v0.0.44/job/{job} ")
-    assert f"AdminComment=fleetwatch: {why}\n" in cluster.run(
+    assert f"AdminComment=fleetwatch: {why}" in cluster.run(
         "scontrol", "show", "job", job, check=True).stdout
     assert not rest.set_comment(job, why, "admin_comment").changed
     cluster.run("scontrol", "update", f"jobid={job}", "comment=sweep 7", check=True)
     assert rest.set_comment(job, why, "comment").changed
-    assert f"Comment=fleetwatch: {why} | sweep 7\n" in cluster.run(
+    assert f"Comment=fleetwatch: {why} | sweep 7" in cluster.run(
         "scontrol", "show", "job", job, check=True).stdout
 
 
