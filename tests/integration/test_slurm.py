@@ -194,6 +194,8 @@ def test_a_requeued_jobs_comment_carries_the_reason_read_back_by_scontrol(
     assert f"AdminComment=fleetwatch: {why}" in shown
     assert "Comment=my sweep 7" in shown  # the user's own comment is untouched
     assert job(client, job_id).admin_comment == f"fleetwatch: {why}"
+    assert cluster.run("squeue", "-h", "-j", job_id, "-O", "admin_comment:300").stdout.strip() \
+        == f"fleetwatch: {why}"
     assert not client.set_comment(job_id, why, "admin_comment").changed  # a retried step
 
     # A site that has researchers read the plain comment: theirs is kept after FleetWatch's.
