@@ -190,8 +190,7 @@ def job_why(job: Job) -> Why:
     downtime = None
     if fault.at and job.started_at and requeued_at and job.started_at > fault.at:
         downtime = (job.started_at - fault.at).total_seconds()
-    words = [f"{fault.text} stopped job {job.slurm_id} at {_when(fault.at)}", action.lower()
-             .replace("fleetwatch ", "FleetWatch ", 1)]
+    words = [f"{fault.text} stopped job {job.slurm_id} at {_when(fault.at)}", action]
     if resumed is not None and job.state == "RUNNING":
         back = f"it resumed from step {resumed}"
         if lost is not None:
