@@ -25,6 +25,8 @@ from collectors.sim.fleet import SimFleet, inject_xid
 from incidents import diagnosing
 from incidents.models import AuditEntry, Delivery, Incident
 from tests.conftest import token_for
+from tests.unit.test_notify import SLACK_PATH, Receiver
+from tests.unit.test_notify import receiver  # noqa: F401  (the fixture: a Slack hook here)
 from tests.unit.test_remediation import drive
 
 pytestmark = pytest.mark.django_db
@@ -173,3 +175,51 @@ def test_an_application_error_says_plainly_it_was_the_job_with_the_evidence(
     assert "an application error, not the fleet&#x27;s fault" in page
     assert 'data-testid="why-job-at-fault">the job\'s own error' in page
     assert "torch.OutOfMemoryError: CUDA out of memory" in page  # the evidence, shown open
+
+
+# --- the owner's channel --------------------------------------------------------------------
+
+
+def test_the_owner_is_reached_by_their_mapping_or_the_domain_or_not_at_all(
+        receiver: Receiver, db: None, settings: Any) -> None:  # noqa: F811
+    from collectors.clients.notify import owner_notify
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.FLEETWATCH_NOTIFY_SLACK_URL = f"{receiver.url}{SLACK_PATH}"
+    settings.FLEETWATCH_OWNER_CONTACTS = {"bob": "slack:U0123ABCD", "carol": "none",
+                                          "dave": "d.smith@lab.example"}
+    settings.FLEETWATCH_OWNER_EMAIL_DOMAIN = ""
+    payload: dict[str, object] = {"incident": 3, "job": "4001", "delivery_key": "k-bob"}
+
+    sent = owner_notify("bob", "Your Slurm job 4001 was requeued", "the story <here>", payload)
+    assert sent.changed
+    body = receiver.to(SLACK_PATH)[0].json
+    assert body["text"].startswith("<@U0123ABCD>\n")  # mentioned by name in the channel
+    assert "the story &lt;here&gt;" in body["text"]
+    # Once: the same delivery key sends nothing again.
+    owner_notify("bob", "Your Slurm job 4001 was requeued", "the story", payload)
+    assert len(receiver.to(SLACK_PATH)) == 1
+
+    assert owner_notify("dave", "s", "b", {"delivery_key": "k-dave"}).changed
+    assert mail.outbox[-1].to == ["d.smith@lab.example"]
+    # Nobody to tell: said plainly, no outside call (an empty call is audited as a note).
+    for user in ("carol", "erin"):
+        told = owner_notify(user, "s", "b", {"delivery_key": f"k-{user}"})
+        assert (told.changed, told.call) == (False, "")
+        assert f"owner {user} not told" in told.detail
+    settings.FLEETWATCH_OWNER_EMAIL_DOMAIN = "lab.example"
+    assert owner_notify("erin", "s", "b", {"delivery_key": "k-erin2"}).changed
+    assert mail.outbox[-1].to == ["erin@lab.example"]
+
+
+def test_a_bad_owner_mapping_stops_at_start_naming_it() -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    done = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"], cwd=ROOT, capture_output=True,
+        text=True, env={**__import__("os").environ, "DJANGO_SETTINGS_MODULE": "fleetwatch.settings",
+                        "FLEETWATCH_FLEET": "sim", "FLEETWATCH_OWNER_CONTACTS": "alice=slack:me"})
+    assert done.returncode != 0
+    assert "FLEETWATCH_OWNER_CONTACTS: 'alice=slack:me' is not USER=ADDRESS" in done.stderr
