@@ -25,8 +25,11 @@ from collectors.sim.fleet import SimFleet, inject_xid
 from incidents import diagnosing
 from incidents.models import AuditEntry, Delivery, Incident
 from tests.conftest import token_for
-from tests.unit.test_notify import SLACK_PATH, Receiver
-from tests.unit.test_notify import receiver  # noqa: F401  (the fixture: a Slack hook here)
+from tests.unit.test_notify import (
+    SLACK_PATH,
+    Receiver,
+    receiver,  # noqa: F401  (the fixture: a Slack hook here)
+)
 from tests.unit.test_remediation import drive
 
 pytestmark = pytest.mark.django_db
