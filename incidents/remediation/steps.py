@@ -181,9 +181,12 @@ def _requeue_job(ctx: StepContext, job_id: str) -> None:
 
 
 def _cancel_job(ctx: StepContext, job_id: str) -> None:
+    # The comment first: Slurm refuses to update a job that has ended ("Job has already
+    # finished", seen on 25.11), and a job that catches SIGTERM ends at once; written while it
+    # runs, the reason stays on the cancelled job's record (sacct).
+    _job_comment(ctx, job_id, "stopped")
     ctx.call("slurm.cancel", f"job {job_id}", ctx.clients.slurm.cancel, job_id, "TERM",
              ctx.grace_seconds)
-    _job_comment(ctx, job_id, "stopped")
 
 
 def notify(ctx: StepContext) -> Outcome:

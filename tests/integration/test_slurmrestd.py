@@ -387,7 +387,7 @@ def _playbook(cluster: Any, k8s: Any, settings: Any, tmp_path: Path, monkeypatch
     acted = [(e.verb, e.target, e.call.split(" ")[0]) for e in calls if e.data.get("changed")]
     assert acted == [
         ("notify", "on-call", "notify"), ("slurm.drain", FAILED, "POST"),
-        ("slurm.cancel", f"job {job}", "DELETE"), ("slurm.comment", f"job {job} stopped", "POST"),
+        ("slurm.comment", f"job {job} stopped", "POST"), ("slurm.cancel", f"job {job}", "DELETE"),
         ("slurm.requeue", f"job {job}", "scontrol"),
         ("slurm.comment", f"job {job} requeued", "POST"),
         ("k8s.cordon", FAILED, acted[6][2]), ("k8s.evict", "train/trainer-1", acted[7][2]),

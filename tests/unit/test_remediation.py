@@ -122,7 +122,7 @@ def test_gpu_memory_resets_the_gpu_checks_it_and_resumes(
                 between=lambda: collectors.collect_source("slurm"))
     assert rem.status == "succeeded", [(s.kind, s.status, s.detail) for s in rem.steps.all()]
     assert [v for v, _ in calls(rem)] == [
-        "notify", "slurm.drain", "slurm.cancel", "slurm.comment", "slurm.requeue",
+        "notify", "slurm.drain", "slurm.comment", "slurm.cancel", "slurm.requeue",
         "slurm.comment", "provider.reset_gpu", "slurm.resume"]
     node = sim_fleet.snapshot()["nodes"]["gpu-003"]
     assert not node["drained"] and node["gpus"][2]["last_xid"] == 0
@@ -356,7 +356,7 @@ def test_unreachable_node_is_marked_down_rebooted_and_replaced_only_if_it_stays_
                       k8s={"gpu-003": K8sNode("gpu-003", None, False)})
     out = EXECUTORS["down_node"](ctx_for(world, "down_node", root_cause="node_unreachable"))
     assert isinstance(out, Done) and out.result["requeued"] == ["3001"]
-    assert world.made == ["down gpu-003", "cancel 3001", "comment 3001", "requeue 3001",
+    assert world.made == ["down gpu-003", "comment 3001", "cancel 3001", "requeue 3001",
                           "comment 3001"]
     out = EXECUTORS["reboot"](ctx_for(world, "reboot"))
     assert isinstance(out, Wait) and "rebooting" in out.detail
