@@ -16,6 +16,7 @@ $(BIN)/.installed: requirements.txt requirements-dev.txt
 
 install: $(BIN)/.installed
 
+# `make run PORT=8123 HOST=0.0.0.0` for another address (the default: loopback, port 8000).
 # exec: the script takes the shell's place, so a TERM that make passes on to its recipe
 # reaches the script, which stops everything it started (deploy/run-local.sh).
 run: install

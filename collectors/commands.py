@@ -33,6 +33,9 @@ def subcommands(sub: _SubParsersAction[ArgumentParser]) -> dict[str, Handler]:
     seed.add_argument("--password", default="",
                       help="set this password for --demo-user (new or not); without it a new "
                            "login gets a generated one and an existing login keeps its own")
+    seed.add_argument("--rotate-password", action="store_true",
+                      help="give --demo-user a new generated password (make run: "
+                           "FLEETWATCH_DEMO_ROTATE=1)")
 
     inject = sub.add_parser("inject", help="inject a fault into the simulated fleet")
     inject.add_argument("--cluster", default=None,
@@ -56,7 +59,10 @@ def subcommands(sub: _SubParsersAction[ArgumentParser]) -> dict[str, Handler]:
                      help="label the node's pods fleetwatch.io/no-auto-replace=true")
     sim.add_argument("--source-down", default="", help="make a source unreachable")
     sim.add_argument("--source-up", default="", help="bring a source back")
-    sim.add_argument("--show", action="store_true", help="print the fleet state as JSON")
+    sim.add_argument("--show", action="store_true",
+                     help="print a summary: nodes by state, GPUs by health, faults, jobs")
+    sim.add_argument("--json", action="store_true",
+                     help="with --show: the whole state file as JSON instead (for scripts)")
 
     # The node agent is a package of its own (collectors/agent, `fleetwatch-agent`); this is
     # the same command for a node that has the server installed.
@@ -85,7 +91,7 @@ def clients_fail_as_command(handler: Handler) -> Handler:
 
 
 def _seed(command: BaseCommand, opts: dict[str, Any]) -> None:
-    from collectors.roles import OPERATOR, roles_ensure, user_with_role
+    from collectors.roles import roles_ensure
     from collectors.sources import cluster_names, sources_of
 
     clusters = cluster_names()
@@ -100,18 +106,19 @@ def _seed(command: BaseCommand, opts: dict[str, Any]) -> None:
                                  "Kubernetes and Prometheus report")
     roles_ensure()
     if opts["demo_user"]:
-        from django.contrib.auth import get_user_model
+        from django.conf import settings
 
-        # An existing login keeps its password (and role) unless one is asked for: every
-        # `make run` seeds, and a second one, even one that cannot start, must not lock
-        # out whoever uses the first.
-        if not opts["password"] and get_user_model().objects.filter(
-                username=opts["demo_user"]).exists():
-            command.stdout.write(f"login: {opts['demo_user']} (password unchanged; "
-                                 "FLEETWATCH_DEMO_PASSWORD or --password sets one)")
-            return
-        _, password = user_with_role(opts["demo_user"], OPERATOR, opts["password"] or None)
-        command.stdout.write(f"login: {opts['demo_user']} / {password}")
+        from collectors.roles import demo_login_ensure
+
+        user = opts["demo_user"]
+        password, how = demo_login_ensure(user, settings.DATA_DIR, password=opts["password"],
+                                          rotate=opts["rotate_password"])
+        if password is None:
+            command.stdout.write(f"login: {user} (password unchanged, changed since FleetWatch "
+                                 "set it; --rotate-password or FLEETWATCH_DEMO_PASSWORD sets one)")
+        else:
+            command.stdout.write(f"login: {user} / {password}"
+                                 + ("  (kept from the last start)" if how == "kept" else ""))
 
 
 def _inject(command: BaseCommand, opts: dict[str, Any]) -> None:
@@ -146,6 +153,35 @@ def _sim(command: BaseCommand, opts: dict[str, Any]) -> None:
     if opts["source_up"]:
         command.stdout.write(faults.source_outage_set(opts["source_up"], down=False,
                                                       cluster=opts["cluster"]))
-    if opts["show"]:
+    if opts["show"] and opts["json"]:
         command.stdout.write(json.dumps(faults.fleet_snapshot(opts["cluster"]), indent=1,
                                         sort_keys=True))
+    elif opts["show"]:
+        command.stdout.write(summary_text(faults.fleet_summary(opts["cluster"])))
+    elif opts["json"]:
+        raise CommandError("--json goes with --show")
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    """``sim --show`` for a person: a few short tables, no JSON."""
+    lines = ["nodes"]
+    for state, names in summary["nodes"].items():
+        lines.append(f"  {state:<13}{len(names):>3}  {_names(names)}")
+    lines.append("gpus (in service)")
+    lines += [f"  {health:<13}{count:>3}" for health, count in summary["gpus"].items()]
+    lines.append("faults injected (still standing)")
+    lines += [f"  {fault}" for fault in summary["faults"]] or ["  none"]
+    lines.append("jobs")
+    lines.append(f"  {'id':<6}{'name':<20}{'user':<8}{'state':<11}{'nodes':>5}{'step':>7}"
+                 f"{'restarts':>10}")
+    lines += [f"  {j['id']:<6}{j['name'][:19]:<20}{j['user'][:7]:<8}{j['state']:<11}"
+              f"{j['nodes']:>5}{j['step']:>7}{j['restarts']:>10}" for j in summary["jobs"]]
+    if summary["down_sources"]:
+        lines.append("sources down: " + ", ".join(summary["down_sources"]))
+    return "\n".join(lines)
+
+
+def _names(names: list[str], shown: int = 4) -> str:
+    """gpu-001..gpu-004 +12 more: enough to find a node without a line per node."""
+    more = f" +{len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more

@@ -99,6 +99,9 @@ class Node(models.Model):
     k8s_ready_status = models.CharField(max_length=8, blank=True)
     k8s_unschedulable = models.BooleanField(default=False)
     k8s_annotations = models.JSONField(default=dict, blank=True)
+    # Every other node condition as last reported, type -> [status, reason, message]: what
+    # normalize.k8s_condition_changes compares against (health tools' verdicts among them).
+    k8s_conditions = models.JSONField(default=dict, blank=True)
     # The NIC summary (worst port state, link_downed summed over ports) and, per port
     # ("mlx5_0/1"), the last readings the change detection compares against.
     nic_state = models.CharField(max_length=16, blank=True)
@@ -212,6 +215,7 @@ class Signal(models.Model):
         NIC = "nic", "NIC"
         JOB_LOG = "job_log", "job log"
         COLLECTOR = "collector", "collector"
+        GPUD = "gpud", "gpud (node agent)"
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="signals")
     source = models.CharField(max_length=16, choices=Source.choices)

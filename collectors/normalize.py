@@ -89,6 +89,32 @@ def k8s_node_changes(
     return drafts
 
 
+def k8s_condition_changes(previous_status: str, previous: dict[str, list[str]],
+                          now: K8sNode) -> list[SignalDraft]:
+    """The node's other conditions that changed since ``previous`` (type -> [status, reason,
+    message] as last stored). ``previous_status`` is the Ready status last stored: "" is a
+    first look at the node, not news, as for Ready. A change of message counts: NVSentinel
+    keeps its condition True and lists each new fault in its message."""
+    if not previous_status:
+        return []
+    drafts = []
+    for kind, (status, reason, message) in sorted(now.conditions.items()):
+        if previous.get(kind) == [status, reason, message]:
+            continue
+        if kind not in previous and status == "False":
+            continue  # a tool adding its condition as healthy says nothing new
+        drafts.append(SignalDraft("kubernetes", "k8s_condition", node=now.name, value=status,
+                                  message=message or f"{kind}={status} ({reason})",
+                                  data={"condition": kind, "status": status,
+                                        "reason": reason}))
+    return drafts
+
+
+def k8s_conditions_stored(node: K8sNode) -> dict[str, list[str]]:
+    """The conditions as Node.k8s_conditions keeps them (JSON: lists, not tuples)."""
+    return {kind: list(value) for kind, value in node.conditions.items()}
+
+
 def xid_changes(previous_xid: int | None, now: GpuMetric) -> list[SignalDraft]:
     """A new XID is a change of the last-XID gauge to a non-zero value."""
     if now.last_xid == 0 or now.last_xid == (previous_xid or 0):

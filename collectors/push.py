@@ -11,8 +11,10 @@ from dataclasses import dataclass
 # any node FleetWatch knows. Nobody pushes ``collector`` records (whether a source is up is
 # only what FleetWatch's own collectors saw: a pushed "slurm is down" would make diagnosis set
 # aside real node failures), nor Slurm or Kubernetes state, which FleetWatch reads from them.
-AGENT_SOURCES = frozenset({"kernel", "dcgm", "nic"})
-INGEST_SOURCES = frozenset({"kernel", "dcgm", "nic", "job_log"})
+# gpud: the events of the node's own gpud, which the agent forwards (collectors/agent/gpud.py)
+# and a site's own forwarder may push too; diagnosis weighs them as another tool's verdict.
+AGENT_SOURCES = frozenset({"kernel", "dcgm", "nic", "gpud"})
+INGEST_SOURCES = frozenset({"kernel", "dcgm", "nic", "job_log", "gpud"})
 
 
 @dataclass(frozen=True)

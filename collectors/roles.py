@@ -8,7 +8,10 @@ ask it, and it asks nothing of them.
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group, Permission, User
@@ -140,3 +143,42 @@ def actor_from_request(request: HttpRequest | Request) -> str:
     if isinstance(name, str) and name:
         return f"token:{name}"
     return actor_name(getattr(request, "user", None), token=auth is not None)
+
+
+# --- the demo login (`make run`) ---------------------------------------------------------------
+
+DEMO_LOGIN_FILE = "demo-login.json"
+
+
+def demo_login_ensure(username: str, saved_in: Path, *, password: str | None = None,
+                      rotate: bool = False) -> tuple[str | None, str]:
+    """The operator login `make run` prints, made once and kept across restarts.
+
+    Returns the password to show (None when it cannot be known: someone changed it since) and
+    what happened: "created", "set", "rotated" or "kept". A password FleetWatch set is saved
+    in ``saved_in`` (the embedded default's data folder, readable by its owner alone) so that
+    every start can print the whole login again; the saved copy is shown only while it still
+    logs in. ``password`` sets that one, ``rotate`` a new generated one; otherwise an existing
+    login is left as it is: a second `make run`, even one that cannot start, must not lock out
+    whoever uses the first."""
+    path = saved_in / DEMO_LOGIN_FILE
+    user = User.objects.filter(username=username).first()
+    if user is not None and not password and not rotate:
+        saved = _demo_login_read(path)
+        if saved.get("username") == username and user.check_password(saved.get("password")):
+            return saved["password"], "kept"
+        return None, "kept"
+    _, password = user_with_role(username, OPERATOR, password or None)
+    # Written as 0600 from the start: no moment where another user could read it.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump({"username": username, "password": password}, out)
+    return password, "created" if user is None else "rotated" if rotate else "set"
+
+
+def _demo_login_read(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

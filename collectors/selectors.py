@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from collectors.clients import get_telemetry
 from collectors.clients.base import ClientError
+from collectors.knowledge.dcgm import clock_event_reasons
 from collectors.knowledge.slurm import index_ranges
 from collectors.models import Cluster, CollectorRun, Gpu, GpuSample, Job, Node, Signal, SourceHealth
 from collectors.sources import sources_of
@@ -91,15 +92,22 @@ def node_telemetry(node: Node, minutes: int = 60) -> dict[str, Any]:
 _UNHEALTHY_GPU = (Node.Health.UNKNOWN, Node.Health.DEGRADED)
 
 
+# The pool a node is moved to when it is sent back to the vendor (engine.node_mark_rma). Slurm
+# may still list it (so ``in_service`` stays true until it is gone): it is out of service all
+# the same, and its failed GPUs are the reason it left, not a fault to count.
+RMA_POOL = "rma"
+
+
 def _in_service(cluster: str | None) -> QuerySet[Node]:
-    """The nodes in service, of one cluster (by name) or of all of them."""
-    nodes = Node.objects.filter(in_service=True)
+    """The nodes in service, of one cluster (by name) or of all of them: not the replaced
+    ones (gone from Slurm: ``in_service`` false) nor those sent to RMA."""
+    nodes = Node.objects.filter(in_service=True).exclude(pool=RMA_POOL)
     return nodes.filter(cluster__name=cluster) if cluster else nodes
 
 
 def _gpus_in_service(cluster: str | None) -> QuerySet[Gpu]:
     """Their GPUs, through a join (as the counts always were), not a subquery."""
-    gpus = Gpu.objects.filter(node__in_service=True)
+    gpus = Gpu.objects.filter(node__in_service=True).exclude(node__pool=RMA_POOL)
     return gpus.filter(node__cluster__name=cluster) if cluster else gpus
 
 
@@ -194,6 +202,13 @@ def gpu_group_default(groups: list[dict[str, Any]], total_nodes: int) -> str | N
     return max(groups, key=lambda g: (g["failed"], g["unknown"], -len(g["name"])))["name"]
 
 
+def nodes_failed(cluster: str | None = None, limit: int = 20) -> list[tuple[str, str]]:
+    """(name, cluster) of failed nodes in service: the grid's cells as links a keyboard
+    reaches."""
+    return list(_in_service(cluster).filter(health=Node.Health.FAILED).order_by("name")
+                .values_list("name", "cluster__name")[:limit])
+
+
 def gpu_grid(by: str = "leaf", group: str | None = None,
              cluster: str | None = None) -> dict[str, Any]:
     """Node-by-GPU health for the dashboard heatmap (z: 0 healthy, 1 unknown, 2 failed), for
@@ -205,7 +220,7 @@ def gpu_grid(by: str = "leaf", group: str | None = None,
     if group is not None:
         nodes = nodes.filter(**{field: group})
     total = nodes.count()
-    rows = list(nodes.order_by(field, "name").values_list("id", "name", "leaf_switch", "pool")
+    rows = list(nodes.order_by(field, "name").values_list("id", "name", "leaf_switch", "pool", "cluster__name")
                 [:GRID_MAX_NODES])
     gpus: dict[int, dict[int, tuple[Any, ...]]] = {}
     for node_id, index, health, util, temp, xid in Gpu.objects.filter(
@@ -213,8 +228,9 @@ def gpu_grid(by: str = "leaf", group: str | None = None,
             "node_id", "index", "health", "utilization", "temperature", "last_xid"):
         gpus.setdefault(node_id, {})[index] = (health, util, temp, xid)
     width = max((max(g) + 1 for g in gpus.values() if g), default=8)
-    z, text, labels = [], [], []
-    for node_id, name, leaf, pool in rows:
+    z, text, labels, names = [], [], [], []
+    for node_id, name, leaf, pool, cluster_name in rows:
+        names.append([name, cluster_name])
         mine = gpus.get(node_id, {})
         row, hover = [], []
         for i in range(width):
@@ -231,6 +247,8 @@ def gpu_grid(by: str = "leaf", group: str | None = None,
         text.append(hover)
         labels.append(f"{name} ({(leaf if field == 'leaf_switch' else pool) or '?'})")
     return {"z": z, "text": text, "y": labels, "x": [f"GPU {i}" for i in range(width)],
+            # Each row's node and cluster: a click on a cell opens the node's page.
+            "nodes": names,
             "by": by, "group": group, "total": total, "truncated": total > len(rows)}
 
 
@@ -239,6 +257,28 @@ def _num(value: float | None, unit: str) -> str:
 
 
 # --- sources --------------------------------------------------------------------------------
+
+
+# Which dashboard figures each source feeds: while a source is down, what it fed is as old as
+# its last success, and the dashboard marks those figures stale rather than show them as now.
+# Node health is judged from the GPUs' telemetry (services._gpus); which nodes exist and are
+# in service, from Slurm's list.
+SOURCE_FEEDS: dict[str, frozenset[str]] = {
+    "slurm": frozenset({"nodes", "drained", "slurm_states"}),
+    "kubernetes": frozenset({"cordoned", "k8s_not_ready"}),
+    "telemetry": frozenset({"healthy", "failed", "unknown", "gpus", "gpus_failed", "grid"}),
+}
+
+
+def stale_figures(sources: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Each figure fed by a source that is down, with the names of those sources."""
+    stale: dict[str, list[str]] = {}
+    for item in sources:
+        s = item["source"]
+        if s.healthy is False:
+            for figure in SOURCE_FEEDS.get(s.name, ()):
+                stale.setdefault(figure, []).append(s.name)
+    return stale
 
 
 def sources_health(cluster: str | None = None) -> list[dict[str, Any]]:
@@ -273,19 +313,11 @@ def sources_overview(runs_per_source: int = 10) -> list[dict[str, Any]]:
 
 
 def nodes_for_list() -> QuerySet[Node]:
-    return Node.objects.select_related("cluster").order_by("name")
-
-
-def nodes_gpu_summary(nodes: list[Node]) -> list[dict[str, Any]]:
-    """A page of nodes with their GPUs' health counted: one query for the page's GPUs."""
-    counts: dict[int, dict[str, int]] = {}
-    for node_id, health in Gpu.objects.filter(node__in=nodes).values_list("node_id", "health"):
-        c = counts.setdefault(node_id, {"gpus": 0, "healthy": 0, "failed": 0})
-        c["gpus"] += 1
-        c["healthy"] += health == Node.Health.HEALTHY
-        c["failed"] += health == Node.Health.FAILED
-    return [{"node": n, **counts.get(n.pk, {"gpus": 0, "healthy": 0, "failed": 0})}
-            for n in nodes]
+    """Nodes with their GPUs counted (total, healthy, failed), so the list sorts by them."""
+    H = Node.Health
+    return Node.objects.select_related("cluster").annotate(
+        gpus_total=Count("gpus"), gpus_healthy=Count("gpus", filter=Q(gpus__health=H.HEALTHY)),
+        gpus_failed=Count("gpus", filter=Q(gpus__health=H.FAILED))).order_by("name")
 
 
 def node_facets() -> dict[str, list[str]]:
@@ -320,10 +352,37 @@ def node_detail(node: Node) -> dict[str, Any]:
                  .order_by("-updated_at")[:50]],
         "signals": list(Signal.objects.filter(cluster=node.cluster, node_name=node.name)
                         .order_by("-observed_at", "-id")[:50]),
+        # The NIC ports' last readings (state, link_downed, link_error_recovery per port).
+        "nic_ports": sorted((node.nic_ports or {}).items()),
+        # fleetwatch.io/ annotations and the like, as the Kubernetes collector stored them.
+        "k8s_annotations": sorted((node.k8s_annotations or {}).items()),
     }
+    gpus: list[Gpu] = out["gpus"]
+    dcgm_last = gpu_dcgm_last(node)
+    out["gpu_rows"] = [{"gpu": g, "clock_events": clock_event_reasons(g.clock_event_reasons),
+                        "dcgm": dcgm_last.get(g.index, [])} for g in gpus]
     for _, more in node_page.send(sender=Node, node=node):
         out.update(cast("dict[str, Any]", more))  # a dict each (the stubs say str | None)
     return out
+
+
+# How many of a node's newest DCGM field signals the node page reads for its GPUs' last
+# readings (a change is a signal, so a quiet GPU has few).
+DCGM_SIGNALS_READ = 500
+
+
+def gpu_dcgm_last(node: Node) -> dict[int, list[tuple[str, Any, datetime]]]:
+    """Per GPU, the last value of each DCGM field a signal recorded (remapped rows, ECC double
+    bit errors, ...): (metric, value, when), as the collector stored them on a change."""
+    last: dict[int, dict[str, tuple[str, Any, datetime]]] = {}
+    for gpu, data, at in (Signal.objects.filter(cluster=node.cluster, node_name=node.name,
+                                                kind="dcgm_field", gpu_index__isnull=False)
+                          .order_by("-observed_at", "-id")
+                          .values_list("gpu_index", "data", "observed_at")[:DCGM_SIGNALS_READ]):
+        metric = str((data or {}).get("metric", ""))
+        if metric and gpu is not None:  # gpu_index__isnull=False: never None
+            last.setdefault(gpu, {}).setdefault(metric, (metric, (data or {}).get("value"), at))
+    return {gpu: sorted(fields.values()) for gpu, fields in last.items()}
 
 
 def jobs_for_list() -> QuerySet[Job]:

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.paginator import Page, Paginator
-from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django_tables2 import RequestConfig
+from django_tables2.export import TableExport
 
 from collectors import selectors
 from collectors.filters import JobFilter, NodeFilter
 from collectors.models import Node, json_safe
+from collectors.tables import JobTable, ListTable, NodeTable
 
 PAGE_SIZE = 50
+# The query parameter that asks a list for its CSV (django-tables2's ExportMixin's name).
+EXPORT_PARAM = "_export"
 
 
 def list_status(filters: Any) -> int:
@@ -34,9 +37,17 @@ def json_answer(data: Any, **kwargs: Any) -> JsonResponse:
     return JsonResponse(json_safe(data), **kwargs)
 
 
-def paginate(request: HttpRequest, rows: QuerySet[Any], per_page: int = PAGE_SIZE) -> Page:
-    # get_page: a page number out of range shows the last page rather than an error.
-    return Paginator(rows, per_page).get_page(request.GET.get("page"))
+def list_page(request: HttpRequest, template: str, filters: Any, table: ListTable,
+              **context: Any) -> HttpResponse:
+    """A list page: the filtered rows as a sortable table, one page of it; or, with
+    ``?_export=csv``, the whole filtered and sorted list as a CSV download."""
+    RequestConfig(request, paginate={"per_page": PAGE_SIZE}).configure(table)
+    status = list_status(filters)
+    if request.GET.get(EXPORT_PARAM) == "csv" and status == 200:
+        return TableExport("csv", table).response(
+            f"fleetwatch-{table.export_name}.csv")
+    return render(request, template, {"filter": filters, "table": table, **context},
+                  status=status)
 
 
 def grid_group(request: HttpRequest) -> tuple[str | None, bool]:
@@ -54,10 +65,8 @@ def gpu_grid(request: HttpRequest) -> JsonResponse:
 def node_list(request: HttpRequest) -> HttpResponse:
     facets = selectors.node_facets()
     filters = NodeFilter(request.GET, queryset=selectors.nodes_for_list(), facets=facets)
-    page = paginate(request, filters.qs)
-    return render(request, "incidents/node_list.html", {
-        "filter": filters, "page": page, "facets": facets,
-        "rows": selectors.nodes_gpu_summary(list(page))}, status=list_status(filters))
+    return list_page(request, "incidents/node_list.html", filters, NodeTable(filters.qs),
+                     facets=facets)
 
 
 def _node_or_404(request: HttpRequest, name: str) -> Node:
@@ -84,9 +93,7 @@ def node_telemetry(request: HttpRequest, name: str) -> JsonResponse:
 def job_list(request: HttpRequest) -> HttpResponse:
     filters = JobFilter(request.GET, queryset=selectors.jobs_for_list(),
                         facets=selectors.job_facets())
-    return render(request, "incidents/job_list.html",
-                  {"filter": filters, "page": paginate(request, filters.qs)},
-                  status=list_status(filters))
+    return list_page(request, "incidents/job_list.html", filters, JobTable(filters.qs))
 
 
 def job_detail(request: HttpRequest, slurm_id: str) -> HttpResponse:

@@ -2,7 +2,10 @@
 # Start FleetWatch on its embedded default: SQLite and a filesystem Celery broker in
 # FLEETWATCH_DATA_DIR (./data), the simulated fleet (or, with FLEETWATCH_FLEET=real, the
 # sources the environment names), the web UI on $HOST:$PORT.
-# Runs web (gunicorn), one Celery worker for all queues and Celery beat.
+# Runs web (gunicorn), one Celery worker for all queues and Celery beat; once the web answers
+# and the worker has collected, prints the URL and the demo login (user and password; the
+# password is kept across starts, FLEETWATCH_DEMO_ROTATE=1 makes a new one). Logs are text on
+# a terminal, JSON otherwise (FLEETWATCH_LOG_FORMAT chooses).
 #
 # Stopping: Ctrl-C, SIGTERM, SIGINT or SIGHUP to this script (`make run` execs it, so a TERM
 # to make lands here), or any one of the three exiting, stops all three: SIGTERM to each; the
@@ -21,6 +24,13 @@ PORT=${PORT:-8000}
 STOP_SECONDS=${FLEETWATCH_STOP_SECONDS:-10}
 export FLEETWATCH_WORKER_SHUTDOWN_SECONDS=${FLEETWATCH_WORKER_SHUTDOWN_SECONDS:-3}
 export DJANGO_SETTINGS_MODULE=fleetwatch.settings
+# Logs: text a person can read when the output is a terminal, JSON otherwise (a file, a log
+# shipper), unless FLEETWATCH_LOG_FORMAT says which. The image and the Kubernetes manifests do
+# not come through here: they log JSON (the settings' default; deploy/kubernetes/base).
+if [ -z "${FLEETWATCH_LOG_FORMAT:-}" ]; then
+  if [ -t 1 ]; then FLEETWATCH_LOG_FORMAT=plain; else FLEETWATCH_LOG_FORMAT=json; fi
+fi
+export FLEETWATCH_LOG_FORMAT
 
 # First of all, before any migration or seed: a second `make run` that cannot listen must
 # leave the first one exactly as it is. Bound as gunicorn binds (SO_REUSEADDR).
@@ -69,6 +79,7 @@ stop() {
   trap - EXIT
   trap 'kill_groups KILL; exit 130' INT TERM HUP  # impatient: a second Ctrl-C kills at once
   [ -n "$step" ] && kill -TERM "$step" 2>/dev/null
+  [ -n "${seed_out:-}" ] && rm -f "$seed_out"
   if [ ${#pids[@]} -gt 0 ]; then
     echo "FleetWatch: stopping web, worker and beat" >&2
     for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
@@ -85,30 +96,107 @@ stop() {
 trap stop INT TERM HUP EXIT
 # Set-up commands run in the background and are waited for, so a signal is acted on at once
 # (bash runs a trap only after a foreground command ends).
-run_step() { "$@" & step=$!; wait "$step"; step=; }
+run_step() { local status=0; "$@" & step=$!; wait "$step" || status=$?; step=; return "$status"; }
 
 run_step $BIN/python manage.py migrate --noinput -v0
+# The login is kept across starts (its password saved in the data folder, the owner's alone);
+# FLEETWATCH_DEMO_PASSWORD sets one, FLEETWATCH_DEMO_ROTATE=1 makes a new one. Its line is kept
+# for the banner printed once everything has started.
+rotate=
+if [ "${FLEETWATCH_DEMO_ROTATE:-0}" = 1 ]; then rotate=--rotate-password; fi
+seed_out=$(mktemp "$data_dir/.seed.XXXXXX")  # 0600; removed by stop() if cut off
 run_step $BIN/python manage.py fleetwatch seed --demo-user "${FLEETWATCH_DEMO_USER:-demo}" \
-  ${FLEETWATCH_DEMO_PASSWORD:+--password "$FLEETWATCH_DEMO_PASSWORD"}
+  ${FLEETWATCH_DEMO_PASSWORD:+--password "$FLEETWATCH_DEMO_PASSWORD"} $rotate >"$seed_out"
+login=$(sed -n 's/^login: //p' "$seed_out")
+cat "$seed_out"
+rm -f "$seed_out"
+seed_out=
 if [ "$embedded" = 1 ]; then
   # A step the last stop cut off resumes now rather than after its lease.
   run_step $BIN/python manage.py fleetwatch steps-resume
 fi
 
 start() { setsid "$@" </dev/null & pids+=($!); }
+started_at=$(date +%s)
 start $BIN/celery -A fleetwatch worker -Q collect,diagnose,remediate,default \
   --concurrency "${FLEETWATCH_WORKER_CONCURRENCY:-2}" --loglevel INFO
 start $BIN/celery -A fleetwatch beat --loglevel INFO -s "$data_dir/celerybeat-schedule"
-# deploy/gunicorn.conf.py: JSON logs, Prometheus multiprocess counting for /metrics.
+# deploy/gunicorn.conf.py: FleetWatch's log format, Prometheus multiprocess counting for /metrics.
 start $BIN/gunicorn -c deploy/gunicorn.conf.py --bind "$HOST:$PORT" --workers "${WEB_CONCURRENCY:-2}"
 
-echo
-echo "FleetWatch is starting on http://$HOST:$PORT/  (log in with the demo login above; Ctrl-C stops it)"
-if [ "${FLEETWATCH_FLEET:-sim}" = sim ]; then
-  echo "Inject a fault:  $BIN/python manage.py fleetwatch inject xid --node gpu-003 --gpu 5 --code 79"
-else
-  echo "Real sources: FLEETWATCH_FLEET=$FLEETWATCH_FLEET (see the README's \"Pointing FleetWatch at a cluster\")"
+# The banner comes once everything has started, below the start-up logs that would bury it:
+# the web answers /healthz (database and broker reachable) and the worker has run a collection
+# (beat sends one every FLEETWATCH_COLLECT_INTERVAL). After FLEETWATCH_READY_SECONDS (60) it
+# comes anyway and says what is missing. One of the three ending stops the wait (and the rest).
+url_host=$HOST
+case $HOST in 0.0.0.0|"") url_host=127.0.0.1 ;; ::|"[::]") url_host="[::1]" ;; *:*) url_host="[$HOST]" ;; esac
+url="http://$url_host:$PORT/"
+ready=0
+# (The check is passed with -c: a command run in the background reads /dev/null, not a heredoc.)
+ready_check=$(cat <<'EOF'
+import sys
+import time
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+
+import django
+
+url, since, limit, pids = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
+django.setup()
+from collectors.models import SourceHealth  # noqa: E402
+
+started = datetime.fromtimestamp(since, UTC)
+
+
+def alive(pid: str) -> bool:
+    try:  # a child that has ended but not been reaped yet is a zombie ("Z")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def web_up() -> bool:
+    try:
+        with urllib.request.urlopen(url + "healthz", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+deadline = time.monotonic() + limit
+web = collected = False
+while time.monotonic() < deadline:
+    if not all(alive(pid) for pid in pids):
+        sys.exit(3)
+    web = web or web_up()
+    collected = collected or SourceHealth.objects.filter(last_run_at__gte=started).exists()
+    if web and collected:
+        sys.exit(0)
+    time.sleep(0.5)
+sys.exit(1 if not web else 2)
+EOF
+)
+run_step $BIN/python -c "$ready_check" "$url" "$started_at" "${FLEETWATCH_READY_SECONDS:-60}" \
+  "${pids[@]}" || ready=$?
+
+if [ "$ready" != 3 ]; then
+  echo
+  case $ready in
+    0) echo "FleetWatch is running on $url" ;;
+    1) echo "FleetWatch started, but $url does not answer yet (see the logs above)" ;;
+    *) echo "FleetWatch is up on $url, but no collection has run yet (see the worker's logs above)" ;;
+  esac
+  # "demo / PASSWORD" from the seed; "demo (password unchanged, ...)" when it was changed by hand.
+  [ -n "$login" ] && echo "Log in as $login"
+  if [ "${FLEETWATCH_FLEET:-sim}" = sim ]; then
+    echo "Inject a fault:  $BIN/python manage.py fleetwatch inject xid --node gpu-003 --gpu 5 --code 79"
+  else
+    echo "Real sources: FLEETWATCH_FLEET=$FLEETWATCH_FLEET (see the README's \"Pointing FleetWatch at a cluster\")"
+  fi
+  echo "Ctrl-C stops it."
+  echo
 fi
-echo
 # Whichever of the three ends first (a crash, or a signal sent to it alone) stops the others.
 wait -n "${pids[@]}"

@@ -186,12 +186,24 @@ class JsonFormatter(_JsonFormatter):
 
 
 class PlainFormatter(logging.Formatter):
-    """Text for people at a terminal (FLEETWATCH_LOG_FORMAT=plain), equally scrubbed."""
+    """Text for people at a terminal (FLEETWATCH_LOG_FORMAT=plain; `make run` on a terminal),
+    equally scrubbed: ``12:04:31 INFO    celery.beat: message [request id]``. The request or
+    task id comes last, and only when there is one, so the message starts at a steady place."""
 
     def format(self, record: logging.LogRecord) -> str:
-        if not hasattr(record, "request_id"):
-            record.request_id = current_request_id()
+        request_id = getattr(record, "request_id", None) or current_request_id()
+        record.request_id = request_id  # a format may name it
+        record.request_tag = f" [{request_id}]" if request_id else ""
         return redact(super().format(record))
+
+
+PLAIN_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s%(request_tag)s"
+# Routine lines a terminal does not need at INFO: each task received and finished, each beat
+# tick (every few seconds in the demo), kombu's "No hostname was supplied" for the filesystem
+# broker. Failures still show (a failed task is an ERROR of celery.app.trace); JSON logs keep
+# them all, and LOG_LEVEL=DEBUG brings them back here too.
+PLAIN_QUIET = {"celery.beat": "WARNING", "celery.worker.strategy": "WARNING",
+               "celery.app.trace": "WARNING", "kombu.connection": "ERROR"}
 
 
 def logging_config(fmt: str = "json", level: str = "INFO", *,
@@ -216,6 +228,8 @@ def logging_config(fmt: str = "json", level: str = "INFO", *,
         # must not drop the copy of the head kept outside the database (incidents/audit.py).
         "fleetwatch.audit": {"level": "INFO"},
     }
+    if fmt == "plain" and logging.getLevelName(level) == logging.INFO:
+        loggers.update({name: {"level": quiet} for name, quiet in PLAIN_QUIET.items()})
     if gunicorn:
         loggers["gunicorn.error"] = {"handlers": ["console"], "level": level, "propagate": False}
         loggers["gunicorn.access"] = {"handlers": ["null"], "propagate": False}
@@ -228,8 +242,8 @@ def logging_config(fmt: str = "json", level: str = "INFO", *,
         },
         "formatters": {
             "json": {"()": "fleetwatch.logs.JsonFormatter"},
-            "plain": {"()": "fleetwatch.logs.PlainFormatter",
-                      "format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
+            "plain": {"()": "fleetwatch.logs.PlainFormatter", "format": PLAIN_FORMAT,
+                      "datefmt": "%H:%M:%S"},
         },
         "handlers": {"console": handler, "null": {"class": "logging.NullHandler"}},
         "root": {"handlers": ["console"], "level": level},

@@ -110,6 +110,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "knox",
     "django_filters",
+    "django_tables2",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "csp",

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db.models import Max, Min, Q, QuerySet
+from django.db.models import Exists, F, Max, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from collectors import selectors as fleet
@@ -53,7 +53,7 @@ def signal_as_replay(s: Signal) -> dict[str, Any]:
     if s.kind == "xid":
         out.setdefault("metric", dcgm.XID_ERRORS)
         out.setdefault("value", s.code)
-    if s.source in ("kernel", "job_log", "kubernetes") and s.message:
+    if s.source in ("kernel", "job_log", "kubernetes", "gpud") and s.message:
         out["message"] = s.message
     return out
 
@@ -296,6 +296,47 @@ def repairs_in_flight(limit: int = 50, cluster: str | None = None) -> list[dict[
     return out
 
 
+# A remediation that cannot go on without a person: one to approve, one a step stopped to wait
+# for a person (blocked), and one that failed while its incident is still open and nothing
+# newer has been started for it.
+NEEDS_PERSON = (Remediation.Status.AWAITING_APPROVAL, Remediation.Status.BLOCKED,
+                Remediation.Status.FAILED)
+ATTENTION_MAX = 50
+
+
+def attention(cluster: str | None = None,
+              sources: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """What needs the person on call, first: remediations waiting for them or stopped,
+    sources down and open incidents; ``count`` is how many things that is (an incident whose
+    remediation is listed counts once), for the tab title. ``sources``: the sources' health
+    when the caller has read it already."""
+    newer = Remediation.objects.filter(incident=OuterRef("incident"),
+                                       created_at__gt=OuterRef("created_at"))
+    waiting = (Remediation.objects.filter(status__in=NEEDS_PERSON)
+               .exclude(incident__status=Incident.Status.RESOLVED)
+               .exclude(Exists(newer)).select_related("incident", "incident__cluster"))
+    opened = incidents_open().select_related("cluster")
+    if cluster:
+        waiting = waiting.filter(incident__cluster__name=cluster)
+        opened = opened.filter(cluster__name=cluster)
+    # Approvals first (the fleet waits on a click), then the stopped ones; oldest first, as
+    # the longest wait is the most urgent.
+    order: dict[str, int] = {s: i for i, s in enumerate(NEEDS_PERSON)}
+    remediations = sorted(waiting.order_by("created_at")[:ATTENTION_MAX],
+                          key=lambda r: order[r.status])
+    down = [item for item in (fleet.sources_health(cluster) if sources is None else sources)
+            if item["source"].healthy is False]
+    open_total = opened.count()
+    covered = {r.incident_id for r in remediations}
+    return {
+        "remediations": remediations,
+        "sources_down": down,
+        "open_incidents": list(opened[:ATTENTION_MAX]),
+        "open_total": open_total,
+        "count": len(remediations) + len(down) + open_total - len(covered),
+    }
+
+
 def dashboard(by: str = "leaf", group: str | None = None, *, group_given: bool = False,
               cluster: str | None = None) -> dict[str, Any]:
     """Everything the dashboard shows, of one cluster or all of them, in a fixed number of
@@ -304,12 +345,12 @@ def dashboard(by: str = "leaf", group: str | None = None, *, group_given: bool =
     groups = fleet.gpu_groups(by, cluster)
     if not group_given:
         group = fleet.gpu_group_default(groups, counts["nodes"])
-    open_incidents = incidents_open().select_related("cluster")
     recent = Incident.objects.filter(status=Incident.Status.RESOLVED)
     if cluster:
-        open_incidents = open_incidents.filter(cluster__name=cluster)
         recent = recent.filter(cluster__name=cluster)
     clusters = cluster_names()
+    sources = fleet.sources_health(cluster)
+    needs = attention(cluster, sources)
     return {
         # The cluster chooser, where there is more than one.
         "clusters": clusters if len(clusters) > 1 else [],
@@ -319,12 +360,16 @@ def dashboard(by: str = "leaf", group: str | None = None, *, group_given: bool =
         "group_names": [g["name"] for g in groups] if len(groups) > fleet.GROUP_TILES_MAX else [],
         "group_by": by if by in fleet.GROUP_FIELDS else "leaf",
         "group": group,
-        "open_incidents": list(open_incidents[:50]),
-        "open_total": open_incidents.count(),
+        "attention": needs,
+        "open_incidents": needs["open_incidents"],
+        "open_total": needs["open_total"],
         "recent": list(recent.order_by("-resolved_at")[:10]),
         "repairs": repairs_in_flight(cluster=cluster),
         "mttr": policy.mean_time_to_repair(7),
-        "sources": fleet.sources_health(cluster),
+        "sources": sources,
+        "failed_nodes": fleet.nodes_failed(cluster),
+        # Figures fed by a source that is down: {figure: [source, ...]}.
+        "stale": fleet.stale_figures(sources),
     }
 
 
@@ -353,7 +398,9 @@ def job_page_incidents(sender: object, job: Job, **kwargs: object) -> dict[str, 
 
 
 def incidents_for_list() -> QuerySet[Incident]:
-    return Incident.objects.select_related("cluster").order_by("-opened_at", "-id")
+    # repair_time: what the list sorts "time to repair" by (open ones have none).
+    return Incident.objects.select_related("cluster").annotate(
+        repair_time=F("resolved_at") - F("opened_at")).order_by("-opened_at", "-id")
 
 
 def audit_for_list() -> QuerySet[AuditEntry]:

@@ -19,7 +19,7 @@ from collectors import selectors as fleet_selectors
 from collectors.clients.base import ClientError
 from collectors.roles import ADMIN, actor_name, role_of
 from collectors.sim import faults
-from collectors.views import grid_group, json_answer, list_status, paginate
+from collectors.views import grid_group, json_answer, list_page
 from incidents import deliveries, selectors, why
 from incidents.audit import audit_record
 from incidents.filters import AuditFilter, IncidentFilter
@@ -27,6 +27,7 @@ from incidents.models import Incident, Remediation, Step
 from incidents.remediation import transitions
 from incidents.remediation.playbooks import playbook_get
 from incidents.status import InvalidTransition
+from incidents.tables import AuditTable, IncidentTable
 
 
 def _require_operator(request: HttpRequest) -> None:
@@ -45,14 +46,16 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 
 
 def dashboard_live(request: HttpRequest) -> HttpResponse:
-    return render(request, "partials/dashboard_live.html", _dashboard_context(request))
+    # ``live``: the answer carries a <title> with the attention count, which htmx puts on
+    # the tab (a first render has it in <head>).
+    return render(request, "partials/dashboard_live.html",
+                  {**_dashboard_context(request), "live": True})
 
 
 def incident_list(request: HttpRequest) -> HttpResponse:
     filters = IncidentFilter(request.GET, queryset=selectors.incidents_for_list())
-    return render(request, "incidents/incident_list.html",
-                  {"filter": filters, "page": paginate(request, filters.qs)},
-                  status=list_status(filters))
+    return list_page(request, "incidents/incident_list.html", filters,
+                     IncidentTable(filters.qs))
 
 
 def _incident_context(request: HttpRequest, incident: Incident) -> dict[str, object]:
@@ -199,9 +202,8 @@ def inject_fault(request: HttpRequest) -> HttpResponse:
 
 def audit_list(request: HttpRequest) -> HttpResponse:
     filters = AuditFilter(request.GET, queryset=selectors.audit_for_list())
-    return render(request, "incidents/audit_list.html", {
-        "filter": filters, "page": paginate(request, filters.qs),
-        "verify": selectors.audit_verify_status()}, status=list_status(filters))
+    return list_page(request, "incidents/audit_list.html", filters, AuditTable(filters.qs),
+                     verify=selectors.audit_verify_status())
 
 
 def audit_verify(request: HttpRequest) -> HttpResponse:

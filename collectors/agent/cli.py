@@ -14,6 +14,7 @@ from types import FrameType
 from typing import IO
 
 from collectors.agent import __version__
+from collectors.agent.gpud import GpudSource
 from collectors.agent.infiniband import InfinibandSource
 from collectors.agent.kernel import open_kernel_log
 from collectors.agent.nvml import NvmlEvents, NvmlSource
@@ -75,6 +76,9 @@ def parser() -> argparse.ArgumentParser:
                    default=env("FLEETWATCH_AGENT_NO_NVML", "").strip().lower()
                    in ("1", "true", "yes", "on"),
                    help="no GPUs to read here ($FLEETWATCH_AGENT_NO_NVML=1)")
+    p.add_argument("--gpud-url", default=env("FLEETWATCH_AGENT_GPUD_URL", ""),
+                   help="the local gpud's API, e.g. https://localhost:15132: forward its events "
+                        "($FLEETWATCH_AGENT_GPUD_URL; default: off)")
     p.add_argument("--ca-bundle", default=env("FLEETWATCH_AGENT_CA_BUNDLE", ""),
                    help="CA certificates for FleetWatch's HTTPS ($FLEETWATCH_AGENT_CA_BUNDLE)")
     p.add_argument("--log-level", default=env("FLEETWATCH_AGENT_LOG_LEVEL", "INFO"))
@@ -155,6 +159,9 @@ def build(opts: argparse.Namespace, token: str) -> Agent:
         sources.append(nvml)
         agent.events = NvmlEvents(nvml, agent.urgent)
     sources.append(InfinibandSource(opts.node, opts.sysfs_root))
+    if opts.gpud_url:
+        sources.append(GpudSource(opts.node, opts.gpud_url))
+        log.info("gpud events: %s", opts.gpud_url)
     agent.sources = sources
 
     state = StateFile(state_dir / "state.json")

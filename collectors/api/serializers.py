@@ -94,7 +94,7 @@ class SignalInSerializer(serializers.Serializer):
     """One pushed signal, in the replay format (shared/REPLAY.md): ``at`` and ``source``,
     the source's fields, and any extra fields (kept as they are)."""
 
-    SOURCES = ["kernel", "dcgm", "nic", "slurm", "kubernetes", "job_log", "collector"]
+    SOURCES = ["kernel", "dcgm", "nic", "slurm", "kubernetes", "job_log", "collector", "gpud"]
     at = serializers.DateTimeField(help_text="RFC 3339 with an offset: 2026-12-03T10:00:00Z")
     # A field named like DRF's Field.source attribute (a string): the stubs see a clash.
     source = serializers.ChoiceField(choices=SOURCES)  # type: ignore[assignment]

@@ -87,6 +87,10 @@ class K8sNode:
     annotations: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     ready_reason: str = ""  # the condition's reason: KubeletReady, NodeStatusUnknown, ...
+    # Every other condition the node carries, type -> (status, reason, message): the kubelet's
+    # pressures and the verdicts health tools write (NVSentinel's SysLogsXIDError, Node Problem
+    # Detector's KernelDeadlock, AKS's IBLinkFlapping, ...).
+    conditions: dict[str, tuple[str, str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -95,14 +95,22 @@ def node_from(obj: Obj) -> K8sNode:
         raise ValueError("metadata.name is missing")
     ready: bool | None = None
     reason = ""
+    others: dict[str, tuple[str, str, str]] = {}
     for condition in (obj.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "Ready":
+        kind = condition.get("type")
+        if kind == "Ready":
             status = condition.get("status")
             if status not in ("True", "False", "Unknown"):
                 raise ValueError(f"Ready condition status {status!r}")
             ready = {"True": True, "False": False}.get(status)
             reason = str(condition.get("reason") or "")
-    return K8sNode(name=name, ready=ready,
+        elif isinstance(kind, str) and kind:
+            # Any other condition is read as it is: health tools write their own types, and
+            # an odd one is their word to show, not a node to refuse.
+            others[kind] = (str(condition.get("status") or "Unknown"),
+                            str(condition.get("reason") or ""),
+                            str(condition.get("message") or ""))
+    return K8sNode(name=name, ready=ready, conditions=others,
                    unschedulable=bool((obj.get("spec") or {}).get("unschedulable")),
                    annotations=_str_map(meta.get("annotations"), "metadata.annotations"),
                    labels=_str_map(meta.get("labels"), "metadata.labels"), ready_reason=reason)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Final
 
 # 1: the agent of `manage.py fleetwatch agent` (sent no header); 2: the packaged agent (kmsg
-# sequence numbers, NVML by UUID, the agent's own reports below).
-PROTOCOL: Final = 2
+# sequence numbers, NVML by UUID, the agent's own reports below); 3: ``gpud`` records (the
+# local gpud's events, FLEETWATCH_AGENT_GPUD_URL).
+PROTOCOL: Final = 3
 OLDEST_PROTOCOL: Final = 1
 # "fleetwatch-agent/0.2.0 protocol=2"
 AGENT_HEADER: Final = "FleetWatch-Agent"

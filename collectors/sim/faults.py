@@ -50,3 +50,10 @@ def source_outage_set(source: str, *, down: bool, cluster: str | None = None) ->
 
 def fleet_snapshot(cluster: str | None = None) -> simulator.State:
     return _fleet(cluster).snapshot()
+
+
+def fleet_summary(cluster: str | None = None) -> simulator.State:
+    """What ``sim --show`` prints: nodes by state, GPUs by health, faults, jobs."""
+    fleet = _fleet(cluster)
+    with fleet.transaction() as state:
+        return simulator.fleet_summary(state, fleet.clock.now(), fleet.speed)

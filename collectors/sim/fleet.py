@@ -909,3 +909,65 @@ class SimProvider(_SimClient):
             last = target.get("last_reboot")
             return ProviderStatus(node, "ready", f"up (rebooted {target.get('reboots', 0)} "
                                   f"time(s))" if last else "up")
+
+
+# --- a summary for people (``manage.py fleetwatch sim --show``) ------------------------------
+
+# A node's states, in the order the summary lists them (node_state picks one per node).
+NODE_STATES = ("busy", "idle", "link down", "cordoned", "drained", "rebooting", "provisioning",
+               "rma", "spare")
+
+
+def node_state(node: State, busy: bool) -> str:
+    """One word for a node as a person looking at the fleet would put it."""
+    if node.get("provisioning_until") is not None:
+        return "provisioning"
+    if (node.get("reboot") or {}).get("started_at") is not None:
+        return "rebooting"
+    if node["pool"] == "rma":  # replaced: out of the fleet, kept for the record
+        return "rma"
+    if not node["in_service"]:
+        return "spare"
+    if node["drained"] or node["down"]:
+        return "drained"
+    if node["unschedulable"]:
+        return "cordoned"
+    if node["nic"]["state"] != "ACTIVE":
+        return "link down"
+    return "busy" if busy else "idle"
+
+
+def gpu_health(gpu: State) -> str:
+    if gpu["fallen_off"]:
+        return "off the bus"
+    if gpu["fault_at"] is not None:
+        return "failed"
+    if gpu["last_xid"]:
+        return "xid"
+    return "healthy"
+
+
+def fleet_summary(state: State, now: float, speed: float) -> State:
+    """Counts of nodes by state and in-service GPUs by health, the faults standing now (XIDs,
+    links down), the jobs and the sources made unreachable: what ``sim --show`` prints."""
+    busy = _busy_nodes(state)
+    nodes: dict[str, list[str]] = {}
+    gpus: dict[str, int] = {}
+    faults: list[str] = []
+    for name, node in sorted(state["nodes"].items()):
+        nodes.setdefault(node_state(node, name in busy), []).append(name)
+        for g in node["gpus"]:
+            if node["in_service"] and node["pool"] != "rma":
+                health = gpu_health(g)
+                gpus[health] = gpus.get(health, 0) + 1
+            if g["last_xid"]:
+                faults.append(f"XID {g['last_xid']} on {name} GPU {g['index']}"
+                              + (" (off the bus)" if g["fallen_off"] else ""))
+        if node["nic"]["state"] != "ACTIVE":
+            faults.append(f"{name} {node['nic']['device']} link down ({node['leaf']})")
+    jobs = [{"id": job["id"], "name": job["name"], "user": job["user"], "state": job["state"],
+             "nodes": len(job["nodes"]) or job["num_nodes"], "step": job_step(job, now, speed),
+             "restarts": job["restart_count"]}
+            for job in sorted(state["jobs"].values(), key=lambda j: int(j["id"]))]
+    return {"nodes": {s: nodes[s] for s in NODE_STATES if s in nodes}, "gpus": gpus,
+            "faults": faults, "jobs": jobs, "down_sources": list(state["down_sources"])}

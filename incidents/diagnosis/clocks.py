@@ -61,6 +61,7 @@ class Skew:
     node: str
     offset: float  # seconds the node's clock is ahead of the cluster's (negative: behind)
     why: str
+    spread: float = 0.0  # how far the offset may be off either way (half the bounds' width)
 
 
 def estimate(facts: Facts) -> dict[str, Skew]:
@@ -129,7 +130,8 @@ def estimate(facts: Facts) -> dict[str, Skew]:
         offset = (low + high) / 2 if math.isfinite(low + high) else (
             low if math.isfinite(low) else high)
         if abs(offset) >= SKEW_MIN_S:
-            skews[node] = Skew(node, offset, "; ".join(dict.fromkeys(why[node])))
+            spread = (high - low) / 2 if math.isfinite(high - low) else 0.0
+            skews[node] = Skew(node, offset, "; ".join(dict.fromkeys(why[node])), spread)
     return skews
 
 
@@ -183,6 +185,7 @@ def align(facts: Facts, skews: dict[str, Skew]) -> None:
     and put every list back in time order."""
     if not skews:
         return
+    facts.clock_spread = {node: skew.spread for node, skew in skews.items()}
     for f in facts.xids:
         if f.source == "kernel" and f.node in skews:
             f.t -= skews[f.node].offset

@@ -22,6 +22,7 @@ from typing import Any
 
 import incidents.diagnosis.parsers as p
 from collectors.knowledge import dcgm
+from collectors.knowledge import health_tools as ht
 from incidents.diagnosis.types import Observation
 
 # A GPU this hot while its clocks are held back for thermal reasons is overheating; a GPU this
@@ -168,6 +169,24 @@ class CollectorFact:
 
 
 @dataclass(slots=True)
+class ToolFact:
+    """Another health tool's verdict on a node (NVSentinel, gpud, Node Problem Detector). One
+    that names an XID is also read as that XID (an XidFact); this keeps what the tool said."""
+
+    at: datetime
+    t: float
+    node: str
+    tool: str
+    check: str
+    claim: str   # collectors.knowledge.health_tools
+    active: bool
+    fatal: bool
+    has_xid: bool
+    text: str
+    id: int | None
+
+
+@dataclass(slots=True)
 class ThermalRun:
     """A stretch of samples in which one GPU's clocks were held back for thermal reasons."""
 
@@ -200,6 +219,7 @@ class Facts:
     job_lines: list[JobFact] = field(default_factory=list)
     memory: list[MemFact] = field(default_factory=list)
     collectors: list[CollectorFact] = field(default_factory=list)
+    tools: list[ToolFact] = field(default_factory=list)
     thermal_runs: list[ThermalRun] = field(default_factory=list)
     hot: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
     job_spans: dict[str, JobSpan] = field(default_factory=dict)
@@ -216,11 +236,20 @@ class Facts:
     # the kubelet or slurmctld says. Kept only for nodes with such a report, so it is short.
     alive: dict[str, list[float]] = field(default_factory=dict)
     claimed_down: set[str] = field(default_factory=set)
+    # node -> how far its re-stamped times may still be off (clocks.align): comparisons with
+    # another clock's times allow that much.
+    clock_spread: dict[str, float] = field(default_factory=dict)
+    # Nodes whose NIC ports a source read in the window (a reading says the port's state).
+    nic_read: set[str] = field(default_factory=set)
+    # node -> the GPU indices dcgm-exporter read there, for nodes Slurm says lost GPUs only.
+    gpus_read: dict[str, set[int]] = field(default_factory=dict)
     # (node, "0000:ba:00") -> the GPU's index, from dcgm-exporter's pci_bus_id label.
     pci_gpus: dict[tuple[str, str], int] = field(default_factory=dict)
     # source -> how often it reads a node (the median gap between one series' readings), where
     # the window shows it: a scrape every 60 s spreads one moment's event over a minute.
     intervals: dict[str, float] = field(default_factory=dict)
+    # (node, tool check) -> the (XID, PCI) pairs already read from it (see tool_verdict).
+    tool_xids_seen: dict[tuple[str, str], set[tuple[int, str]]] = field(default_factory=dict)
     first: datetime | None = None
     last: datetime | None = None
 
@@ -248,7 +277,8 @@ _AT = attrgetter("at")
 # Sources that hear from a node itself: a sample or a line from it is the node alive.
 _LIFE = frozenset({"dcgm", "kernel", "nic", "job_log"})
 # The sources extract reads; any other observation only names a node and a time.
-_READ = frozenset({"dcgm", "kernel", "nic", "job_log", "slurm", "kubernetes", "collector"})
+_READ = frozenset({"dcgm", "kernel", "nic", "job_log", "slurm", "kubernetes", "collector",
+                   "gpud"})
 
 
 class _OutOfOrder(Exception):
@@ -469,6 +499,9 @@ def _extract(observations: Sequence[Observation]) -> Facts:
         if source == "kubernetes":
             _kubernetes(obs, facts)
             continue
+        if source == "gpud":
+            tool_verdict(obs, facts, p.parse_gpud_event(obs.fields, obs.message))
+            continue
         if source == "collector":
             f = obs.fields
             healthy = f.get("healthy")
@@ -481,7 +514,22 @@ def _extract(observations: Sequence[Observation]) -> Facts:
     facts.first, facts.last = first, prev_at
     facts.intervals = {source: statistics.median(found) for source, found in gaps.items()
                        if len(found) >= MIN_GAPS}
+    if facts.tools:
+        _drop_tool_xid_twins(facts)
+    if facts.gpus_lost:
+        _gpus_read(observations, facts)
     return facts
+
+
+def _gpus_read(observations: Sequence[Observation], facts: Facts) -> None:
+    """Which GPUs dcgm-exporter read on the nodes Slurm says registered too few: a second
+    look at the window, for those nodes only (such drains are rare; tracking every node's GPUs
+    in the pass above would cost every cycle)."""
+    lost = {f.node: f.t for f in facts.gpus_lost}
+    seen = facts.gpus_read
+    for obs in observations:
+        if obs.source == "dcgm" and obs.gpu is not None and obs.node in lost:
+            seen.setdefault(obs.node, set()).add(obs.gpu)
 
 
 # Readings of one node this close together are one reading (a scrape's samples carry one
@@ -560,6 +608,7 @@ def _kernel(obs: Observation, facts: Facts, ports: dict[tuple[str, str], str],
 def _nic(obs: Observation, facts: Facts, counters: dict[tuple[str, str, str], float],
          ports: dict[tuple[str, str], str]) -> None:
     f = obs.fields
+    facts.nic_read.add(obs.node)
     port = f"{f.get('device', '')}/{f.get('port', '')}"
     if "state" in f:
         state = _port_state(f["state"])
@@ -686,7 +735,64 @@ def _kubernetes(obs: Observation, facts: Facts) -> None:
             f"Kubernetes event {reason} on {obs.node}: {obs.message}".rstrip(": "), obs.id))
         if reason in p.UNREACHABLE_EVENTS:
             facts.claimed_down.add(obs.node)
-    elif reason in p.CORDONED_EVENTS or f.get("unschedulable") is True:
+        return
+    if reason in p.CORDONED_EVENTS or f.get("unschedulable") is True:
         # A cordon (kubectl cordon or drain, kured before a reboot): the node is being taken
         # out of service on purpose, like a drain in Slurm.
         facts.admin_drains.append((obs.at, obs.node, "cordoned in Kubernetes"))
+        return
+    tool_verdict(obs, facts, p.parse_tool_verdict(f, obs.message))
+
+
+# A tool's XID this close to the same XID from the kernel or DCGM on the same node is that one
+# XID, seen twice: NVSentinel's syslog monitor reads the kernel line within seconds, gpud too.
+TOOL_TWIN_S = 120.0
+
+
+def _drop_tool_xid_twins(facts: Facts) -> None:
+    """Keep one XidFact per XID: a tool's reading of an XID that the kernel or DCGM also
+    reported is dropped, whichever came first, so an XID that counts only when repeated (119)
+    is not counted twice for being seen by two programs. Two PCI addresses that differ are two
+    GPUs (and so are two indices), not twins."""
+    own: dict[tuple[str, int], list[XidFact]] = {}
+    for f in facts.xids:
+        if f.source not in ht.TOOLS:
+            own.setdefault((f.node, f.code), []).append(f)
+    if not own:
+        return
+
+    def other_gpu(a: str, b: str) -> bool:
+        # Both named the same way (two PCI addresses, two indices) and differently.
+        return a != b and a[:4] == b[:4] and a[:4] in ("PCI ", "GPU ")
+
+    def twin(f: XidFact) -> bool:
+        return any(abs(o.t - f.t) <= TOOL_TWIN_S and not other_gpu(o.gpu, f.gpu)
+                   for o in own.get((f.node, f.code), ()))
+
+    facts.xids = [f for f in facts.xids if f.source not in ht.TOOLS or not twin(f)]
+
+
+def tool_verdict(obs: Observation, facts: Facts, verdict: p.ToolVerdict | None) -> None:
+    """A health tool's verdict: kept as a ToolFact, and each XID it names read as that XID.
+
+    NVSentinel rewrites its condition's whole message on every change (each fault it still
+    holds, joined), so an XID already read from a node's condition is not read again until the
+    condition clears: one fault, one XidFact, however often the message is rewritten."""
+    if verdict is None or not obs.node:
+        return
+    node, at = obs.node, obs.at
+    seen = facts.tool_xids_seen.setdefault((node, verdict.check), set())
+    if not verdict.active and verdict.fatal:
+        seen.clear()  # the condition cleared: a later XID is a new one
+    for x in verdict.xids:
+        key = (x.code, x.pci or str(x.gpu))
+        if key in seen:
+            continue
+        seen.add(key)
+        gpu = (f"PCI {x.pci}" if x.pci else f"GPU {x.gpu}" if x.gpu is not None
+               else "a GPU (address not given)")
+        facts.xids.append(XidFact(at, at.timestamp(), node, gpu, x.code, verdict.text,
+                                  verdict.tool, obs.id, via=f"the {verdict.tool} verdict {verdict.check}"))
+    facts.tools.append(ToolFact(at, at.timestamp(), node, verdict.tool, verdict.check,
+                                verdict.claim, verdict.active, verdict.fatal,
+                                bool(verdict.xids), verdict.text, obs.id))

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from collectors.knowledge import health_tools as ht
 from collectors.knowledge.xid import RECOVERY_ACTIONS
 
 # --- kernel ------------------------------------------------------------------------------
@@ -568,3 +569,92 @@ def k8s_ready(condition: Any, status: Any) -> bool | None:
         return None
     return str(status) == "True"
 
+
+
+# --- other health tools' verdicts (NVSentinel, gpud, Node Problem Detector) -----------------
+
+@dataclass(frozen=True, slots=True)
+class ToolXid:
+    code: int
+    pci: str  # "0000:ef:00", or "" where the verdict names no address
+    gpu: int | None = None  # the GPU index (NVSentinel's "GPU:2" entity), where no address
+
+
+@dataclass(frozen=True, slots=True)
+class ToolVerdict:
+    """A health tool's word on a node. ``active``: it says something is wrong now (a condition
+    True, an unhealthy event); False: a condition that cleared, or a healthy event."""
+
+    tool: str       # "NVSentinel", "gpud", "node-problem-detector"
+    check: str      # the condition type, check name or gpud component
+    claim: str      # a collectors.knowledge.health_tools claim
+    active: bool
+    fatal: bool     # a condition (durable: the tool acts on it) or a fatal/critical event
+    xids: tuple[ToolXid, ...]
+    text: str
+
+
+# NVSentinel: "ErrorCode:79 PCI:0000:ef:00 GPU_UUID:GPU-... message Recommended Action=...;",
+# one such part for each fault, joined with ";". gpud: "XID 79 ... detected on GPU
+# PCI:0000:9b:00". NPD (AKS XIDErrors) carries the driver's own "Xid (PCI:...): 79" line.
+_TOOL_PART = re.compile(r"[^;]+")
+# (NVSentinel's event exporter documents an errorCode of "XID_79": read like "79".)
+_TOOL_CODE = re.compile(r"\bErrorCode:(?:XID_)?(?P<code>\d+)\b|\bXID (?P<gpud>\d+)\b|"
+                        r"\bXid \((?:PCI:)?[0-9a-fA-F:.]+\): (?P<nvrm>\d+)\b")
+_TOOL_PCI = re.compile(r"\bPCI:(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})")
+_TOOL_GPU = re.compile(r"\bGPU:(?P<gpu>\d+)\b")
+
+
+def _tool_xids(message: str) -> tuple[ToolXid, ...]:
+    found: dict[tuple[int, str, int | None], None] = {}
+    for part in _TOOL_PART.findall(message):
+        m = _TOOL_CODE.search(part)
+        if m is None:
+            continue
+        code = int(m["code"] or m["gpud"] or m["nvrm"])
+        pci = _TOOL_PCI.search(part)
+        index = _TOOL_GPU.search(part) if pci is None else None
+        found[(code, pci_address(pci["pci"]) if pci else "",
+               int(index["gpu"]) if index else None)] = None
+    return tuple(ToolXid(code, pci, gpu) for code, pci, gpu in found)
+
+
+def parse_tool_verdict(fields: Mapping[str, Any], message: str) -> ToolVerdict | None:
+    """A ``kubernetes`` signal's condition or event as a health tool's verdict, or None when it
+    is not one (Ready, a kubelet condition, an event of Kubernetes' own)."""
+    condition = str(fields.get("condition") or "")
+    reason = str(fields.get("reason") or "")
+    message = message or str(fields.get("message") or "")
+    if condition:
+        claim = ht.condition_claim(condition)
+        if claim is None or condition in ht.KUBELET_CONDITIONS:
+            return None
+        active = str(fields.get("status")) == "True"
+        tool = ht.NVSENTINEL if ht.nvsentinel_check(reason) else ht.NPD
+        return ToolVerdict(tool, condition, claim, active, True,
+                           _tool_xids(message) if active else (), message)
+    event = str(fields.get("event_reason") or "")
+    check = ht.nvsentinel_check(event)
+    if check is None:
+        # NPD writes events with the condition's reason; only NVSentinel's name a check.
+        return None
+    name, healthy = check
+    claim = ht.condition_claim(name)
+    if claim is None:
+        return None
+    # NVSentinel writes node events only for non-fatal faults (fatal ones set a condition).
+    return ToolVerdict(ht.NVSENTINEL, name, claim, not healthy, False,
+                       () if healthy else _tool_xids(message), message)
+
+
+def parse_gpud_event(fields: Mapping[str, Any], message: str) -> ToolVerdict | None:
+    """One gpud /v1/events event (``component``, ``name``, ``type``, ``message``), as the node
+    agent forwards it, or None for a component whose events claim nothing."""
+    component = str(fields.get("component") or "")
+    claim = ht.GPUD_COMPONENT_CLAIMS.get(component)
+    if claim is None:
+        return None
+    kind = str(fields.get("type") or "")
+    fatal = kind in ht.GPUD_FAULT_TYPES
+    return ToolVerdict(ht.GPUD, component, claim, fatal, fatal,
+                       _tool_xids(message) if fatal else (), message)

@@ -21,7 +21,7 @@ FORMAT = "fleetwatch-replay/1"
 # The sources REPLAY.md defines. A signal from any other source is a file written for another
 # format (or a typo), and diagnosing the rest of it as if that signal were absent would be wrong
 # silently: the file is refused instead.
-SOURCES = ("kernel", "dcgm", "nic", "slurm", "kubernetes", "job_log", "collector")
+SOURCES = ("kernel", "dcgm", "nic", "slurm", "kubernetes", "job_log", "collector", "gpud")
 
 
 class ReplayError(ValueError):

@@ -44,6 +44,7 @@ from incidents.diagnosis.facts import (
     XidFact,
     collector_sources,
 )
+from incidents.diagnosis.tools import tool_verdicts
 from incidents.diagnosis.types import Diagnosis, JobInfo, Note
 
 # Short names for the root-cause labels (collectors.knowledge.causes, with their playbooks).
@@ -78,6 +79,7 @@ LINK_AFTER_GPU_S = 3600.0    # a node's link loss this soon after its GPU fault 
 JOB_ACTIVE_SLACK_S = 60.0    # a job's output this close to an event places it in the job
 APP_BEFORE_FAULT_S = 5.0     # an app failure this long before a fault in its job is its own
 ABSORB_APP_XID_S = 60.0      # application XIDs this close to a hardware XID are its echo
+AER_THEN_XID_S = 10.0        # an XID this soon after a fatal PCIe error is on the failed link
 INIT_FAILED_XID = 143        # "GPU initialization failure": what a failed driver load reads as
 HEALTHY_WORK_S = 120.0       # a job still writing output this long after a stale XID: it works
 FAILED_JOB_STATES = frozenset({"FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"})
@@ -462,7 +464,10 @@ class Engine:
         gpus = {f.gpu for f in xids}
         kept = []
         for h in hardware:
-            if h.kind == "aer" and not (h.gpu_known or h.device in gpus):
+            # A fatal error on a port followed at once by an XID on the node: the port is the
+            # one above that GPU (a root or switch port), and the GPU's work stopped with it.
+            followed = any(0 <= f.t - h.t <= AER_THEN_XID_S for f in xids)
+            if h.kind == "aer" and not (h.gpu_known or h.device in gpus or followed):
                 self.note("symptom", f"fatal PCIe error (AER) on {node} {h.device} at "
                           f"{_when(h.at)}: not known to be a GPU; shown, not acted on", h.at,
                           nodes=(node,))
@@ -481,6 +486,15 @@ class Engine:
         for node, f in sorted(seen.items()):
             if node in self.gpu_nodes:
                 continue  # an XID or a kernel line already says which GPU and why
+            read = self.facts.gpus_read.get(node, set())
+            if len(read) >= f.configured:
+                # dcgm-exporter reads every GPU the node should have: slurmd is what cannot
+                # see them (built without NVML, no gres.conf, a File= that does not match).
+                self.note("symptom", f"slurmctld drained {node} at {_when(f.at)}: '{f.reason}', "
+                          f"but dcgm-exporter reads all {len(read)} of its GPUs: slurmd's GPU "
+                          "configuration, not lost GPUs; not a hardware fault", f.at,
+                          nodes=(node,))
+                continue
             partial = 0 < f.reported < f.configured
             confidence = 0.85 if partial else 0.6
             why = (f"{f.configured - f.reported} of its {f.configured} GPUs are gone"
@@ -748,7 +762,9 @@ class Engine:
         drained = self.admin_drained.get(node)
         losses = [f for f in links if f.kind in ("down", "downed")]
         ticks = _densest(links, "recovery", RECOVERY_WINDOW_S)
-        if drained and losses and drained[0] <= losses[0].t:
+        slack = self.facts.clock_spread.get(node, 0.0) if losses and losses[0].source == (
+            "kernel") else 0.0
+        if drained and losses and drained[0] <= losses[0].t + slack:
             self.note("suppressed", f"{node}'s link went down after {drained_by(drained[1])} "
                       f"drained it ({drained[1]}): maintenance, not a fault", losses[0].at,
                       nodes=(node,))
@@ -1041,6 +1057,7 @@ def run(facts: Facts, topology: Mapping[str, Sequence[str]],
     engine.gpu_faults()
     engine.link_faults()
     engine.thermal_faults()
+    tool_verdicts(engine)  # other health tools' verdicts with no XID: incidents.diagnosis.tools
     engine.unreachable_nodes(reach)
     engine.job_failures()
     for at, node, reason in facts.admin_drains:

@@ -54,7 +54,8 @@ def when(value: datetime | None) -> SafeString | str:
     if value is None:
         return "-"
     utc = value.astimezone(UTC)
-    return format_html('<time datetime="{}" title="{}">{} UTC · {}</time>',
+    # data-show: static/fleetwatch/times.js rewrites it in the zone the person chose.
+    return format_html('<time datetime="{}" title="{}" data-show="full">{} UTC · {}</time>',
                        utc.isoformat(timespec="seconds").replace("+00:00", "Z"),
                        utc.strftime("%Y-%m-%d %H:%M:%S UTC"),
                        utc.strftime("%Y-%m-%d %H:%M:%S"), relative(value))
@@ -66,7 +67,7 @@ def ago(value: datetime | None) -> SafeString | str:
     if value is None:
         return "never"
     utc = value.astimezone(UTC)
-    return format_html('<time datetime="{}" title="{}">{}</time>',
+    return format_html('<time datetime="{}" title="{}" data-show="ago">{}</time>',
                        utc.isoformat(timespec="seconds").replace("+00:00", "Z"),
                        utc.strftime("%Y-%m-%d %H:%M:%S UTC"), relative(value))
 

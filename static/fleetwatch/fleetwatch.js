@@ -33,6 +33,9 @@
   }
 
   function drawn(el) {
+    // Plotly puts its toolbar's buttons inside the chart's element: an element with
+    // role="img" may not hold controls (its children are presentational), a figure may.
+    if (el.getAttribute("role") === "img") el.setAttribute("role", "figure");
     el.dataset.state = "drawn";
     el.dataset.draws = String(Number(el.dataset.draws || 0) + 1);  // refreshes, for tests
   }
@@ -50,6 +53,18 @@
       yaxis: { autorange: "reversed", automargin: true }, paper_bgcolor: "rgba(0,0,0,0)",
     };
     window.Plotly.react(el, [trace], layout, config);
+    el._fwNodes = d.nodes || [];
+    if (!el._fwClick && el.dataset.nodeUrl) {
+      // A cell opens its node's page (the node's cluster in the query, as the lists link).
+      el._fwClick = true;
+      el.on("plotly_click", (evt) => {
+        const point = evt.points && evt.points[0];
+        const row = point ? el._fwNodes[point.pointIndex[0]] : null;
+        if (!row) return;
+        window.location.href = el.dataset.nodeUrl.replace("__node__", encodeURIComponent(row[0])) +
+          "?cluster=" + encodeURIComponent(row[1]);
+      });
+    }
     drawn(el);
     el.dataset.rows = String(d.y.length);
     if (d.truncated) el.title = `Showing ${d.y.length} of ${d.total} nodes: pick a group or use the Nodes page.`;

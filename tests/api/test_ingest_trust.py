@@ -395,3 +395,27 @@ def test_the_same_on_sqlite(tmp_path: Path) -> None:
     # and the idempotency keys' (its writes take turns differently).
     rerun_on_sqlite(__file__, tmp_path,
                     "poison or reader or idempotency or retried or pushed_source_health")
+
+
+def test_an_agent_pushes_its_gpuds_events_and_diagnosis_reads_them(
+        fleet: None, client: Client) -> None:
+    """The agent forwards the local gpud's events (FLEETWATCH_AGENT_GPUD_URL) as ``gpud``
+    records: stored as pushed, exported as replay records, read by diagnosis as that XID."""
+    from incidents.diagnosis import diagnose
+    from incidents.selectors import observation_from_signal, signal_as_replay
+
+    token = agent_token_create("gpu-001")[1]
+    message = ("XID 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS GPU has fallen off the bus "
+               "detected on GPU PCI:0000:9b:00")
+    record = {"at": _at(), "source": "gpud", "node": "gpu-001",
+              "component": "accelerator-nvidia-error-xid", "name": "error_xid", "type": "Fatal",
+              "message": message}
+    response = _push(client, token, [record])
+    assert response.status_code == 201 and response.json() == {"stored": 1}
+    signal = Signal.objects.get(source="gpud")
+    assert signal_as_replay(signal)["message"] == message
+    found = diagnose([observation_from_signal(signal)])
+    assert [(d.root_cause, d.nodes) for d in found] == [("gpu_hardware", ("gpu-001",))]
+    # Another node's gpud is not this agent's to speak for.
+    response = _push(client, token, [{**record, "node": "gpu-002"}])
+    assert response.status_code == 403

@@ -1015,6 +1015,22 @@ class K8sTestServer:
                                                                         message)]
             return self.replace("nodes", node)
 
+    def set_node_condition(self, name: str, kind: str, status: str, reason: str = "",
+                           message: str = "") -> Obj:
+        """Set a condition other than Ready, as a health tool does through the node's status
+        (NVSentinel's platform connector, Node Problem Detector)."""
+        with self.cond:
+            node = self.get("nodes", "", name)
+            if node is None:
+                raise ApiError(404, f'nodes "{name}" not found')
+            ts = now_iso()
+            conditions = [c for c in node.setdefault("status", {}).get("conditions") or []
+                          if c.get("type") != kind]
+            node["status"]["conditions"] = [*conditions, {
+                "type": kind, "status": status, "reason": reason, "message": message,
+                "lastHeartbeatTime": ts, "lastTransitionTime": ts}]
+            return self.replace("nodes", node)
+
     def set_pod_ready(self, namespace: str, name: str, ready: bool) -> Obj:
         with self.cond:
             pod = self.get("pods", namespace, name)

@@ -335,6 +335,27 @@ def test_node_changes_list_watch_bookmarks_and_410(k8s: Any, api: KubernetesApi)
     assert any("410" in w for w in api.last_warnings)
 
 
+def test_node_changes_carry_every_condition_a_health_tool_sets(k8s: Any,
+                                                               api: KubernetesApi) -> None:
+    """NVSentinel and Node Problem Detector write their verdicts as node conditions: the
+    client reads them all, Ready apart, with status, reason and message."""
+    _, cursor, _ = api.node_changes(None, 1)
+    message = ("ErrorCode:79 PCI:0000:ef:00 GPU_UUID:GPU-b5f21324-f1f9-f1a4-1a37-1166234f6e4f "
+               "MESSAGE=NVRM: Xid (PCI:0000:ef:00): 79, pid=0, name=<unknown>, GPU has fallen "
+               "off the bus. Recommended Action=RESTART_BM;")
+    k8s.set_node_condition("gpu-002", "SysLogsXIDError", "True", "SysLogsXIDErrorIsNotHealthy",
+                           message)
+    k8s.set_node_condition("gpu-002", "KernelDeadlock", "False", "KernelHasNoDeadlock",
+                           "kernel has no deadlock")
+    changed, _, _ = api.node_changes(cursor, 1)
+    [node] = [n for n in changed if n.name == "gpu-002"]
+    assert node.ready is True
+    assert node.conditions == {
+        "SysLogsXIDError": ("True", "SysLogsXIDErrorIsNotHealthy", message),
+        "KernelDeadlock": ("False", "KernelHasNoDeadlock", "kernel has no deadlock")}
+    assert {n.name: n.conditions for n in api.nodes()}["gpu-002"] == node.conditions
+
+
 def test_event_changes_from_both_apis_resume_and_relist(k8s: Any, api: KubernetesApi) -> None:
     k8s.add_node_event("gpu-003", "NodeNotReady", "Node gpu-003 status is now: NodeNotReady",
                        "Warning")
@@ -528,3 +549,32 @@ def test_invalid_writes_are_refused_as_by_the_apiserver(k8s: Any) -> None:
                         "application/json")
     assert (code, [c["field"] for c in status["details"]["causes"]]) == (
         422, ["metadata.labels", "spec.containers"])
+
+
+def test_collector_signals_a_health_tools_condition_once_and_diagnosis_reads_it(
+        k8s: Any, api: KubernetesApi, db: None) -> None:
+    """NVSentinel sets SysLogsXIDError with XID 79 on a node: the Kubernetes collector announces
+    the change once (a second run with nothing new announces nothing), and the stored signal,
+    read back as diagnosis reads it, blames that node."""
+    from collectors.clients import Clients
+    from collectors.models import Node, Signal
+    from collectors.services import collect_source
+    from incidents.diagnosis import diagnose
+    from incidents.selectors import observation_from_signal
+
+    clients = Clients(None, api, None, None, None)  # type: ignore[arg-type]  # only Kubernetes is read
+    assert collect_source("kubernetes", clients=clients).healthy  # the first look: a baseline
+    assert not Signal.objects.filter(kind="k8s_condition").exists()
+    message = ("ErrorCode:79 PCI:0000:ef:00 GPU_UUID:GPU-b5f21324-f1f9-f1a4-1a37-1166234f6e4f "
+               "MESSAGE=NVRM: Xid (PCI:0000:ef:00): 79, pid=0, name=<unknown>, GPU has fallen "
+               "off the bus. Recommended Action=RESTART_BM;")
+    k8s.set_node_condition("gpu-002", "SysLogsXIDError", "True", "SysLogsXIDErrorIsNotHealthy",
+                           message)
+    assert collect_source("kubernetes", clients=clients).healthy
+    assert collect_source("kubernetes", clients=clients).healthy
+    [signal] = Signal.objects.filter(kind="k8s_condition")
+    assert (signal.node_name, signal.data["condition"], signal.data["status"]) == (
+        "gpu-002", "SysLogsXIDError", "True")
+    assert Node.objects.get(name="gpu-002").k8s_conditions["SysLogsXIDError"][0] == "True"
+    found = diagnose([observation_from_signal(signal)])
+    assert [(d.root_cause, d.nodes) for d in found] == [("gpu_hardware", ("gpu-002",))]

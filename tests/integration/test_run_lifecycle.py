@@ -29,6 +29,7 @@ import subprocess
 import sys
 import termios
 import threading
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -93,7 +94,8 @@ class Stack:
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in {
             "DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE",
-            "FLEETWATCH_DEMO_PASSWORD", "MAKEFLAGS", "MFLAGS"}}
+            "FLEETWATCH_DEMO_PASSWORD", "FLEETWATCH_DEMO_ROTATE", "FLEETWATCH_LOG_FORMAT",
+            "MAKEFLAGS", "MFLAGS"}}
         env.update(FLEETWATCH_DATA_DIR=str(self.tmp / "data"), FLEETWATCH_COLLECT_INTERVAL="1",
                    FLEETWATCH_SIM_SPEED="40", **extra)
         return env
@@ -205,6 +207,34 @@ def _copy(terminal: int, log: Path) -> None:
             out.flush()
 
 
+def _listening(port: int) -> bool:
+    """Whether anything on this machine listens on the TCP port (IPv4 or IPv6)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                local, state = row.split()[1], row.split()[3]
+                if int(local.rsplit(":", 1)[1], 16) == port and state == "0A":  # TCP_LISTEN
+                    return True
+    return False
+
+
+# The banner `make run` prints once everything has started (deploy/run-local.sh).
+BANNER = re.compile(r"^FleetWatch is running on (\S+)\nLog in as demo / (\S+)(.*)\n", re.M)
+# A plain log line: time, level, logger, message (and the request id when there is one).
+PLAIN_LINE = re.compile(r"^\d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) +[\w.]+: \S")
+
+
+def _banner(stack: Stack) -> re.Match[str]:
+    try:
+        wait_for(lambda: BANNER.search(stack.log()), 120, "the banner")
+    except AssertionError:
+        print(stack.log()[-5000:])
+        raise
+    found = BANNER.search(stack.log())
+    assert found is not None
+    return found
+
+
 def _get(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -267,11 +297,62 @@ def test_term_to_make_stops_all_and_a_second_make_run_changes_nothing(stack: Sta
 
 def test_ctrl_c_in_a_terminal_stops_everything(stack: Stack) -> None:
     stack.start(terminal=True)
+    _banner(stack)
+    # On a terminal the logs are text a person reads, not JSON (nothing set).
+    lines = stack.log().splitlines()
+    assert any(PLAIN_LINE.match(line) for line in lines), lines[:40]
+    assert not any(line.startswith('{"') for line in lines)
     # The terminal sends SIGINT to its foreground process group: make and the script. The
     # three the script started run in sessions of their own and are stopped by the script.
     os.write(stack.terminal, b"\x03")
     stack.wait_stopped()
     assert "FleetWatch: stopping web, worker and beat" in stack.log()
+    assert not _listening(stack.port)
+
+
+def test_plain_logs_the_banner_and_one_password_across_restarts(stack: Stack) -> None:
+    """No terminal, FLEETWATCH_LOG_FORMAT=plain: readable lines; the banner comes last, with the
+    URL and the whole login; SIGINT stops everything within seconds, nothing left listening;
+    the next start prints the same password, which still logs in."""
+    stack.proc = stack.make_run(FLEETWATCH_LOG_FORMAT="plain")  # no password: one is made
+    banner = _banner(stack)
+    stack.remember()
+    assert banner.group(1) == f"{stack.base}/"
+    password = banner.group(2)
+    assert _logs_in(stack.base, "demo", password)
+    log = stack.log()
+    # After everything has started: gunicorn listening, the worker ready, a collection run.
+    assert log.index("celery.apps.worker: celery@") < banner.start()
+    assert log.index("gunicorn.error: Listening at: ") < banner.start()
+    assert re.search(r"^\d\d:\d\d:\d\d INFO    fleetwatch\.access: POST /login/ 302 [\d.]+ms "
+                     r"\[[0-9a-f]{32}\]$", log, re.M), log[-3000:]
+    lines = log.splitlines()
+    assert not any(line.startswith('{"') for line in lines)
+    # Routine task lines stay out of a terminal's way at INFO.
+    assert "Sending due task" not in log and " succeeded in " not in log
+
+    # Ctrl-C as a terminal delivers it to the script (make's recipe): seconds, not minutes.
+    script = stack.find("script")
+    assert script is not None
+    began = time.monotonic()
+    os.kill(script, signal.SIGINT)
+    stack.wait_stopped()
+    assert time.monotonic() - began < 30  # ~5 s; generous, the machine is shared
+    assert not _listening(stack.port) and _get(f"{stack.base}/healthz") == 0
+
+    # Started again (JSON this time: no terminal, nothing set): the same login, printed whole.
+    stack.pids.clear()
+    stack.sessions.clear()
+    stack.proc = stack.make_run()
+    again = _banner(stack)
+    stack.remember()
+    assert again.group(2) == password and "kept from the last start" in again.group(3)
+    assert _logs_in(stack.base, "demo", password)
+    assert any(line.startswith('{"time"') for line in stack.log().splitlines())
+    assert stack.proc is not None
+    os.kill(stack.proc.pid, signal.SIGTERM)
+    stack.wait_stopped()
+    assert not _listening(stack.port)
 
 
 @pytest.mark.parametrize(("target", "signum"), [
@@ -328,7 +409,7 @@ def test_a_step_cut_off_by_a_stop_resumes_at_the_next_start(stack: Stack) -> Non
     # Cut off inside the eviction: still leased, the pod not evicted, nothing audited for it.
     cut = _step(stack, "cordon_and_drain")
     assert cut["status"] == "running" and cut["lease_until"] is not None
-    pods = json.loads(stack.manage("fleetwatch", "sim", "--show").stdout)["pods"]
+    pods = json.loads(stack.manage("fleetwatch", "sim", "--show", "--json").stdout)["pods"]
     assert "slurmd-gpu-003" in [p["name"] for p in pods if p["node"] == "gpu-003"]
     assert _changes(stack, "k8s.evict") == 0
 
@@ -349,7 +430,7 @@ def test_a_step_cut_off_by_a_stop_resumes_at_the_next_start(stack: Stack) -> Non
     assert stack.query("SELECT count(*) FROM incidents_auditentry WHERE verb = 'k8s.cordon' "
                        "AND call != ''") == [(1,)]
     assert _changes(stack, "k8s.evict") == 1
-    pods = json.loads(stack.manage("fleetwatch", "sim", "--show").stdout)["pods"]
+    pods = json.loads(stack.manage("fleetwatch", "sim", "--show", "--json").stdout)["pods"]
     assert [p["name"] for p in pods if p["node"] == "gpu-003"] == ["dcgm-exporter-gpu-003"]
     assert stack.manage("fleetwatch", "audit", "verify").returncode == 0
     assert stack.proc is not None

@@ -1339,6 +1339,85 @@ def scancel_and_time_limit() -> Scenario:
     return s
 
 
+@scenario
+def root_port_fatal_then_app_xid() -> Scenario:
+    s = Scenario("root-port-fatal-aer-then-xid43", "A fatal PCIe error (Data Link Protocol) on "
+                 "the root port above a GPU, then XID 43 (GPU stopped processing) on that GPU "
+                 "1.5 s later: the link failed under the GPU, the job's XID and death follow "
+                 "from it. A GPU fault of the node, not the job's bug. Lines as Linux's aer.c "
+                 "prints them.", seed=100)
+    j = s.job("71020", "yan", s.nodes[4:8])
+    n = s.nodes[6]
+    s.noise()
+    for line in ("pcieport 0000:16:01.0: AER: Uncorrected (Fatal) error received: 0000:16:01.0",
+                 "pcieport 0000:16:01.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Data "
+                 "Link Layer, (Receiver ID)",
+                 "pcieport 0000:16:01.0:   device [1000:c030] error status/mask=00000010/00400000",
+                 "pcieport 0000:16:01.0:    [ 4] DLP                    (First)"):
+        s.kernel(330, n, line)
+    s.kernel(331.5, n, _xid(43, "18", "Ch 00000008", pid="22871", name="python3"))
+    s.log(331.7, j, n, "[rank16]:[E ProcessGroupNCCL.cpp:1316] [PG 0 Rank 16] Process group "
+          "watchdog thread terminated with exception: CUDA error: unspecified launch failure")
+    s.peers_time_out(333, j, n, style="remote")
+    s.job_dies(350, j, exit_code=1)
+    return s.expects("gpu_hardware", [n])
+
+
+@scenario
+def gres_zero_but_dcgm_reads_all() -> Scenario:
+    s = Scenario("gres-zero-but-dcgm-reads-all", "A new node registers with 'gres/gpu count "
+                 "reported lower than configured (0 < 8)' (slurmd built without NVML, no "
+                 "gres.conf), while dcgm-exporter reads all 8 of its GPUs, idle and cool: "
+                 "slurmd's configuration, not lost GPUs. No incident.", seed=101)
+    n = s.nodes[4]
+    s.noise()
+    s.slurm_node(60, n, ["IDLE", "DRAIN", "INVALID_REG"],
+                 "gres/gpu count reported lower than configured (0 < 8)")
+    for t in range(5, 600, 30):
+        for gpu in range(8):
+            s.dcgm(t + gpu * 0.01, n, gpu, "DCGM_FI_DEV_GPU_UTIL", 0)
+    return s
+
+
+@scenario
+def ib_flapping_condition_contradicted() -> Scenario:
+    s = Scenario("npd-ib-flapping-contradicted-by-nic", "AKS's node problem detector keeps "
+                 "IBLinkFlapping True on a node (flaps hours ago, its 6 h look-back), while "
+                 "FleetWatch reads the node's port ACTIVE every 30 s with link_downed unchanged "
+                 "and the job on it completes. The live readings outweigh the old verdict: no "
+                 "incident.", seed=102)
+    n = s.nodes[1]
+    j = s.job("75060", "zoe", s.nodes[0:4])
+    s.noise()
+    for t in range(10, 600, 30):
+        s.nic_state(t, n, "ACTIVE")
+    s.add(60, "kubernetes", node=n, condition="IBLinkFlapping", status="True",
+          reason="IBLinkFlapping", message="check_ib_link_flapping: IB link flapping detected, "
+          "multiple IB link flapping events within 6 hours. FaultCode: NHC2005")
+    s.job_dies(580, j, "COMPLETED", exit_code=0)
+    return s
+
+
+@scenario
+def skewed_clock_scontrol_reboot() -> Scenario:
+    s = Scenario("clock-behind-scontrol-reboot", "`scontrol reboot ASAP` on a node whose clock "
+                 "is 3 minutes behind: its shutdown's 'Link down' kernel line is stamped before "
+                 "slurmctld's REBOOT_REQUESTED, though the NIC readings (read centrally every "
+                 "60 s) see the port go down after it. The reboot, not a link fault.", seed=103)
+    n = s.nodes[3]
+    s.noise()
+    for t in range(15, 600, 60):
+        s.nic_state(t, n, "DOWN" if 241 <= t < 330 else "ACTIVE")
+    s.slurm_node(225, n, ["IDLE", "DRAIN", "REBOOT_REQUESTED"], "kernel 6.8 upgrade")
+    s.slurm_node(226, n, ["DOWN", "REBOOT_ISSUED"], "kernel 6.8 upgrade")
+    s.kernel(236 - 180, n, "mlx5_core 0000:0c:00.0 ibp12s0: Link down")
+    s.k8s_condition(268, n, "Unknown", "NodeStatusUnknown")
+    s.kernel(325 - 180, n, "mlx5_core 0000:0c:00.0 ibp12s0: Link up")
+    s.k8s_condition(330, n, "True", "KubeletReady")
+    s.slurm_node(335, n, ["IDLE"])
+    return s
+
+
 # --- formats real fleets print (tests/fixtures/real_logs has each line's source) -------------
 
 MIG_XID94 = ("NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel "
@@ -1422,6 +1501,143 @@ def slurm_gres_gpu_count_drain() -> Scenario:
                  "gres/gpu count reported lower than configured (0 < 8)")
     s.slurm_node(240, s.nodes[7], ["IDLE", "DRAIN"], "Kill task failed")
     return s.expects("gpu_hardware", [s.nodes[3]])
+
+# --- other health tools' verdicts (NVSentinel, gpud, Node Problem Detector) ------------------
+# Strings as the tools write them: NVSentinel's platform connector (condition type = check name,
+# reason = check name + IsNotHealthy/IsHealthy, message "ErrorCode:.. PCI:.. GPU_UUID:.. ..
+# Recommended Action=..;", "No Health Failures" once healthy), gpud's /v1/events (component,
+# name, type, message), node-problem-detector's config/*.json and AKS's GPU conditions.
+NVS_XID79 = ("ErrorCode:79 PCI:0000:{bus}:00 GPU_UUID:GPU-b5f21324-f1f9-f1a4-1a37-1166234f6e4f "
+             "MESSAGE=NVRM: Xid (PCI:0000:{bus}:00): 79, pid=0, name=<unknown>, GPU has fallen "
+             "off the bus. Recommended Action=RESTART_BM;")
+GPUD_XID79 = ("XID 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS GPU has fallen off the bus "
+              "detected on GPU PCI:0000:{bus}:00")
+
+
+def _tool_condition(s: Scenario, t: float, node: str, condition: str, status: str, reason: str,
+                    message: str) -> Scenario:
+    return s.add(t, "kubernetes", node=node, condition=condition, status=status, reason=reason,
+                 message=message)
+
+
+@scenario
+def nvsentinel_xid79_and_kernel_line() -> Scenario:
+    s = Scenario("nvsentinel-xid79-and-kernel-line", "The kernel logs XID 79 and NVSentinel's "
+                 "syslog monitor sets SysLogsXIDError on the same node for the same GPU; the "
+                 "job's other ranks time out. One fault, one node, not two incidents.", seed=91)
+    j = s.job("91001", "ana", s.nodes[:8])
+    n = s.nodes[2]
+    s.noise().kernel(120, n, XID79.format(bus="ef"))
+    _tool_condition(s, 124, n, "SysLogsXIDError", "True", "SysLogsXIDErrorIsNotHealthy",
+                    NVS_XID79.format(bus="ef"))
+    s.peers_time_out(700, j, n).job_dies(720, j, "NODE_FAIL", state_reason="NodeDown")
+    return s.expects("gpu_hardware", [n])
+
+
+@scenario
+def nvsentinel_xid119_once_with_kernel_line() -> Scenario:
+    s = Scenario("nvsentinel-xid119-once-and-kernel-line", "One GSP RPC timeout (XID 119), which "
+                 "counts only when it repeats: the kernel logs it and NVSentinel's condition "
+                 "repeats it seconds later. One XID seen by two programs, not two: no incident.",
+                 seed=97)
+    s.job("91101", "ana", s.nodes[:4])
+    n = s.nodes[1]
+    line = ("NVRM: Xid (PCI:0002:00:00): 119, pid=1582259, name=nvc:[driver], Timeout after 6s "
+            "of waiting for RPC response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL) "
+            "(0x20802a02 0x8).")
+    s.noise().kernel(200, n, line)
+    _tool_condition(s, 203, n, "SysLogsXIDError", "True", "SysLogsXIDErrorIsNotHealthy",
+                    "ErrorCode:119 PCI:0002:00:00 GPU_UUID:GPU-b5f21324-f1f9-f1a4-1a37-"
+                    f"1166234f6e4f kernel: [16450076.435595] {line} Recommended "
+                    "Action=COMPONENT_RESET;")
+    return s
+
+
+@scenario
+def nvsentinel_xid79_alone() -> Scenario:
+    s = Scenario("nvsentinel-xid79-condition-alone", "Only NVSentinel reports the XID 79 (the "
+                 "node agent is not installed): its condition names the code and the GPU, and "
+                 "counts as that XID.", seed=92)
+    n = s.nodes[5]
+    s.noise()
+    _tool_condition(s, 200, n, "SysLogsXIDError", "True", "SysLogsXIDErrorIsNotHealthy",
+                    NVS_XID79.format(bus="9b"))
+    # The condition rewritten with the same fault (NVSentinel re-lists what it holds).
+    _tool_condition(s, 260, n, "SysLogsXIDError", "True", "SysLogsXIDErrorIsNotHealthy",
+                    NVS_XID79.format(bus="9b"))
+    return s.expects("gpu_hardware", [n])
+
+
+@scenario
+def nvsentinel_nvlink_no_code() -> Scenario:
+    s = Scenario("nvsentinel-nvlink-watch-no-xid", "NVSentinel's DCGM NVLink watch sets "
+                 "GpuNvlinkWatch True with a DCGM health code and no XID; nothing else sees a "
+                 "fault. An NVLink diagnosis that waits for a person.", seed=93)
+    n = s.nodes[1]
+    s.noise()
+    _tool_condition(s, 150, n, "GpuNvlinkWatch", "True", "GpuNvlinkWatchIsNotHealthy",
+                    "ErrorCode:DCGM_FR_NVLINK_DOWN GPU:3 Recommended Action=RESTART_VM;")
+    return s.expects("nvlink", [n])
+
+
+@scenario
+def aks_ib_link_flapping() -> Scenario:
+    s = Scenario("aks-npd-ib-link-flapping", "AKS's node problem detector sets IBLinkFlapping "
+                 "on one node; no NIC counter is collected there. A network flap of that node, "
+                 "below automatic repair.", seed=94)
+    n = s.nodes[6]
+    s.noise()
+    # Its NIC is not read by FleetWatch (no exporter there): the tool's word is all there is.
+    # Where the ports are read and stay up, the verdict is not acted on (see the rules).
+    s.signals = [sig for sig in s.signals
+                 if not (sig[2]["source"] == "nic" and sig[2].get("node") == n)]
+    _tool_condition(s, 240, n, "IBLinkFlapping", "True", "IBLinkFlapping", "")
+    return s.expects("network_flap", [n])
+
+
+@scenario
+def tool_lookalikes_open_nothing() -> Scenario:
+    s = Scenario("health-tool-lookalikes", "Verdicts that must open nothing: NPD's KernelDeadlock "
+                 "(DockerHung), ReadonlyFilesystem and FrequentKubeletRestart (node problems, not "
+                 "GPU faults); NVSentinel's SysLogsXIDError cleared ('No Health Failures'); a "
+                 "non-fatal GpuThermalWatch event; a GpuMemWatch condition that NVSentinel clears "
+                 "a minute later; gpud's XID component reporting an Info event; MemoryPressure "
+                 "from the kubelet.", seed=95)
+    a, b, c, d, e, f = s.nodes[:6]
+    s.noise()
+    _tool_condition(s, 100, a, "KernelDeadlock", "True", "DockerHung",
+                    "task docker:7 blocked for more than 300 seconds.")
+    _tool_condition(s, 130, b, "ReadonlyFilesystem", "True", "FilesystemIsReadOnly",
+                    "Remounting filesystem read-only")
+    _tool_condition(s, 160, c, "FrequentKubeletRestart", "True", "FrequentKubeletRestart",
+                    "Found 5 matching logs, which meets the threshold of 5")
+    _tool_condition(s, 190, d, "SysLogsXIDError", "False", "SysLogsXIDErrorIsHealthy",
+                    "No Health Failures")
+    s.k8s_event(220, d, "GpuThermalWatchIsNotHealthy",
+                "ErrorCode:DCGM_FR_CLOCK_THROTTLE_THERMAL GPU:0 Recommended Action=NONE;")
+    _tool_condition(s, 250, e, "GpuMemWatch", "True", "GpuMemWatchIsNotHealthy",
+                    "ErrorCode:DCGM_FR_VOLATILE_DBE_DETECTED GPU:1 Recommended Action=RESTART_VM;")
+    _tool_condition(s, 310, e, "GpuMemWatch", "False", "GpuMemWatchIsHealthy",
+                    "No Health Failures")
+    s.add(340, "gpud", node=f, component="accelerator-nvidia-error-xid", name="error_xid",
+          type="Info", message="XID 13 ROBUST_CHANNEL_GR_EXCEPTION /\nROBUST_CHANNEL_GR_ERROR_SW_NOTIFY "
+          "Graphics Engine Exception detected on GPU PCI:0000:1b:00")
+    _tool_condition(s, 370, f, "MemoryPressure", "True", "KubeletHasInsufficientMemory",
+                    "kubelet has insufficient memory available")
+    return s
+
+
+@scenario
+def gpud_xid79_source_outage_elsewhere() -> Scenario:
+    s = Scenario("gpud-xid79-and-gpud-down-elsewhere", "gpud on one node reports XID 79 through "
+                 "the node agent; on another node the agent cannot reach gpud. The first node is "
+                 "at fault; a gpud that is down is a source outage, never a failed node.", seed=96)
+    n, other = s.nodes[4], s.nodes[0]
+    s.noise()
+    s.add(180, "gpud", node=n, component="accelerator-nvidia-error-xid", name="error_xid",
+          type="Fatal", message=GPUD_XID79.format(bus="9b"))
+    s.collector(200, "gpud", False, f"gpud on {other}: connection refused")
+    return s.expects("gpu_hardware", [n])
 
 
 def dump(doc: dict[str, Any]) -> str:

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from incidents.diagnosis import JobInfo, Observation, diagnose, diagnose_window
-from incidents.diagnosis import clocks
+from incidents.diagnosis import JobInfo, Observation, clocks, diagnose, diagnose_window
 from incidents.diagnosis.facts import extract
 
 T0 = datetime(2026, 12, 5, 10, 0, tzinfo=UTC)

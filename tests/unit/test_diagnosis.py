@@ -319,7 +319,7 @@ def test_replay_refuses_unknown_sources_signals_without_time_and_missing_files(
     errors = result.stderr.strip().splitlines()
     assert errors == [
         f"{unknown}: signal 1: unknown source 'syslog' (expected one of kernel, dcgm, nic, "
-        "slurm, kubernetes, job_log, collector)",
+        "slurm, kubernetes, job_log, collector, gpud)",
         f"{no_time}: signal 0: 'at' must be an RFC 3339 string",
         f"{missing}: cannot read: No such file or directory",
     ]

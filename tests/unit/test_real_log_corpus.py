@@ -127,3 +127,56 @@ def test_a_fatal_aer_on_a_gpu_blames_it_and_a_mig_xid_names_its_instance() -> No
     mig = next(e["line"] for e in KERNEL["lines"] if "GPU-I:" in e["line"])
     found = diagnose([Observation(AT, "kernel", node="gpu-002", message=mig)])
     assert "GPU-I 5" in found[0].explanation
+
+
+# --- other health tools' verdicts: tests/fixtures/real_logs/health_tools.yaml ---------------
+
+TOOLS = yaml.safe_load((CORPUS / "health_tools.yaml").read_text())
+
+
+def _verdict_id(entry: dict[str, Any]) -> str:
+    signal = entry["signal"]
+    what = signal.get("condition") or signal.get("event_reason") or signal.get("component")
+    return f"{entry['source']}:{what}:{signal.get('status', signal.get('type', ''))}"
+
+
+def test_every_verdict_cites_a_public_source() -> None:
+    for entry in TOOLS["verdicts"]:
+        source = TOOLS["sources"][entry["source"]]
+        assert source["repository"] and source["url"].startswith("https://"), entry
+
+
+def test_the_verdicts_cover_each_tool_and_claim() -> None:
+    signals = [e["signal"] for e in TOOLS["verdicts"]]
+    assert any(s.get("source") == "gpud" for s in signals)
+    assert any("event_reason" in s for s in signals)
+    assert any(str(s.get("reason", "")).endswith("IsHealthy") for s in signals)
+    claims = {e["expect"]["claim"] for e in TOOLS["verdicts"]}
+    assert claims >= {"gpu", "nvlink", "network", "thermal", "not_gpu"}
+
+
+@pytest.mark.parametrize("entry", TOOLS["verdicts"], ids=_verdict_id)
+def test_verdict_parses_as_expected(entry: dict[str, Any]) -> None:
+    signal, want = entry["signal"], entry["expect"]
+    message = signal.get("message", "")
+    got = (p.parse_gpud_event(signal, message) if signal["source"] == "gpud"
+           else p.parse_tool_verdict(signal, message))
+    if want["claim"] == "none":
+        assert got is None
+        return
+    assert got is not None
+    assert (got.claim, got.active) == (want["claim"], want["active"])
+    assert [[x.code, x.pci] for x in got.xids] == want["xids"]
+
+
+@pytest.mark.parametrize("entry", TOOLS["verdicts"], ids=_verdict_id)
+def test_verdict_alone_opens_what_it_should(entry: dict[str, Any]) -> None:
+    """Alone on a node with no job: a verdict naming a hardware XID opens that XID's incident,
+    one without a code opens its claim below automatic repair, a cleared condition, a warning
+    or a node problem that is not a GPU's opens nothing."""
+    found = diagnose([Observation.from_record({**entry["signal"], "node": "gpu-001"}, AT)])
+    want = entry["expect"]["incident"]
+    assert [(d.root_cause, d.nodes) for d in found] == (
+        [] if want == "none" else [(want, ("gpu-001",))]), [d.explanation for d in found]
+    if want != "none" and not entry["expect"]["xids"]:
+        assert found[0].confidence < 0.8  # incidents.lifecycle.AUTO_REMEDIATION_MIN_CONFIDENCE

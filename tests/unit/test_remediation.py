@@ -180,9 +180,14 @@ def test_a_flapping_link_keeps_the_node_drained_until_stable(
     seen_waiting: list[str] = []
 
     def watch() -> None:
+        step = Step.objects.get(remediation__incident=incident, kind="wait_link_stable")
+        if step.status == "pending":
+            # The link keeps flapping until the wait begins, however long the steps before it
+            # take on a loaded machine: the wait must then see a link not yet stable.
+            fault_inject("link-flap", node="gpu-004")
         collectors.collect_source("telemetry")
         collectors.collect_source("slurm")
-        step = Step.objects.get(remediation__incident=incident, kind="wait_link_stable")
+        step.refresh_from_db()
         if step.status == "waiting":
             seen_waiting.append(step.detail)
 

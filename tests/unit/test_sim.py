@@ -144,3 +144,40 @@ def test_unknown_targets_are_clear_errors(fleet: SimFleet, clock: ManualClock) -
         SimSlurm(fleet).drain("gpu-999", "fleetwatch: x")
     with fleet.transaction() as state, pytest.raises(ClientError, match="has no GPU 9"):
         inject_xid(state, "gpu-001", 9, 79, clock.now())
+
+
+def test_sim_show_prints_a_short_summary_not_a_dump(sim_fleet: SimFleet, settings) -> None:
+    """`manage.py fleetwatch sim --show`: nodes by state, GPUs by health, the faults injected,
+    the jobs; `--show --json` keeps the whole state for scripts."""
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    slurm = SimSlurm(sim_fleet)
+    with sim_fleet.transaction() as state:
+        inject_xid(state, "gpu-003", 5, 79, sim_fleet.clock.now())
+    slurm.drain("gpu-003", "fleetwatch: incident 1 gpu_hardware")
+    SimProvider(sim_fleet).replace("gpu-003")
+
+    out = StringIO()
+    call_command("fleetwatch", "sim", "--show", stdout=out)
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert len(lines) < 25 and "{" not in text
+    assert lines[0] == "nodes"
+    assert lines[1].split()[:2] == ["busy", "15"] and "+11 more" in lines[1]
+    rows = [line.split(None, 2) for line in lines[1:lines.index("gpus (in service)")]]
+    assert rows[1:] == [["provisioning", "1", "gpu-017"], ["rma", "1", "gpu-003"],
+                        ["spare", "2", "gpu-018, gpu-019"]]
+    # In service: gpu-003's GPUs left with it; gpu-017's are not in yet.
+    assert "  healthy      120" in lines
+    assert "  XID 79 on gpu-003 GPU 5 (off the bus)" in lines
+    assert lines[lines.index("jobs") + 1].split() == ["id", "name", "user", "state", "nodes",
+                                                       "step", "restarts"]
+    assert lines[lines.index("jobs") + 2].split()[:5] == ["3001", "llama-70b-pretrain", "alice",
+                                                          "RUNNING", "8"]
+
+    out = StringIO()
+    call_command("fleetwatch", "sim", "--show", "--json", stdout=out)
+    assert json.loads(out.getvalue())["nodes"]["gpu-003"]["pool"] == "rma"

@@ -5,14 +5,17 @@ whole start on SQLite is tests/integration/test_run_lifecycle.py)."""
 from __future__ import annotations
 
 from io import StringIO
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth import authenticate
+from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from collectors import services as collectors
+from collectors.roles import DEMO_LOGIN_FILE
 from collectors.sim.fleet import SimFleet
 from incidents import lifecycle
 from incidents.models import AuditEntry, Step
@@ -28,14 +31,27 @@ def _seed(*args: str) -> str:
     return out.getvalue()
 
 
-def test_seeding_again_keeps_an_existing_logins_password(sim_fleet: SimFleet) -> None:
+def test_seeding_again_keeps_an_existing_logins_password(sim_fleet: SimFleet, settings: Any,
+                                                         tmp_path: Path) -> None:
+    settings.DATA_DIR = tmp_path  # where the login is saved, not the checkout's data/
     made = _seed()
     generated = made.split("login: demo / ")[1].split()[0]
     assert authenticate(username="demo", password=generated)
 
-    # Every `make run` seeds: without a password asked for, the login stays as it was.
-    assert "password unchanged" in _seed()
+    # Every `make run` seeds: without a password asked for, the login stays as it was, and
+    # is printed whole again (saved in the data folder, the owner's alone).
+    assert f"login: demo / {generated}  (kept from the last start)" in _seed()
     assert authenticate(username="demo", password=generated)
+    assert (settings.DATA_DIR / DEMO_LOGIN_FILE).stat().st_mode & 0o077 == 0
+
+    # Asked for, a new one; a password changed by hand is kept and not shown.
+    rotated = _seed("--rotate-password").split("login: demo / ")[1].split()[0]
+    assert rotated != generated and authenticate(username="demo", password=rotated)
+    user = User.objects.get(username="demo")
+    user.set_password("changed-by-hand")
+    user.save()
+    assert "password unchanged, changed since FleetWatch set it" in _seed()
+    assert authenticate(username="demo", password="changed-by-hand")
 
     # FLEETWATCH_DEMO_PASSWORD (make run passes it as --password) sets it, new login or not.
     assert "login: demo / chosen-pass-1" in _seed("--password", "chosen-pass-1")

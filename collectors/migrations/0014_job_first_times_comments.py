@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('collectors', '0011_gpu_fillfactor'),
+        ('collectors', '0013_signal_source_gpud'),
     ]
 
     operations = [
