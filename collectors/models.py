@@ -184,6 +184,14 @@ class Job(models.Model):
     checkpoint_step = models.PositiveIntegerField(null=True)
     resumed_from_step = models.PositiveIntegerField(null=True)
     started_at = models.DateTimeField(null=True)
+    # Slurm moves a requeued job's submit and start times to the requeue: the first ones
+    # FleetWatch saw are kept here, so the job's page still tells when it really began.
+    submitted_at = models.DateTimeField(null=True, help_text="first submitted (kept across requeues)")
+    first_started_at = models.DateTimeField(null=True, help_text="first started (kept across requeues)")
+    # The job's two comments as Slurm reports them (FleetWatch writes its "fleetwatch: ..."
+    # sentence into one of them, FLEETWATCH_SLURM_COMMENT_FIELD).
+    admin_comment = models.TextField(blank=True)
+    comment = models.TextField(blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -480,11 +480,18 @@ def collect_slurm(cluster: Cluster, clients: Clients, run: RunLog) -> list[Signa
         Node.objects.filter(id__in=gone, in_service=True).update(in_service=False,
                                                                  updated_at=now)
 
-    known = dict(Job.objects.filter(cluster=cluster).values_list("slurm_id", "state"))
+    stored_jobs = {slurm_id: (state, submitted, first_start) for slurm_id, state, submitted,
+                   first_start in Job.objects.filter(cluster=cluster).values_list(
+                       "slurm_id", "state", "submitted_at", "first_started_at")}
+    known = {slurm_id: row[0] for slurm_id, row in stored_jobs.items()}
     rows = []
     for seen in jobs:
         drafts += normalize.slurm_job_changes(known.get(seen.job_id), seen)
+        _, first_submit, first_start = stored_jobs.get(seen.job_id, ("", None, None))
         rows.append(Job(
+            submitted_at=_earliest(first_submit, seen.submitted_at),
+            first_started_at=_earliest(first_start, seen.started_at),
+            admin_comment=seen.admin_comment, comment=seen.comment,
             cluster=cluster, slurm_id=seen.job_id, name=seen.name, user=seen.user,
             state=seen.state, nodes=list(seen.nodes),
             gpus={node: list(indices) for node, indices in seen.gpus.items()},
@@ -497,9 +504,18 @@ def collect_slurm(cluster: Cluster, clients: Clients, run: RunLog) -> list[Signa
     Job.objects.bulk_create(
         rows, update_conflicts=True, unique_fields=["cluster", "slurm_id"],
         update_fields=["name", "user", "state", "nodes", "gpus", "restart_count", "step",
-                       "checkpoint_step", "resumed_from_step", "started_at", "updated_at"],
+                       "checkpoint_step", "resumed_from_step", "started_at", "submitted_at",
+                       "first_started_at", "admin_comment", "comment", "updated_at"],
         batch_size=2000)
     return drafts
+
+
+def _earliest(stored: datetime | None, seen: float | None) -> datetime | None:
+    """The first time kept: Slurm moves a requeued job's submit and start times forward."""
+    now = datetime.fromtimestamp(seen, tz=UTC) if seen else None
+    if stored is None or now is None:
+        return stored or now
+    return min(stored, now)
 
 
 def collect_kubernetes(cluster: Cluster, clients: Clients, run: RunLog) -> list[SignalDraft]:

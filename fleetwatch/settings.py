@@ -343,6 +343,23 @@ FLEETWATCH_NOTIFY_SLACK_URL = env_str("FLEETWATCH_NOTIFY_SLACK_URL", "")
 FLEETWATCH_NOTIFY_EMAIL = env_list("FLEETWATCH_NOTIFY_EMAIL", [])
 # Where people reach this FleetWatch (links in notifications), e.g. https://fleetwatch.example.
 FLEETWATCH_BASE_URL = env_str("FLEETWATCH_BASE_URL", "")
+# Why FleetWatch stopped or requeued a job, written into the job in Slurm: its admin comment
+# (operators only, so no user can forge it), its comment (where a site's users read that), or
+# nowhere. The job's owner is told on their own channel: FLEETWATCH_OWNER_CONTACTS maps Slurm
+# users to an e-mail address, slack:MEMBERID or none; anyone else gets USER@DOMAIN when
+# FLEETWATCH_OWNER_EMAIL_DOMAIN is set, and no message when it is not.
+FLEETWATCH_SLURM_COMMENT_FIELD = env_choice("FLEETWATCH_SLURM_COMMENT_FIELD", "admin_comment",
+                                            ["admin_comment", "comment", "none"])
+FLEETWATCH_OWNER_EMAIL_DOMAIN = env_str("FLEETWATCH_OWNER_EMAIL_DOMAIN", "").lstrip("@")
+FLEETWATCH_OWNER_CONTACTS: dict[str, str] = {}
+for _item in env_list("FLEETWATCH_OWNER_CONTACTS", []):
+    _user, _sep, _address = (part.strip() for part in _item.partition("="))
+    if not (_sep and _user and (_address == "none" or "@" in _address
+                                or re.fullmatch(r"slack:[A-Z0-9]{2,32}", _address))):
+        raise ImproperlyConfigured(
+            f"FLEETWATCH_OWNER_CONTACTS: {_item!r} is not USER=ADDRESS with ADDRESS an e-mail "
+            "address, slack:MEMBERID (e.g. slack:U0123ABCD) or none")
+    FLEETWATCH_OWNER_CONTACTS[_user] = _address
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
 EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")

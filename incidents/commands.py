@@ -58,9 +58,14 @@ def subcommands(sub: _SubParsersAction[ArgumentParser]) -> dict[str, Handler]:
              "line, or the whole line): the trail must still hold its head")
     audit_actions.add_parser("checkpoint", help="print a signed checkpoint of the trail's "
                              "head now (and write it to the log)")
+    why = sub.add_parser("why", help="why did job JOBID die: the answer its page and "
+                         "GET /api/v1/jobs/JOBID/why/ give")
+    why.add_argument("job", metavar="JOBID", help="the Slurm job id")
+    why.add_argument("--cluster", help="the job's cluster (default: the first holding the id)")
+    why.add_argument("--json", action="store_true", help="the API's JSON instead of words")
     handlers: dict[str, Handler] = {
         "steps-resume": _steps_resume, "agent-token": _agent_token, "api-token": _api_token,
-        "diagnose": _diagnose, "audit": _audit}
+        "diagnose": _diagnose, "audit": _audit, "why": _why}
     return {name: clients_fail_as_command(handler) for name, handler in handlers.items()}
 
 
@@ -80,6 +85,36 @@ def _steps_resume(command: BaseCommand, opts: dict[str, Any]) -> None:
     resumed = steps_resume_all()
     if resumed:
         command.stdout.write(f"remediation steps queued again after the last stop: {resumed}")
+
+
+def _why(command: BaseCommand, opts: dict[str, Any]) -> None:
+    """The headline first (what a chat bot posts), then the facts, one per line."""
+    from collectors.selectors import job_get
+    from incidents.api.serializers import JobWhySerializer
+    from incidents.why import job_why
+
+    job = job_get(opts["job"], opts.get("cluster"))
+    if job is None:
+        raise CommandError(f"no job {opts['job']}" + (f" in cluster {opts['cluster']}"
+                                                      if opts.get("cluster") else "")
+                           + " (FleetWatch knows the jobs its Slurm collector has seen)")
+    data = JobWhySerializer(job_why(job)).data
+    if opts.get("json"):
+        command.stdout.write(json.dumps(data, indent=1))
+        return
+    lines = [data["headline"]]
+    labels = (("fault", "what stopped it"), ("at", "when"), ("node", "node"), ("gpu", "GPU"),
+              ("action", "FleetWatch did"), ("resumed_from_step", "resumed from step"),
+              ("steps_lost", "steps lost"), ("downtime_seconds", "down (s)"),
+              ("incident_url", "incident"), ("slurm_comment", "in Slurm"),
+              ("submitted_at", "first submitted"), ("first_started_at", "first started"),
+              ("link", "page"))
+    lines += [f"  {label}: {data[key]}" for key, label in labels
+              if data.get(key) not in (None, "", [])]
+    if data["job_at_fault"]:
+        lines.append("  the job's own error; evidence:")
+    lines += [f"    {line}" for line in data["evidence"]]
+    command.stdout.write("\n".join(lines))
 
 
 def _agent_token(command: BaseCommand, opts: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ from incidents.diagnosis.parsers import KERNEL_WORDS
 from incidents.models import AuditEntry, Incident, Remediation, RootCause, Step
 from incidents.remediation import policy
 from incidents.remediation.playbooks import FOR_ROOT_CAUSE, PLAYBOOKS, RISKS
+from incidents.why import job_why
 
 
 def observation_from_signal(s: Signal) -> Observation:
@@ -475,10 +476,10 @@ def node_page_incidents(sender: object, node: Node, **kwargs: object) -> dict[st
 
 def job_page_incidents(sender: object, job: Job, **kwargs: object) -> dict[str, Any]:
     """What a job's page (collectors) shows of incidents: those that hit the job. Connected
-    to ``collectors.selectors.job_page``."""
+    to ``collectors.selectors.job_page``. ``why``: what stopped it (incidents.why)."""
     return {"incidents": list(Incident.objects.filter(
         cluster=job.cluster, jobs__icontains=json_list_has(job.slurm_id)).order_by(
-        "-opened_at")[:50])}
+        "-opened_at")[:50]), "why": job_why(job)}
 
 
 def incidents_for_list() -> QuerySet[Incident]:

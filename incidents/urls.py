@@ -38,4 +38,6 @@ urlpatterns = [
     path("audit/verify", views.audit_verify, name="audit-verify"),
     path("policy/", views.policy_page, name="policy"),
     path("demo/inject", views.inject_fault, name="inject-fault"),
+    # A job's page is the fleet's (collectors); why it died and its chart are read here.
+    path("jobs/<str:slurm_id>/chart.json", views.job_chart, name="job-chart"),
 ]

@@ -16,11 +16,12 @@ from django.template.loader import render_to_string
 from django.utils.crypto import get_random_string
 from django.views.decorators.http import require_POST
 
+from collectors import selectors as fleet_selectors
 from collectors.clients.base import ClientError
 from collectors.roles import ADMIN, actor_name, role_of
 from collectors.sim import faults
 from collectors.views import grid_group, json_answer, list_page
-from incidents import deliveries, lifecycle, oncall, selectors
+from incidents import deliveries, lifecycle, oncall, selectors, why
 from incidents.audit import audit_record
 from incidents.filters import AuditFilter, IncidentFilter
 from incidents.forms import AssignForm, NoteForm, ResolveForm, SeverityForm
@@ -128,6 +129,14 @@ def incident_chart(request: HttpRequest, pk: int) -> JsonResponse:
         return JsonResponse({"detail": f"range: expected one of "
                                        f"{', '.join(selectors.CHART_RANGES)}"}, status=400)
     return json_answer(selectors.incident_chart(incident, span))
+
+
+def job_chart(request: HttpRequest, slurm_id: str) -> JsonResponse:
+    """The job's GPUs over its life, the fault that stopped it marked (its page's chart)."""
+    job = fleet_selectors.job_get(slurm_id, request.GET.get("cluster"))
+    if job is None:
+        raise Http404(f"no job {slurm_id}")
+    return json_answer(why.job_chart(job))
 
 
 def incident_replay(request: HttpRequest, pk: int) -> JsonResponse:

@@ -63,6 +63,20 @@ class SlurmJob:
     # The GPU indices the job holds per node (Slurm's gres_detail "gpu:2(IDX:4-5)"); a node
     # missing here means the source did not say, never "no GPU".
     gpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # When it was submitted (Slurm moves this to the requeue time on a requeue) and the two
+    # comments Slurm keeps on a job: FleetWatch writes why it stopped or requeued the job into
+    # one of them (DESIGN.md, Ownership), so `scontrol show job`, sacct and squeue show it.
+    submitted_at: float | None = None
+    admin_comment: str = ""
+    comment: str = ""
+
+
+# The job comments a site may have FleetWatch write why it stopped a job into
+# (FLEETWATCH_SLURM_COMMENT_FIELD): the admin comment (only operators may set it, so a user
+# cannot forge FleetWatch's word) or the user-visible comment.
+JOB_COMMENT_FIELDS = ("admin_comment", "comment")
+# Between FleetWatch's words and what the comment held before (a user's own `--comment`).
+JOB_COMMENT_SEPARATOR = " | "
 
 
 @dataclass(frozen=True)
@@ -229,6 +243,12 @@ class SlurmClient(Protocol):
         """Requeue and hold: the job waits, pending, until someone releases it."""
         ...
 
+    def set_comment(self, job_id: str, text: str, field: str) -> ActionResult:
+        """Write FleetWatch's ``text`` (``fleetwatch: ...``) into the job's ``field`` (one of
+        ``JOB_COMMENT_FIELDS``), keeping what someone else wrote there after it
+        (``job_comment``); unchanged when it already says that."""
+        ...
+
 
 class KubernetesClient(Protocol):
     @property
@@ -330,6 +350,25 @@ class NoProvider:
 
 # FleetWatch's ownership markers (DESIGN.md, "Ownership").
 SLURM_REASON_PREFIX = "fleetwatch:"
+
+
+def job_comment(current: str, text: str) -> str:
+    """The comment with FleetWatch's ``text`` in place of its earlier words: what someone else
+    wrote (a user's ``sbatch --comment``) is kept after the separator; FleetWatch's own earlier
+    sentence is replaced, so a job requeued twice says the latest story once."""
+    text = " ".join(text.replace(JOB_COMMENT_SEPARATOR, "; ").split())
+    if not text.startswith(SLURM_REASON_PREFIX):
+        text = f"{SLURM_REASON_PREFIX} {text}"
+    theirs = current.strip()
+    if theirs.startswith(SLURM_REASON_PREFIX):
+        theirs = theirs.partition(JOB_COMMENT_SEPARATOR)[2].strip()
+    return f"{text}{JOB_COMMENT_SEPARATOR}{theirs}" if theirs else text
+
+
+def job_comment_check(field: str) -> None:
+    if field not in JOB_COMMENT_FIELDS:
+        raise ClientError(f"no job comment field {field!r} (one of "
+                          f"{', '.join(JOB_COMMENT_FIELDS)})", permanent=True)
 K8S_ANNOTATION_PREFIX = "fleetwatch.io/"
 K8S_CORDONED_BY = "fleetwatch.io/cordoned-by"
 K8S_CORDON_REASON = "fleetwatch.io/cordon-reason"

@@ -95,3 +95,6 @@ class SlurmNames:
 
     def requeue_hold(self, job_id: str) -> ActionResult:
         return self.inner.requeue_hold(job_id)
+
+    def set_comment(self, job_id: str, text: str, field: str) -> ActionResult:
+        return self.inner.set_comment(job_id, text, field)

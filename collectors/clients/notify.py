@@ -431,6 +431,12 @@ class WebhookNotifier(HttpChannel):
         return super().notify(subject, body, payload)
 
 
+def _slack_mention(member: object) -> str:
+    """``<@U0123ABC>`` for a Slack member id; anything else mentions nobody (never markup)."""
+    text = str(member or "")
+    return f"<@{text}>" if re.fullmatch(r"[A-Z0-9]{2,32}", text) else ""
+
+
 def _slack_escape(text: str) -> str:
     # Slack's mrkdwn treats these three as control characters.
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
@@ -443,6 +449,9 @@ def slack_message(message: Message) -> dict[str, object]:
     root_cause = message.payload.get("root_cause")
     link = incident_url(message.incident_id)
     lines = [_slack_escape(message.subject), _slack_escape(message.body)]
+    mention = _slack_mention(message.payload.get("mention"))
+    if mention:  # a job owner's message: the channel tells them by name
+        lines.insert(0, mention)
     if nodes:
         lines.append("Nodes: " + ", ".join(f"`{_slack_escape(n)}`" for n in nodes))
     if link:
@@ -454,7 +463,8 @@ def slack_message(message: Message) -> dict[str, object]:
     ]
     if message.body:
         blocks.append({"type": "section",
-                       "text": {"type": "mrkdwn", "text": _slack_escape(message.body)[:3000]}})
+                       "text": {"type": "mrkdwn", "text": (f"{mention} " if mention else "")
+                                + _slack_escape(message.body)[:2900]}})
     fields = []
     if nodes:
         fields.append({"type": "mrkdwn", "text": "*Nodes*\n" + _slack_escape(", ".join(nodes))[:1900]})
@@ -598,3 +608,47 @@ def notifier_from_settings() -> Notifier:
     if getattr(settings, "FLEETWATCH_NOTIFY_EMAIL", None):
         channels.append(EmailNotifier(settings.FLEETWATCH_NOTIFY_EMAIL))
     return MultiNotifier(channels)
+
+
+# --- a job's owner ----------------------------------------------------------------------------
+
+
+def owner_address(user: str) -> str:
+    """Where a Slurm user is told about their job: FLEETWATCH_OWNER_CONTACTS names it
+    (an e-mail address, ``slack:MEMBERID``, or ``none``), else USER@FLEETWATCH_OWNER_EMAIL_DOMAIN,
+    else "" (no one to tell: the job's page and its Slurm comment still say it)."""
+    from django.conf import settings
+
+    contacts: Mapping[str, str] = getattr(settings, "FLEETWATCH_OWNER_CONTACTS", {})
+    address = contacts.get(user)
+    if address is not None:
+        return "" if address == "none" else address
+    domain = getattr(settings, "FLEETWATCH_OWNER_EMAIL_DOMAIN", "")
+    return f"{user}@{domain}" if user and domain else ""
+
+
+def owner_channel(address: str) -> Channel | None:
+    """The channel that reaches ``address``: e-mail, or the Slack hook with a mention."""
+    from django.conf import settings
+
+    if address.startswith("slack:"):
+        url = getattr(settings, "FLEETWATCH_NOTIFY_SLACK_URL", "")
+        return SlackNotifier(url, timeout=settings.FLEETWATCH_HTTP_TIMEOUT) if url else None
+    return EmailNotifier([address]) if "@" in address else None
+
+
+def owner_notify(user: str, subject: str, body: str, payload: dict[str, object]) -> ActionResult:
+    """Tell a job's owner, on their own channel, with the same delivery rules as every
+    message (one row per channel, ``delivery_key`` so a retried step does not tell twice).
+    No address, or a Slack member with no Slack hook: nothing sent, said plainly."""
+    address = owner_address(user)
+    channel = owner_channel(address) if address else None
+    if channel is None:
+        why = (f"no address for Slurm user {user!r} (FLEETWATCH_OWNER_CONTACTS, "
+               "FLEETWATCH_OWNER_EMAIL_DOMAIN)" if not address
+               else f"{address} needs FLEETWATCH_NOTIFY_SLACK_URL")
+        # No call made: audited as a note (no outside call), not as a message sent.
+        return ActionResult("", False, f"owner {user} not told: {why}")
+    if address.startswith("slack:"):
+        payload = {**payload, "mention": address.removeprefix("slack:")}
+    return MultiNotifier([channel]).notify(subject, body, {**payload, "owner": user})

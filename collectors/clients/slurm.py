@@ -63,7 +63,15 @@ from typing import Any, TypeVar
 import hostlist
 import orjson
 
-from collectors.clients.base import SLURM_REASON_PREFIX, ActionResult, ClientError, SlurmJob, SlurmNode
+from collectors.clients.base import (
+    SLURM_REASON_PREFIX,
+    ActionResult,
+    ClientError,
+    SlurmJob,
+    SlurmNode,
+    job_comment,
+    job_comment_check,
+)
 
 # --- versions ------------------------------------------------------------------------------------
 
@@ -430,6 +438,7 @@ def parse_job(record: Any) -> SlurmJob:
     except hostlist.BadHostlist as exc:
         raise ValueError(f"bad hostlist {node_list!r}: {exc}") from exc
     start = number(record.get("start_time"))
+    submit = number(record.get("submit_time"))
     reason = _text(record.get("state_reason"), "state_reason")
     ended = state not in ACTIVE_JOB_STATES and state != "PENDING"
     return SlurmJob(
@@ -445,6 +454,9 @@ def parse_job(record: Any) -> SlurmJob:
         state_reason="" if reason == "None" else reason,
         # A pending job holds no GPU; its gres_detail (if any) is stale.
         gpus=job_gpus(nodes, record.get("gres_detail")) if state != "PENDING" else {},
+        submitted_at=float(submit) if submit else None,
+        admin_comment=_text(record.get("admin_comment"), "admin_comment"),
+        comment=_text(record.get("comment"), "comment"),
     )
 
 
@@ -773,6 +785,11 @@ class SlurmCli:
                             lambda: self._act(["scontrol", "hold", str(job_id)],
                                               f"job {job_id} held"))
 
+    def set_comment(self, job_id: str, text: str, field: str) -> ActionResult:
+        """``scontrol update jobid=N admincomment=...`` (or ``comment=``): the same on 22.05
+        and 25.11. The admin comment needs an operator or SlurmUser, as FleetWatch runs."""
+        return comment_update(self._job(job_id), text, field, self._scontrol)
+
     def _scontrol(self, args: list[str]) -> object:
         return self._run(*args, retry=False)
 
@@ -795,6 +812,27 @@ def job_with_id(jobs: list[SlurmJob], job_id: str) -> SlurmJob:
             return job
     raise ClientError(f"Invalid job id specified: job {job_id} is unknown to slurmctld "
                       "(never existed, or ended more than MinJobAge ago)", permanent=True)
+
+
+# --- a job's comment, the same rules whatever writes it --------------------------------------------
+
+SCONTROL_COMMENT_KEYS = {"admin_comment": "admincomment", "comment": "comment"}
+
+
+def comment_update(job: SlurmJob, text: str, field: str,
+                   scontrol: Callable[[list[str]], object]) -> ActionResult:
+    """Write FleetWatch's ``text`` into the job's comment ``field`` with ``scontrol update``;
+    nothing when it says that already (a retried step)."""
+    job_comment_check(field)
+    current = job.admin_comment if field == "admin_comment" else job.comment
+    wanted = job_comment(current, text)
+    args = ["scontrol", "update", f"jobid={job.job_id}",
+            f"{SCONTROL_COMMENT_KEYS[field]}={wanted}"]
+    if current == wanted:
+        return ActionResult(shlex.join(args), False, f"job {job.job_id} {field} already says it")
+    scontrol(args)
+    return ActionResult(shlex.join(args), True, f"job {job.job_id} {field}: {wanted}",
+                        {"field": field, "comment": wanted})
 
 
 # --- requeue, the same rules whatever runs the command -------------------------------------------

@@ -69,7 +69,15 @@ from urllib.parse import quote
 
 import requests
 
-from collectors.clients.base import SLURM_REASON_PREFIX, ActionResult, ClientError, SlurmJob, SlurmNode
+from collectors.clients.base import (
+    SLURM_REASON_PREFIX,
+    ActionResult,
+    ClientError,
+    SlurmJob,
+    SlurmNode,
+    job_comment,
+    job_comment_check,
+)
 from collectors.clients.slurm import (
     ACTIVE_JOB_STATES,
     classify,
@@ -499,6 +507,21 @@ class SlurmRest:
                                 f"job {job_id} held")
 
         return requeue_held(self._job(job_id), self._scontrol, hold)
+
+    def set_comment(self, job_id: str, text: str, field: str) -> ActionResult:
+        """``POST job/{id}`` with ``{"admin_comment": ...}`` (or ``"comment"``): slurmrestd's
+        job update; the admin comment needs the token's user to be an operator."""
+        job_comment_check(field)
+        job = self._job(job_id)
+        current = job.admin_comment if field == "admin_comment" else job.comment
+        body = {field: job_comment(current, text)}
+        path = f"job/{quote(str(job_id), safe='')}"
+        call = self._call_text("POST", self._path(path), body)
+        if current == body[field]:
+            return ActionResult(call, False, f"job {job_id} {field} already says it")
+        self._call("POST", path, body)
+        return ActionResult(call, True, f"job {job_id} {field}: {body[field]}",
+                            {"field": field, "comment": body[field]})
 
     # --- the scontrol calls slurmrestd has no endpoint for --------------------------------------
 

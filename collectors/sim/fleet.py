@@ -58,6 +58,8 @@ from collectors.clients.base import (
     SlurmJob,
     SlurmNode,
     TelemetryChanges,
+    job_comment,
+    job_comment_check,
 )
 from collectors.clock import SYSTEM_CLOCK, Clock
 from collectors.knowledge.xid import takes_gpu_out
@@ -374,6 +376,8 @@ def _schedule(state: State, now: float) -> None:
         job.update(state="RUNNING", nodes=chosen, gpus=gpus, started_at=now, start_step=resume,
                    final_step=resume, stalled_at=None, stopped_at=None, exit_at=None)
         job["resumed_from_step"] = resume if job["restart_count"] else None
+        if job.get("submitted_at") is None:  # queued by the seed: submitted when it started
+            job["submitted_at"] = now
         job["history"].append({"at": now, "event": "RUNNING", "nodes": chosen,
                                "resumed_from": resume})
         for n in chosen:
@@ -558,6 +562,8 @@ class SimSlurm(_SimClient):
                     state_reason="JobHeldUser" if job.get("held") else "",
                     gpus={n: tuple(g) for n, g in (job.get("gpus") or {}).items()}
                     if job["state"] != "PENDING" else {},
+                    submitted_at=job.get("submitted_at"),
+                    admin_comment=job.get("admin_comment", ""), comment=job.get("comment", ""),
                 )
                 for job in sorted(state["jobs"].values(), key=lambda j: int(j["id"]))
             ]
@@ -635,6 +641,7 @@ class SimSlurm(_SimClient):
                 return ActionResult(call, False, f"job {job_id} is already {job['state']}")
             job["state"], job["nodes"], job["gpus"] = "PENDING", [], {}
             job["restart_count"] += 1
+            job["submitted_at"] = now  # as Slurm does: a requeued job is submitted anew
             job["history"].append({"at": now, "event": "REQUEUED"})
             _schedule(state, now)
             return ActionResult(call, True, f"job {job_id} requeued "
@@ -660,8 +667,24 @@ class SimSlurm(_SimClient):
                 return ActionResult(f"scontrol hold {job_id}", True, f"job {job_id} held")
             job["state"], job["nodes"], job["gpus"], job["held"] = "PENDING", [], {}, True
             job["restart_count"] += 1
+            job["submitted_at"] = now
             job["history"].append({"at": now, "event": "REQUEUED_HELD"})
             return ActionResult(call, True, f"job {job_id} requeued and held")
+
+    def set_comment(self, job_id: str, text: str, field: str) -> ActionResult:
+        job_comment_check(field)
+        key = "admincomment" if field == "admin_comment" else "comment"
+        with self._state() as state:
+            job = state["jobs"].get(job_id)
+            if job is None:
+                raise ClientError(f"unknown job {job_id}", permanent=True)
+            wanted = job_comment(job.get(field, ""), text)
+            call = f"scontrol update jobid={job_id} {key}={shlex.quote(wanted)}"
+            if job.get(field, "") == wanted:
+                return ActionResult(call, False, f"job {job_id} {field} already says it")
+            job[field] = wanted
+            return ActionResult(call, True, f"job {job_id} {field}: {wanted}",
+                                {"field": field, "comment": wanted})
 
 
 class SimKubernetes(_SimClient):

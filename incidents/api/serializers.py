@@ -276,3 +276,39 @@ class TokenCreatedSerializer(TokenSerializer):
 
     class Meta(TokenSerializer.Meta):
         fields = [*TokenSerializer.Meta.fields, "key"]
+
+
+class JobWhySerializer(serializers.Serializer[Any]):
+    """Why a job died: ``incidents.why.Why`` (the job's page and ``manage.py fleetwatch why``
+    read the same answer)."""
+
+    job = serializers.CharField(help_text="the Slurm job id")
+    cluster = serializers.CharField()
+    user = serializers.CharField(help_text="the job's owner in Slurm")
+    state = serializers.CharField(help_text="Slurm's job state now")
+    headline = serializers.CharField(help_text="the answer in one line")
+    stopped_by = serializers.ChoiceField(["fault", "application", "nothing", "unknown"],
+                                         help_text="a fault of the fleet, the job's own error, "
+                                         "nothing (still fine), or unknown to FleetWatch")
+    job_at_fault = serializers.BooleanField(help_text="the job's own code stopped it")
+    fault = serializers.CharField(help_text="what broke, e.g. XID 79 (...) on gpu-003 GPU 5")
+    root_cause = serializers.CharField()
+    at = serializers.DateTimeField(allow_null=True, help_text="when the fault was first seen")
+    node = serializers.CharField()
+    gpu = serializers.IntegerField(allow_null=True)
+    incident = serializers.IntegerField(allow_null=True)
+    incident_url = serializers.CharField()
+    action = serializers.CharField(help_text="what FleetWatch did to the job")
+    requeued_at = serializers.DateTimeField(allow_null=True)
+    resumed_from_step = serializers.IntegerField(allow_null=True)
+    steps_lost = serializers.IntegerField(allow_null=True)
+    downtime_seconds = serializers.FloatField(allow_null=True)
+    evidence = serializers.ListField(child=serializers.CharField())
+    restarts = serializers.IntegerField()
+    submitted_at = serializers.DateTimeField(allow_null=True,
+                                             help_text="first submitted (kept across requeues)")
+    first_started_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True, help_text="the latest start")
+    slurm_comment = serializers.CharField(help_text="FleetWatch's words in the job, as Slurm "
+                                          "reports them")
+    link = serializers.CharField(help_text="the job's page (with FLEETWATCH_BASE_URL)")

@@ -38,6 +38,7 @@ def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
 
 urlpatterns = [
     path("policy/", views.PolicyView.as_view(), name="policy"),
+    path("jobs/<str:slurm_id>/why/", views.JobWhyView.as_view(), name="job-why"),
     *router.urls,
     re_path(r"^(?P<rest>.*)$", not_found),
 ]

@@ -21,11 +21,12 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from collectors import selectors as fleet_selectors
 from collectors.api.pagination import AuditCursor
 from collectors.api.permissions import ADMIN_ONLY, OPERATE, READ, READ_ONLY
 from collectors.api.serializers import ConflictSerializer
@@ -37,6 +38,7 @@ from incidents.api.serializers import (
     AuditEntrySerializer,
     AuditVerifySerializer,
     IncidentSerializer,
+    JobWhySerializer,
     NoteOutSerializer,
     NoteSerializer,
     PolicySerializer,
@@ -53,6 +55,7 @@ from incidents.models import ApiToken, AuditEntry, Incident, Remediation, Step
 from incidents.remediation import transitions
 from incidents.status import InvalidTransition
 from incidents.tokens import TokenError, token_create, token_revoke
+from incidents.why import job_why
 
 CONFLICT = OpenApiResponse(ConflictSerializer, description="Does not fit the current state")
 
@@ -374,3 +377,22 @@ class TokenViewSet(NamedNotFound, mixins.CreateModelMixin, viewsets.ReadOnlyMode
                             f"at {token.revoked_at.isoformat() if token.revoked_at else '?'}",
                             token.state)
         return Response(TokenSerializer(token).data)
+
+
+@extend_schema(parameters=[OpenApiParameter("slurm_id", str, OpenApiParameter.PATH,
+                                            description="the Slurm job id"),
+                           OpenApiParameter("cluster", str, description="the job's cluster "
+                                            "(the first one holding that id when absent)")])
+class JobWhyView(GenericAPIView):
+    """Why a job died: what stopped it, when, where, what FleetWatch did and where it
+    resumed; whether the job itself was at fault. The job's page says the same."""
+
+    serializer_class = JobWhySerializer
+    access = {"GET": READ}
+
+    def get(self, request: Request, slurm_id: str) -> Response:
+        cluster = request.query_params.get("cluster")
+        job = fleet_selectors.job_get(slurm_id, cluster)
+        if job is None:
+            raise NotFound(f"no job {slurm_id}" + (f" in cluster {cluster}" if cluster else ""))
+        return Response(JobWhySerializer(job_why(job)).data)

@@ -41,6 +41,7 @@ from incidents.remediation.steps import (
 )
 from incidents.retry import retry_transient
 from incidents.status import incident_event, incident_resolve, incident_status
+from incidents.why import fault_summary, job_link
 
 log = logging.getLogger(__name__)
 
@@ -301,6 +302,8 @@ def _step_context(step: Step) -> StepContext:
         previous=previous, audit=audit, remediation_id=rem.pk, gpus=_incident_gpus(incident),
         done_calls=set(step.done_calls), on_call_done=lambda key: _step_call_done(step.pk, key),
         jobs=_incident_job_owners(incident), switch=incident.switch,
+        fault=fault_summary(incident).text,
+        job_link=lambda job_id: job_link(incident.cluster.name, job_id),
         facts=Facts(last_link_change=lambda node: _last_link_change(incident, node),
                     mark_rma=lambda node, why: node_mark_rma(node, why, rem)),
     )

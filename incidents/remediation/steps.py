@@ -9,6 +9,7 @@ provisioning) or ``Block`` (a person must decide). Every outside call goes throu
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from collectors.clients.base import (
     ClientError,
     SlurmJob,
 )
+from collectors.clients.notify import owner_notify
 from collectors.clock import SYSTEM_CLOCK, Clock
 from collectors.knowledge import dcgm
 from collectors.knowledge.xid import takes_gpu_out
@@ -83,6 +85,10 @@ class StepContext:
     on_call_done: Callable[[str], None] | None = None
     # Where the waits' "now" comes from (a test hands in a ManualClock instead of sleeping).
     clock: Clock = SYSTEM_CLOCK
+    # What stopped the jobs, in one line ("XID 79 (GPU has fallen off the bus) on gpu-003
+    # GPU 5"), and where a job's page is: what the job's Slurm comment and its owner are told.
+    fault: str = ""
+    job_link: Callable[[str], str] = lambda job_id: ""
 
     @property
     def node(self) -> str:
@@ -119,6 +125,68 @@ class StepContext:
 
 def _reason(ctx: StepContext) -> str:
     return f"{SLURM_REASON_PREFIX} incident {ctx.incident_id} {ctx.root_cause}"
+
+
+# --- telling the job: its Slurm comment and its owner ------------------------------------------
+
+
+def _job_story(ctx: StepContext, job_id: str, what: str) -> str:
+    """``fleetwatch: requeued after XID 79 (...) on gpu-003 GPU 5, incident 12, https://...``"""
+    parts = [f"{SLURM_REASON_PREFIX} {what} after {ctx.fault or ctx.root_cause}",
+             f"incident {ctx.incident_id}"]
+    link = ctx.job_link(job_id)
+    return ", ".join([*parts, link] if link else parts)
+
+
+def _job_comment(ctx: StepContext, job_id: str, what: str) -> None:
+    """Write why into the job itself in Slurm (FLEETWATCH_SLURM_COMMENT_FIELD), audited like
+    every outside call. A comment that cannot be written is recorded and the repair goes on:
+    the job's page and its owner's message still tell."""
+    field = settings.FLEETWATCH_SLURM_COMMENT_FIELD
+    if field == "none":
+        return
+    with contextlib.suppress(ClientError):  # audited by ctx.call, with Slurm's answer
+        ctx.call("slurm.comment", f"job {job_id} {what}", ctx.clients.slurm.set_comment, job_id,
+                 _job_story(ctx, job_id, what), field)
+
+
+def _owner_told(ctx: StepContext, job_id: str) -> None:
+    """The job's owner gets the story once, with a link to the job's page (a retried step or
+    a second requeue of the same job for the same incident tells no one twice)."""
+    subject = f"Your Slurm job {job_id} was requeued after {ctx.fault or ctx.root_cause}"
+    body = (f"FleetWatch stopped your job {job_id} after {ctx.fault or ctx.root_cause} "
+            f"(incident {ctx.incident_id}) and put it back in the queue; it resumes from its "
+            "last checkpoint. Nothing in your job caused this.")
+    _owner_message(ctx, job_id, subject, body, "job.requeued")
+
+
+def _owner_message(ctx: StepContext, job_id: str, subject: str, body: str, event: str) -> None:
+    user = ctx.jobs.get(job_id, "")
+    if not user:
+        return
+    link = ctx.job_link(job_id)
+    # Recorded (audit, deliveries) when it fails; the repair does not wait on a mail server.
+    with contextlib.suppress(ClientError):
+        ctx.call("notify.owner", f"{user} job {job_id}", owner_notify, user, subject,
+                 body + (f" The whole story: {link}" if link else ""),
+                 {"incident": ctx.incident_id, "job": job_id, "root_cause": ctx.root_cause,
+                  "nodes": ctx.nodes, "event": event,
+                  "delivery_key": f"incident-{ctx.incident_id}-job-{job_id}-owner"})
+
+
+def _requeue_job(ctx: StepContext, job_id: str) -> None:
+    ctx.call("slurm.requeue", f"job {job_id}", ctx.clients.slurm.requeue, job_id)
+    _job_comment(ctx, job_id, "requeued")
+    _owner_told(ctx, job_id)
+
+
+def _cancel_job(ctx: StepContext, job_id: str) -> None:
+    # The comment first: Slurm refuses to update a job that has ended ("Job has already
+    # finished", seen on 25.11), and a job that catches SIGTERM ends at once; written while it
+    # runs, the reason stays on the cancelled job's record (sacct).
+    _job_comment(ctx, job_id, "stopped")
+    ctx.call("slurm.cancel", f"job {job_id}", ctx.clients.slurm.cancel, job_id, "TERM",
+             ctx.grace_seconds)
 
 
 def notify(ctx: StepContext) -> Outcome:
@@ -163,14 +231,16 @@ def drain_and_cancel(ctx: StepContext) -> Outcome:
         state["checkpoint_before"] = {j: jobs[j].checkpoint_step for j in state["jobs"]}
     for job_id in state["jobs"]:
         if job_id not in state.setdefault("signalled", []):
-            ctx.call("slurm.cancel", f"job {job_id}", ctx.clients.slurm.cancel, job_id, "TERM",
-                     ctx.grace_seconds)
+            _cancel_job(ctx, job_id)
             state["signalled"].append(job_id)
     still = [j for j in state["jobs"] if jobs.get(j) and jobs[j].state == "RUNNING"]
     if still:
         return Wait(f"waiting for job(s) {', '.join(still)} to exit "
                     f"(SIGTERM, {ctx.grace_seconds}s grace)", state)
     state["checkpoints"] = {j: jobs[j].checkpoint_step for j in state["jobs"] if j in jobs}
+    # The training step each job had reached when it stopped: the job's page counts the
+    # steps lost against the checkpoint it resumes from.
+    state["steps_at_stop"] = {j: jobs[j].step for j in state["jobs"] if j in jobs}
     spared = (f"; job(s) {', '.join(state['spared'])} on other GPUs left running"
               if state.get("spared") else "")
     if not state["jobs"]:
@@ -192,7 +262,7 @@ def requeue(ctx: StepContext) -> Outcome:
     done = state.setdefault("requeued", [])
     for job_id in cancelled:
         if job_id not in done:
-            ctx.call("slurm.requeue", f"job {job_id}", ctx.clients.slurm.requeue, job_id)
+            _requeue_job(ctx, job_id)
             done.append(job_id)
     if not cancelled:
         return Done("no jobs to requeue", state)
@@ -342,16 +412,17 @@ def _stop_and_requeue(ctx: StepContext, state: dict[str, Any], nodes: list[str])
         state["jobs"] = sorted(set(_running_on(ctx, nodes)) | _cancelled_before(ctx))
     for job_id in state["jobs"]:
         if job_id not in state.setdefault("signalled", []):
-            ctx.call("slurm.cancel", f"job {job_id}", ctx.clients.slurm.cancel, job_id, "TERM",
-                     ctx.grace_seconds)
+            _cancel_job(ctx, job_id)
             state["signalled"].append(job_id)
     jobs = {j.job_id: j for j in ctx.clients.slurm.jobs()}
     still = [j for j in state["jobs"] if jobs.get(j) and jobs[j].state == "RUNNING"]
     if still:
         return Wait(f"waiting for job(s) {', '.join(still)} to exit (SIGTERM)", state)
+    state.setdefault("steps_at_stop", {}).update(
+        {j: jobs[j].step for j in state["jobs"] if j in jobs and j not in state.get("requeued", [])})
     for job_id in state["jobs"]:
         if job_id not in state.setdefault("requeued", []):
-            ctx.call("slurm.requeue", f"job {job_id}", ctx.clients.slurm.requeue, job_id)
+            _requeue_job(ctx, job_id)
             state["requeued"].append(job_id)
     return None
 
@@ -541,7 +612,7 @@ def requeue_dead_jobs(ctx: StepContext) -> Outcome:
         return waiting
     for job_id in state["dead"]:
         if job_id not in state["requeued"]:
-            ctx.call("slurm.requeue", f"job {job_id}", ctx.clients.slurm.requeue, job_id)
+            _requeue_job(ctx, job_id)
             state["requeued"].append(job_id)
     jobs = state["requeued"]
     return Done(f"requeued job(s) {', '.join(jobs)}" if jobs else "no jobs to requeue", state)
@@ -613,6 +684,12 @@ def notify_owner(ctx: StepContext) -> Outcome:
                        "jobs": sorted(ctx.jobs), "owners": owners,
                        "delivery_key": f"incident-{ctx.incident_id}-remediation-"
                                        f"{ctx.remediation_id}-owner"})
+    # Each owner on their own channel too, with the job's page (their code, said plainly).
+    for job_id in sorted(ctx.jobs):
+        _owner_message(ctx, job_id, f"Your Slurm job {job_id} failed in its own code",
+                       f"Job {job_id} stopped on an application error ({ctx.explanation}); the "
+                       f"fleet was healthy (incident {ctx.incident_id}). FleetWatch did not "
+                       "requeue it.", "job.failed")
     return Done(f"told {', '.join(owners) or 'the on-call channel'}: {result.detail}",
                 {"sent": True, "owners": owners})
 

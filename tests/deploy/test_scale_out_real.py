@@ -343,7 +343,8 @@ def test_containers_on_real_slurm_prometheus_and_kubernetes_heal_an_xid_79_once(
                       if ok and json.loads(data).get("changed"))
     assert changed == {
         ("notify", "on-call"): 1, ("slurm.drain", FAILED): 1, ("slurm.cancel", f"job {job}"): 1,
-        ("slurm.requeue", f"job {job}"): 1, ("k8s.cordon", FAILED): 1,
+        ("slurm.comment", f"job {job} stopped"): 1, ("slurm.requeue", f"job {job}"): 1,
+        ("slurm.comment", f"job {job} requeued"): 1, ("k8s.cordon", FAILED): 1,
         ("k8s.evict", TRAINER): 1, ("provider.replace", FAILED): 1,
         ("slurm.resume", SPARE): 1}, changed
     calls = {verb: call for verb, target, ok, data, call in entries

@@ -195,8 +195,10 @@ def build(result: DrillResult) -> dict[str, Any]:
         and reason.startswith(expected_reason),
         "failed_node_cordoned": bool((k8s_last.get("spec") or {}).get("unschedulable"))
         and annotations.get("fleetwatch.io/cordoned-by") == "fleetwatch",
+        # The job's Slurm comment is written twice: when it is stopped, when it is requeued.
         "every_action_audited_once": all(counts.get(v) == 1 for v in EXPECTED_ACTIONS)
-        and len(acted) == len(EXPECTED_ACTIONS) and all(e.ok for e in calls),
+        and counts.get("slurm.comment") == 2
+        and len(acted) == len(EXPECTED_ACTIONS) + 2 and all(e.ok for e in calls),
         "audit_chain_verifies": audit_verify().ok,
         "incident_resolved_with_phases": incident.status == Incident.Status.RESOLVED
         and {"detect", "drain", "requeue", "replace", "resume"} <= set(incident.phases),

@@ -49,7 +49,8 @@ BAD_NODE, SPARE = "gpu-003", "gpu-017"
 # (verb, target): each must be audited as a change exactly once, however often the worker dies.
 ACTIONS = {
     ("notify", "on-call"), ("slurm.drain", BAD_NODE), ("slurm.cancel", "job 3001"),
-    ("slurm.requeue", "job 3001"), ("k8s.cordon", BAD_NODE),
+    ("slurm.comment", "job 3001 stopped"), ("slurm.requeue", "job 3001"),
+    ("slurm.comment", "job 3001 requeued"), ("k8s.cordon", BAD_NODE),
     ("k8s.evict", f"slurm/slurmd-{BAD_NODE}"), ("provider.replace", BAD_NODE),
     ("slurm.resume", SPARE),
 }

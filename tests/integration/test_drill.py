@@ -101,8 +101,10 @@ def _common(result: DrillResult) -> tuple[Incident, Remediation]:
     # The audit trail: every outside action exactly once, in the playbook's order, all ok.
     calls = list(AuditEntry.objects.filter(remediation=rem).exclude(call="").order_by("id"))
     assert [(e.verb, e.target) for e in calls] == [
-        ("notify", "on-call"), ("slurm.drain", FAILED), ("slurm.cancel", f"job {result.job_id}"),
-        ("slurm.requeue", f"job {result.job_id}"), ("k8s.cordon", FAILED),
+        ("notify", "on-call"), ("slurm.drain", FAILED), ("slurm.comment", f"job {result.job_id} stopped"),
+        ("slurm.cancel", f"job {result.job_id}"),
+        ("slurm.requeue", f"job {result.job_id}"),
+        ("slurm.comment", f"job {result.job_id} requeued"), ("k8s.cordon", FAILED),
         ("k8s.evict", f"slurm/slurmd-{FAILED}"), ("provider.replace", FAILED),
         ("slurm.resume", SPARE)], [(e.verb, e.target, e.result) for e in calls]
     assert all(e.ok for e in calls)

@@ -320,8 +320,9 @@ def test_gpu_hardware_playbook_on_real_slurm_and_kubernetes(
     calls = list(AuditEntry.objects.filter(remediation=rem).exclude(call="").order_by("id"))
     acted = [(e.verb, e.target) for e in calls if e.data.get("changed")]
     assert acted == [
-        ("notify", "on-call"), ("slurm.drain", FAILED), ("slurm.cancel", f"job {job}"),
-        ("slurm.requeue", f"job {job}"), ("k8s.cordon", FAILED),
+        ("notify", "on-call"), ("slurm.drain", FAILED), ("slurm.comment", f"job {job} stopped"),
+        ("slurm.cancel", f"job {job}"), ("slurm.requeue", f"job {job}"),
+        ("slurm.comment", f"job {job} requeued"), ("k8s.cordon", FAILED),
         ("k8s.evict", "train/trainer-1"), ("provider.replace", FAILED), ("slurm.resume", SPARE),
     ]
     assert all(e.ok for e in calls)

@@ -172,6 +172,41 @@ def test_cancel_sends_sigterm_and_requeue_runs_the_job_again(
     wait_for(marker(cluster, job_id, 1).exists, 90, "the second run's SIGTERM handler to run")
 
 
+def test_a_requeued_jobs_comment_carries_the_reason_read_back_by_scontrol(
+        cluster: SlurmCluster, client: SlurmCli) -> None:
+    """What the remediation does after a requeue (incidents/remediation/steps.py): the reason
+    goes into the job itself, where `scontrol show job`, squeue and sacct show it."""
+    job_id = submit(cluster, "llm-pretrain", "gpu-003")
+    cluster.run("scontrol", "update", f"jobid={job_id}", "comment=my sweep 7", check=True)
+    wait_for(lambda: squeue(cluster, job_id) == "RUNNING", 90, f"job {job_id} to run")
+    assert client.cancel(job_id, "TERM", 2).changed
+    wait_for(lambda: job(client, job_id).state not in {"RUNNING", "COMPLETING"}, 60,
+             f"job {job_id} to end")
+    assert client.requeue(job_id).changed
+
+    why = (f"requeued after XID 79 (GPU has fallen off the bus) on gpu-003 GPU 5, incident 12, "
+           f"https://fleetwatch.example/jobs/{job_id}/?cluster=lab")
+    written = client.set_comment(job_id, why, "admin_comment")
+    assert written.changed
+    assert written.call == (f"scontrol update jobid={job_id} "
+                            f"'admincomment=fleetwatch: {why}'")
+    shown = cluster.run("scontrol", "show", "job", job_id, check=True).stdout
+    assert f"AdminComment=fleetwatch: {why}" in shown
+    assert "Comment=my sweep 7" in shown  # the user's own comment is untouched
+    assert job(client, job_id).admin_comment == f"fleetwatch: {why}"
+    assert cluster.run("squeue", "-h", "-j", job_id, "-O", "admin_comment:300").stdout.strip() \
+        == f"fleetwatch: {why}"
+    assert not client.set_comment(job_id, why, "admin_comment").changed  # a retried step
+
+    # A site that has researchers read the plain comment: theirs is kept after FleetWatch's.
+    assert client.set_comment(job_id, why, "comment").changed
+    assert job(client, job_id).comment == f"fleetwatch: {why} | my sweep 7"
+    assert squeue(cluster, job_id, "%k") == f"fleetwatch: {why} | my sweep 7"
+    with pytest.raises(ClientError, match="no job comment field"):
+        client.set_comment(job_id, why, "system_comment")
+    cluster.run("scancel", job_id)
+
+
 def test_requeue_hold_keeps_the_job_pending(cluster: SlurmCluster, client: SlurmCli) -> None:
     job_id = submit(cluster, "vit-sweep", "gpu-001")
     wait_for(lambda: squeue(cluster, job_id) == "RUNNING", 90, f"job {job_id} to run")

@@ -222,6 +222,19 @@ def test_cancel_with_sigterm_then_requeue_and_hold(cluster: Any, rest: SlurmRest
         rest.requeue("999999")
     assert exc.value.permanent
 
+    # Why, written into the job over slurmrestd's job update, read back by scontrol; the
+    # user's own comment is kept after FleetWatch's.
+    why = "requeued after XID 79 (GPU has fallen off the bus) on gpu-002 GPU 0, incident 3"
+    written = rest.set_comment(job, why, "admin_comment")
+    assert written.changed and written.call.startswith(f"POST /slurm/v0.0.44/job/{job} ")
+    assert f"AdminComment=fleetwatch: {why}" in cluster.run(
+        "scontrol", "show", "job", job, check=True).stdout
+    assert not rest.set_comment(job, why, "admin_comment").changed
+    cluster.run("scontrol", "update", f"jobid={job}", "comment=sweep 7", check=True)
+    assert rest.set_comment(job, why, "comment").changed
+    assert f"Comment=fleetwatch: {why} | sweep 7" in cluster.run(
+        "scontrol", "show", "job", job, check=True).stdout
+
 
 # --- bad input --------------------------------------------------------------------------------------
 
@@ -313,6 +326,7 @@ def _playbook(cluster: Any, k8s: Any, settings: Any, tmp_path: Path, monkeypatch
     settings.FLEETWATCH_PLAYBOOK_MODES = {}
     settings.FLEETWATCH_STEP_MODES = {}
     settings.FLEETWATCH_SLURM_GRACE_SECONDS = 2
+    settings.FLEETWATCH_BASE_URL = "https://fleetwatch.example"
     blocker = sbatch(cluster, "-J", "other-team", "-N", "2", "-w", "gpu-001,gpu-004",
                      "--gres=gpu:8", "--wrap", "sleep 600")
     wait_for(lambda: running(cluster, blocker), 30, "the blocker job to run")
@@ -362,15 +376,22 @@ def _playbook(cluster: Any, k8s: Any, settings: Any, tmp_path: Path, monkeypatch
     shown = job_fields(cluster, job)
     assert (shown["JobState"], shown["Restarts"], shown["NodeList"]) == (
         "RUNNING", "1", "gpu-[002,005]")  # the spare took gpu-003's place
+    # Why, in the job itself (its admin comment, written over slurmrestd), read back with
+    # scontrol: what `scontrol show job`, squeue and sacct show the researcher.
+    text = cluster.run("scontrol", "show", "job", job, check=True).stdout
+    assert (f"AdminComment=fleetwatch: requeued after GPU hardware on {FAILED}, incident "
+            f"{incident.pk}, https://fleetwatch.example/jobs/{job}/?cluster=") in text, text
     assert running(cluster, blocker)
 
     calls = list(AuditEntry.objects.filter(remediation=rem).exclude(call="").order_by("id"))
     acted = [(e.verb, e.target, e.call.split(" ")[0]) for e in calls if e.data.get("changed")]
     assert acted == [
         ("notify", "on-call", "notify"), ("slurm.drain", FAILED, "POST"),
-        ("slurm.cancel", f"job {job}", "DELETE"), ("slurm.requeue", f"job {job}", "scontrol"),
-        ("k8s.cordon", FAILED, acted[4][2]), ("k8s.evict", "train/trainer-1", acted[5][2]),
-        ("provider.replace", FAILED, acted[6][2]), ("slurm.resume", SPARE, "POST"),
+        ("slurm.comment", f"job {job} stopped", "POST"), ("slurm.cancel", f"job {job}", "DELETE"),
+        ("slurm.requeue", f"job {job}", "scontrol"),
+        ("slurm.comment", f"job {job} requeued", "POST"),
+        ("k8s.cordon", FAILED, acted[6][2]), ("k8s.evict", "train/trainer-1", acted[7][2]),
+        ("provider.replace", FAILED, acted[8][2]), ("slurm.resume", SPARE, "POST"),
     ]
     assert all(e.ok for e in calls)
     assert audit_verify().ok

@@ -122,8 +122,8 @@ def test_gpu_memory_resets_the_gpu_checks_it_and_resumes(
                 between=lambda: collectors.collect_source("slurm"))
     assert rem.status == "succeeded", [(s.kind, s.status, s.detail) for s in rem.steps.all()]
     assert [v for v, _ in calls(rem)] == [
-        "notify", "slurm.drain", "slurm.cancel", "slurm.requeue", "provider.reset_gpu",
-        "slurm.resume"]
+        "notify", "slurm.drain", "slurm.comment", "slurm.cancel", "slurm.requeue",
+        "slurm.comment", "provider.reset_gpu", "slurm.resume"]
     node = sim_fleet.snapshot()["nodes"]["gpu-003"]
     assert not node["drained"] and node["gpus"][2]["last_xid"] == 0
     assert sim_fleet.snapshot()["jobs"]["3001"]["state"] == "RUNNING"
@@ -171,7 +171,8 @@ def test_a_flapping_link_keeps_the_node_drained_until_stable(
         settings: Any) -> None:
     from collectors.sim.faults import fault_inject
 
-    settings.FLEETWATCH_RECOVERY_STABLE_MINUTES = 0.02  # 1.2 s
+    # 3 s: longer than the repair takes to reach the wait (drain, stop, comment, requeue)
+    settings.FLEETWATCH_RECOVERY_STABLE_MINUTES = 0.05
     fault_inject("link-flap", node="gpu-004")
     collectors.collect_source("telemetry")
     incident = open_incident(cluster, diag("network_flap", ("gpu-004",)),
@@ -212,7 +213,8 @@ def test_a_dead_switch_holds_its_nodes_then_releases_them_and_touches_nothing_el
                 between=lambda: collectors.collect_source("telemetry"))
     assert rem.status == "succeeded", [(s.kind, s.status, s.detail) for s in rem.steps.all()]
     verbs = {v for v, _ in calls(rem)}
-    assert verbs <= {"notify", "slurm.drain", "slurm.cancel", "slurm.requeue", "slurm.resume"}
+    assert verbs <= {"notify", "slurm.drain", "slurm.cancel", "slurm.comment", "slurm.requeue",
+                     "slurm.resume"}
     assert sorted(t for v, t in calls(rem) if v == "slurm.drain") == sorted(leaf_b)
     assert sorted(t for v, t in calls(rem) if v == "slurm.resume") == sorted(leaf_b)
     state = sim_fleet.snapshot()
@@ -287,6 +289,10 @@ class FakeWorld:
                               for j in world.jobs]
                 return ActionResult(f"scontrol requeue {job_id}", True)
 
+            def set_comment(self, job_id: str, text: str, field: str) -> ActionResult:
+                world.made.append(f"comment {job_id}")
+                return ActionResult(f"scontrol update jobid={job_id} {field}={text}", True)
+
         class Kubernetes:
             def nodes(self) -> list[K8sNode]:
                 return list(world.k8s.values())
@@ -355,7 +361,8 @@ def test_unreachable_node_is_marked_down_rebooted_and_replaced_only_if_it_stays_
                       k8s={"gpu-003": K8sNode("gpu-003", None, False)})
     out = EXECUTORS["down_node"](ctx_for(world, "down_node", root_cause="node_unreachable"))
     assert isinstance(out, Done) and out.result["requeued"] == ["3001"]
-    assert world.made == ["down gpu-003", "cancel 3001", "requeue 3001"]
+    assert world.made == ["down gpu-003", "comment 3001", "cancel 3001", "requeue 3001",
+                          "comment 3001"]
     out = EXECUTORS["reboot"](ctx_for(world, "reboot"))
     assert isinstance(out, Wait) and "rebooting" in out.detail
     world.provider_state = "ready"
