@@ -43,6 +43,7 @@ NEEDS: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/incidents/{id}/resolve/"): OPERATE,
     ("GET", "/api/v1/jobs/"): READ,
     ("GET", "/api/v1/jobs/{slurm_id}/"): READ,
+    ("GET", "/api/v1/jobs/{slurm_id}/why/"): READ,
     ("GET", "/api/v1/nodes/"): READ,
     ("GET", "/api/v1/nodes/{name}/"): READ,
     ("GET", "/api/v1/policy/"): READ,
