@@ -102,6 +102,9 @@ class Node(models.Model):
     # Every other node condition as last reported, type -> [status, reason, message]: what
     # normalize.k8s_condition_changes compares against (health tools' verdicts among them).
     k8s_conditions = models.JSONField(default=dict, blank=True)
+    # The node's labels and taints as last reported (shown on its page).
+    k8s_labels = models.JSONField(default=dict, blank=True)
+    k8s_taints = models.JSONField(default=list, blank=True)
     # The NIC summary (worst port state, link_downed summed over ports) and, per port
     # ("mlx5_0/1"), the last readings the change detection compares against.
     nic_state = models.CharField(max_length=16, blank=True)

@@ -356,6 +356,11 @@ def node_detail(node: Node) -> dict[str, Any]:
         "nic_ports": sorted((node.nic_ports or {}).items()),
         # fleetwatch.io/ annotations and the like, as the Kubernetes collector stored them.
         "k8s_annotations": sorted((node.k8s_annotations or {}).items()),
+        "k8s_labels": sorted((node.k8s_labels or {}).items()),
+        "k8s_taints": [tuple(t) for t in node.k8s_taints or []],
+        # type -> (status, reason, message), the kubelet's and health tools' alike.
+        "k8s_conditions": sorted((kind, *value) for kind, value in
+                                 (node.k8s_conditions or {}).items()),
     }
     gpus: list[Gpu] = out["gpus"]
     dcgm_last = gpu_dcgm_last(node)

@@ -535,20 +535,22 @@ def collect_kubernetes(cluster: Cluster, clients: Clients, run: RunLog) -> list[
     ids = _nodes_ensure(cluster, (s.name for s in reported))
     stored = {row[0]: row[1:] for row in Node.objects.filter(cluster=cluster).values_list(
         "name", "k8s_ready_status", "k8s_unschedulable", "k8s_annotations", "pool",
-        "k8s_conditions")}
+        "k8s_conditions", "k8s_labels", "k8s_taints")}
     drafts: list[SignalDraft] = []
     now = timezone.now()
     changed = []
     for seen in reported:
-        status, unschedulable, annotations, pool, conditions = stored[seen.name]
+        status, unschedulable, annotations, pool, conditions, labels, taints = stored[seen.name]
         drafts += normalize.k8s_node_changes(status, unschedulable, seen)
         drafts += normalize.k8s_condition_changes(status, conditions, seen)
         new = (normalize.ready_status(seen.ready), seen.unschedulable, seen.annotations,
-               seen.labels.get("fleetwatch.io/pool", pool), normalize.k8s_conditions_stored(seen))
-        if new != (status, unschedulable, annotations, pool, conditions):
+               seen.labels.get("fleetwatch.io/pool", pool), normalize.k8s_conditions_stored(seen),
+               seen.labels, [list(t) for t in seen.taints])
+        if new != (status, unschedulable, annotations, pool, conditions, labels, taints):
             changed.append((ids[seen.name], seen.ready, *new, now))
     update_columns(Node, ["k8s_ready", "k8s_ready_status", "k8s_unschedulable",
-                          "k8s_annotations", "pool", "k8s_conditions", "updated_at"], changed)
+                          "k8s_annotations", "pool", "k8s_conditions", "k8s_labels",
+                          "k8s_taints", "updated_at"], changed)
     run.counts["nodes_changed"] = len(changed)
     first = cursor.get("events") is None
     event_changes = k8s.event_changes(cursor.get("events"), WATCH_SECONDS)

@@ -91,6 +91,8 @@ class K8sNode:
     # pressures and the verdicts health tools write (NVSentinel's SysLogsXIDError, Node Problem
     # Detector's KernelDeadlock, AKS's IBLinkFlapping, ...).
     conditions: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    # spec.taints as (key, value, effect): what keeps pods off the node besides the cordon.
+    taints: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -110,8 +110,11 @@ def node_from(obj: Obj) -> K8sNode:
             others[kind] = (str(condition.get("status") or "Unknown"),
                             str(condition.get("reason") or ""),
                             str(condition.get("message") or ""))
-    return K8sNode(name=name, ready=ready, conditions=others,
-                   unschedulable=bool((obj.get("spec") or {}).get("unschedulable")),
+    spec = obj.get("spec") or {}
+    taints = tuple((str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
+                   for t in spec.get("taints") or [] if isinstance(t, dict))
+    return K8sNode(name=name, ready=ready, conditions=others, taints=taints,
+                   unschedulable=bool(spec.get("unschedulable")),
                    annotations=_str_map(meta.get("annotations"), "metadata.annotations"),
                    labels=_str_map(meta.get("labels"), "metadata.labels"), ready_reason=reason)
 

@@ -134,6 +134,10 @@ def test_node_page_shows_what_dcgm_and_kubernetes_reported(ops: Client, fleet: C
     node.nic_ports = {"mlx5_0/1": {"state": "DOWN", "link_downed": 4, "link_error_recovery": 1}}
     node.k8s_annotations = {"fleetwatch.io/cordoned-by": "incident-7"}
     node.k8s_ready_status, node.k8s_unschedulable = "True", True
+    node.k8s_labels = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    node.k8s_taints = [["nvidia.com/gpu", "present", "NoSchedule"]]
+    node.k8s_conditions = {"SysLogsXIDError": ["True", "SysLogsXIDErrorIsNotHealthy",
+                                               "ErrorCode:79 PCI:0000:ef:00"]}
     node.save()
     Gpu.objects.filter(node=node).update(clock_event_reasons=0x40 | 0x08, dbe_total=3.0)
     Signal.objects.create(cluster=fleet, source="dcgm", kind="dcgm_field", node=node,
@@ -154,4 +158,9 @@ def test_node_page_shows_what_dcgm_and_kubernetes_reported(ops: Client, fleet: C
     assert "<code>mlx5_0/1</code></td><td>DOWN</td><td>4</td>" in page
     assert "fleetwatch.io/cordoned-by=incident-7" in page
     assert "cordoned (unschedulable)" in page
-    assert "not stored by the Kubernetes collector" in page
+    assert "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3" in page
+    assert "nvidia.com/gpu=present:NoSchedule" in page
+    conditions = re.search(r'data-testid="node-conditions">(.*?)</dd>', page, re.S)
+    assert conditions and "SysLogsXIDError=True" in conditions.group(1)
+    assert "ErrorCode:79 PCI:0000:ef:00" in conditions.group(1)
+    assert "pods are not stored by the Kubernetes collector" in page

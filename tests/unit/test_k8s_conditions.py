@@ -32,6 +32,16 @@ def test_node_from_reads_every_condition() -> None:
         "KernelDeadlock": ("False", "KernelHasNoDeadlock", "")}
 
 
+def test_node_from_reads_taints_and_labels() -> None:
+    node = node_from({"metadata": {"name": "gpu-001", "labels": {"nvidia.com/gpu.product": "H100"}},
+                      "spec": {"taints": [
+                          {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+                          {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]}})
+    assert node.taints == (("nvidia.com/gpu", "present", "NoSchedule"),
+                           ("node.kubernetes.io/unreachable", "", "NoExecute"))
+    assert node.labels == {"nvidia.com/gpu.product": "H100"}
+
+
 def test_first_look_is_not_news() -> None:
     now = _node(SysLogsXIDError=("True", "SysLogsXIDErrorIsNotHealthy", NVS))
     assert normalize.k8s_condition_changes("", {}, now) == []
