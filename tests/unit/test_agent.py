@@ -667,3 +667,16 @@ def test_a_second_agent_on_the_same_state_directory_is_refused(
     finally:
         held.close()
     assert code == 2 and "another agent is running with" in capsys.readouterr().err
+
+
+def test_the_agent_wheel_holds_every_module_of_the_agent() -> None:
+    """The wheel lists its files one by one (collectors/agent/pyproject.toml): a module added to
+    the agent and not listed there is missing on every GPU node that installs the package, and
+    the agent dies at its first import of it."""
+    import tomllib
+
+    agent = Path(__file__).resolve().parents[2] / "collectors" / "agent"
+    meta = tomllib.loads((agent / "pyproject.toml").read_text())
+    listed = set(meta["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"])
+    modules = {p.name for p in agent.glob("*.py")}
+    assert modules - listed == set(), "agent modules the wheel leaves out"
