@@ -376,9 +376,11 @@ def readme_settings() -> set[str]:
 # Not FleetWatch server settings, or set by the manifests another way.
 NOT_IN_CONFIGMAP = {
     "FLEETWATCH_STOP_SECONDS", "FLEETWATCH_DEMO_USER", "FLEETWATCH_DEMO_PASSWORD",  # make run
+    "FLEETWATCH_DEMO_ROTATE", "FLEETWATCH_READY_SECONDS",                          # make run
     "HOST", "PORT",                          # make run's bind; GUNICORN_BIND is set instead
     "FLEETWATCH_URL", "FLEETWATCH_AGENT_MAX_TRIES", "FLEETWATCH_AGENT_RETRY_BACKOFF",
     "FLEETWATCH_AGENT_TOKEN",                # the node agent's: agent/configmap.yaml, its Secret
+    "FLEETWATCH_AGENT_GPUD_URL",
     "FLEETWATCH_STATIC_ROOT",                # set by the image (its ENV)
     "FLEETWATCH_MIGRATE",                    # the migration Job migrates, not the web pods
 }
