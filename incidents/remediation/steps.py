@@ -116,7 +116,9 @@ class StepContext:
                       if getattr(exc, "call", "") else None)
             self.audit(verb, target, failed, error, (time.monotonic() - started) * 1000)
             raise
-        self.audit(verb, target, result, None, (time.monotonic() - started) * 1000)
+        # A call that reached nothing outside (no owner address to tell) has no time to show.
+        self.audit(verb, target, result, None,
+                   (time.monotonic() - started) * 1000 if result.call else None)
         self.done_calls.add(key)
         if self.on_call_done is not None:
             self.on_call_done(key)
