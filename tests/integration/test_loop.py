@@ -75,9 +75,11 @@ def test_xid79_heals_without_a_person(celery_worker_process: Worker, sim_state: 
     # Every outside call is in the audit trail, in order, each with its result.
     calls = list(AuditEntry.objects.filter(remediation=remediation).exclude(call="")
                  .values_list("verb", "target", "ok"))
+    # The job's comment is written before it is stopped (Slurm refuses an ended job's update)
+    # and again once it is requeued; its owner has no address here, so nobody is messaged.
     assert [v for v, _, _ in calls] == [
-        "notify", "slurm.drain", "slurm.cancel", "slurm.requeue", "k8s.cordon", "k8s.evict",
-        "provider.replace", "slurm.resume"]
+        "notify", "slurm.drain", "slurm.comment", "slurm.cancel", "slurm.requeue",
+        "slurm.comment", "k8s.cordon", "k8s.evict", "provider.replace", "slurm.resume"]
     assert all(ok for _, _, ok in calls)
     assert ("slurm.drain", "gpu-003", True) in calls
     assert ("slurm.resume", new_node, True) in calls
