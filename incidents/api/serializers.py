@@ -55,7 +55,8 @@ class IncidentSerializer(serializers.ModelSerializer):
         slug_field="name", read_only=True)
     root_cause = serializers.ChoiceField(choices=RootCause.choices, read_only=True)
     owner: serializers.SlugRelatedField[AbstractBaseUser] = serializers.SlugRelatedField(
-        slug_field="username", read_only=True, help_text="the person on call who owns it, or null")
+        slug_field="username", read_only=True, allow_null=True,
+        help_text="the person on call who owns it, or null")
     severity = serializers.ChoiceField(choices=Severity.choices, read_only=True)
 
     class Meta:
