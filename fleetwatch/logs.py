@@ -202,8 +202,17 @@ PLAIN_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s%(request_tag)s
 # tick (every few seconds in the demo), kombu's "No hostname was supplied" for the filesystem
 # broker. Failures still show (a failed task is an ERROR of celery.app.trace); JSON logs keep
 # them all, and LOG_LEVEL=DEBUG brings them back here too.
-PLAIN_QUIET = {"celery.beat": "WARNING", "celery.worker.strategy": "WARNING",
-               "celery.app.trace": "WARNING", "kombu.connection": "ERROR"}
+# Beat's own start ("beat: Starting...") and errors stay: only its ticks are dropped
+# (BeatTickFilter), not the logger.
+PLAIN_QUIET = {"celery.worker.strategy": "WARNING", "celery.app.trace": "WARNING",
+               "kombu.connection": "ERROR"}
+
+
+class BeatTickFilter(logging.Filter):
+    """Drops beat's "Scheduler: Sending due task ..." lines (one per task, every few seconds)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Scheduler: Sending due task")
 
 
 def logging_config(fmt: str = "json", level: str = "INFO", *,
@@ -230,6 +239,7 @@ def logging_config(fmt: str = "json", level: str = "INFO", *,
     }
     if fmt == "plain" and logging.getLevelName(level) == logging.INFO:
         loggers.update({name: {"level": quiet} for name, quiet in PLAIN_QUIET.items()})
+        loggers["celery.beat"] = {"filters": ["beat_ticks"]}
     if gunicorn:
         loggers["gunicorn.error"] = {"handlers": ["console"], "level": level, "propagate": False}
         loggers["gunicorn.access"] = {"handlers": ["null"], "propagate": False}
@@ -239,6 +249,7 @@ def logging_config(fmt: str = "json", level: str = "INFO", *,
         "filters": {
             "request_id": {"()": "fleetwatch.logs.RequestIdFilter"},
             "redact": {"()": "fleetwatch.logs.RedactFilter"},
+            "beat_ticks": {"()": "fleetwatch.logs.BeatTickFilter"},
         },
         "formatters": {
             "json": {"()": "fleetwatch.logs.JsonFormatter"},
