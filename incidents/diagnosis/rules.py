@@ -500,7 +500,7 @@ class Engine:
             why = (f"{f.configured - f.reported} of its {f.configured} GPUs are gone"
                    if partial else "slurmd sees none of its GPUs: the driver, NVML or "
                    "gres.conf may be at fault as well as the GPUs; check before acting")
-            jobs = tuple(sorted(j for j in self.jobs_of.get(node, ()) if self._job_alive(j, f.t)))
+            jobs = tuple(sorted(j for j in self.jobs_of.get(node, ()) if self.job_alive(j, f.t)))
             victims, victim_ids = self.victims_text(jobs, f.t, {node})
             self.gpu_nodes[node] = f.t
             self.add(Diagnosis(
@@ -621,7 +621,7 @@ class Engine:
         jobs, spared = self.on_gpu(
             node, cause.gpu if cause is not None else (
                 memory[0].gpu if memory else (hw_cause.device if hw_cause else None)),
-            (j for j in self.jobs_of.get(node, ()) if self._job_alive(j, t)))
+            (j for j in self.jobs_of.get(node, ()) if self.job_alive(j, t)))
         victims, victim_ids = self.victims_text(jobs, t, {node})
         explanation = (lead_text + (f" ({'; '.join(extras)})" if extras else "") + "." + victims
                        + self.spared_text(node, spared))
@@ -634,7 +634,7 @@ class Engine:
         # Application XIDs right around a hardware fault on the same node are its echo.
         return [a for a in app if abs(a.t - t) > ABSORB_APP_XID_S]
 
-    def _job_alive(self, job: str, t: float) -> bool:
+    def job_alive(self, job: str, t: float) -> bool:
         span = self.facts.job_spans.get(job)
         if span is None:
             return True
@@ -802,7 +802,7 @@ class Engine:
     def _flap(self, node: str, links: list[LinkFact], first: LinkFact, confidence: float,
               text: str) -> None:
         t = first.t
-        jobs = tuple(sorted(j for j in self.jobs_of.get(node, ()) if self._job_alive(j, t)))
+        jobs = tuple(sorted(j for j in self.jobs_of.get(node, ()) if self.job_alive(j, t)))
         # Some leaf does not hold this node (the index spares a scan of every leaf's list).
         others = len(self.topology) > len(self.leaves_of.get(node, ()))
         victims, victim_ids = self.victims_text(jobs, t, {node})
@@ -894,7 +894,7 @@ class Engine:
                 continue
             sources = sorted({r.source for r in down})
             t = first.t
-            jobs = tuple(sorted(j for j in self.jobs_of.get(node, ()) if self._job_alive(j, t)))
+            jobs = tuple(sorted(j for j in self.jobs_of.get(node, ()) if self.job_alive(j, t)))
             victims, victim_ids = self.victims_text(jobs, t, {node})
             said = "; ".join(dict.fromkeys(r.text for r in down[:3]))
             explanation = (f"{node} stopped answering at {_when(first.at)} ({said}) and shows no "
@@ -952,7 +952,7 @@ class Engine:
             clean = sorted(o for o in self.topology if o != leaf)
             said = "; ".join(dict.fromkeys(r.text for r in burst[:3]))
             jobs = tuple(sorted({j for n in nodes for j in self.jobs_of.get(n, ())
-                                 if self._job_alive(j, b0)}))
+                                 if self.job_alive(j, b0)}))
             self.add(Diagnosis(
                 SWITCH_FAILURE, tuple(nodes), 0.7, PLAYBOOK_FOR[SWITCH_FAILURE],
                 f"{len(nodes)} of the {len(members)} nodes under {leaf} ({_names(nodes)}) "

@@ -13,16 +13,35 @@ or network fault (a hung kernel, a read-only disk) is shown as a note; a non-fat
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from collectors.knowledge import health_tools as ht
 from collectors.knowledge.causes import PLAYBOOK_FOR, RootCause
-from incidents.diagnosis.facts import ToolFact
+from incidents.diagnosis.facts import Facts, ToolFact
 from incidents.diagnosis.types import Diagnosis
 
-if TYPE_CHECKING:
-    from incidents.diagnosis.rules import Engine
+
+class Engine(Protocol):
+    """What these verdicts read from and write to the rule engine (``rules.Engine``). Named
+    here, not imported: the engine calls this module, and this module would otherwise import
+    the engine back."""
+
+    facts: Facts
+    gpu_nodes: dict[str, float]
+    nic_nodes: dict[str, list[float]]
+
+    @property
+    def jobs_of(self) -> Mapping[str, Collection[str]]: ...
+
+    def note(self, kind: str, text: str, at: datetime, **kw: object) -> None: ...
+    def add(self, diagnosis: Diagnosis, t: float, source: str = "kernel",
+            spared: Sequence[str] = ()) -> None: ...
+    def job_alive(self, job: str, t: float) -> bool: ...
+    def victims_text(self, jobs: Sequence[str], t: float,
+                     blamed: set[str]) -> tuple[str, list[int]]: ...
+
 
 # Below incidents.lifecycle.AUTO_REMEDIATION_MIN_CONFIDENCE (0.8): a tool's verdict alone waits
 # for a person. The same as the rules' other "check before acting" diagnoses.
@@ -108,7 +127,7 @@ def _node_verdicts(engine: Engine, node: str, verdicts: list[ToolFact]) -> None:
     confidence = VERDICTS_AGREE_CONFIDENCE if len(tools) > 1 else VERDICT_ALONE_CONFIDENCE
     said = "; ".join(dict.fromkeys(_said(f) for f in faults[:3]))
     t = first.t
-    jobs = tuple(sorted(j for j in engine.jobs_of.get(node, ()) if engine._job_alive(j, t)))
+    jobs = tuple(sorted(j for j in engine.jobs_of.get(node, ()) if engine.job_alive(j, t)))
     victims, victim_ids = engine.victims_text(jobs, t, {node})
     if cause in (RootCause.GPU_HARDWARE, RootCause.GPU_MEMORY, RootCause.NVLINK,
                  RootCause.THERMAL):
