@@ -199,4 +199,9 @@ if [ "$ready" != 3 ]; then
   echo
 fi
 # Whichever of the three ends first (a crash, or a signal sent to it alone) stops the others.
-wait -n "${pids[@]}"
+# Checked every second rather than with one `wait -n`: a signal that lands just before bash
+# blocks in wait is acted on only once a child ends (seen on a loaded machine: a Ctrl-C right
+# after the banner did nothing), so no wait here lasts longer than a second.
+all_alive() { for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || return 1; done; }
+while all_alive; do sleep 1 & wait "$!" || true; done
+wait -n "${pids[@]}"  # the ended child's status (at once: it has ended) is the script's
