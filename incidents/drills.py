@@ -555,8 +555,8 @@ def _drill_close(drill_id: int, status: str, reason: str, over_budget: bool,
             incident=incident, status__in=Remediation.ACTIVE)) if incident else []
         if incident is not None:
             incident = Incident.objects.select_for_update().get(pk=incident.pk)
-        drill = Drill.objects.select_for_update().select_related("cluster", "signal").get(
-            pk=drill_id)
+        drill = (Drill.objects.select_for_update(of=("self",))
+                 .select_related("cluster", "signal").get(pk=drill_id))
         if drill.status != Drill.Status.RUNNING:
             return f"drill {drill_id} finished meanwhile ({drill.status})"
         now = timezone.now()
