@@ -525,6 +525,11 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     # Tags and operation ids from the path after /api/v1/ ("incidents", "incidents_list").
     "SCHEMA_PATH_PREFIX": r"/api/v1",
+    # Fire drills' choice sets share field names (status, mode) with remediations' and steps'.
+    "ENUM_NAME_OVERRIDES": {"DrillStatusEnum": "incidents.models.Drill.Status",
+                            "DrillModeEnum": "incidents.models.Drill.Mode",
+                            "DrillTriggerEnum": "incidents.models.Drill.Trigger",
+                            "ModeEnum": "incidents.models.Remediation.Mode"},
 }
 
 # --- Logs and metrics -----------------------------------------------------------------------
