@@ -145,7 +145,7 @@ def test_observe_drill_runs_the_loop_to_the_provider_and_changes_nothing(
     # Nobody paged: no delivery, no webhook event; and the drill's report reads it all.
     assert not Delivery.objects.exists()
     report = selectors.drill_report(drill)
-    assert [t for t in report["timeline"] if t["type"] == "would"][0]["title"] == \
+    assert next(t for t in report["timeline"] if t["type"] == "would")["title"] == \
         "would call notify on-call"
     assert metrics(client)["fleetwatch_drill_last_result"] == 1.0
 
