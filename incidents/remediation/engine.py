@@ -272,6 +272,17 @@ def _rehearsal(incident: Incident) -> Rehearsal | None:
                      CANARY_REAL_VERBS if canary else frozenset())
 
 
+def _rehearsed(rem: Remediation, detail: str) -> str:
+    """A drill's step says what it did as if it had (the executor's words), and that it was a
+    rehearsal: which of its calls were only recorded."""
+    rehearsal = _rehearsal(rem.incident)
+    if rehearsal is None:
+        return detail
+    made = (f"only {', '.join(sorted(rehearsal.real_verbs))} made for real"
+            if rehearsal.real_verbs else "no call made")
+    return f"Rehearsed by fire drill {rehearsal.drill_id} ({made}): {detail}"
+
+
 def _rehearsal_end(step: Step, stop: RehearsalStop) -> str:
     """A drill's playbook reached the provider: that step is done (its call recorded as
     "would call"), the steps after it are not run, and the remediation is over: succeeded as
@@ -388,7 +399,7 @@ def _step_apply(step: Step, outcome: Outcome | ClientError) -> str:
     now = timezone.now()
     if isinstance(outcome, Done):
         step.status, step.finished_at = Step.Status.SUCCEEDED, now
-        step.result, step.detail, step.error = outcome.result, outcome.detail, ""
+        step.result, step.detail, step.error = outcome.result, _rehearsed(rem, outcome.detail), ""
         step.save()
         audit_record("step.succeeded", step.kind, remediation=rem, step=step,
                      result=outcome.detail)

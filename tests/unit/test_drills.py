@@ -128,6 +128,9 @@ def test_observe_drill_runs_the_loop_to_the_provider_and_changes_nothing(
     kinds = dict(rem.steps.values_list("kind", "status"))
     assert kinds.pop("resume") == Step.Status.SKIPPED  # past the provider: not run
     assert set(kinds.values()) == {Step.Status.SUCCEEDED}
+    # Each step's words say it was a rehearsal, not that the node was drained.
+    drained = rem.steps.get(kind="drain_and_cancel").detail
+    assert drained.startswith(f"Rehearsed by fire drill {drill.pk} (no call made): ")
 
     # Every outside call only recorded, in the playbook's order; none made.
     entries = AuditEntry.objects.filter(remediation=rem).order_by("pk")
