@@ -407,6 +407,7 @@ def drill_follow(drill_id: int) -> str:
     if drill is None or drill.status != Drill.Status.RUNNING:
         return f"drill {drill_id} is not running"
     now = timezone.now()
+    Drill.objects.filter(pk=drill_id).update(checked_at=now)
     incident = _drill_incident(drill)
     rem = _remediation_of(incident)
     verdict = _verdict(incident, rem) if drill.signal_id is not None else None
@@ -434,21 +435,26 @@ def drill_follow(drill_id: int) -> str:
 
 
 def drills_rescue() -> list[int]:
-    """The watchdog (beat): every running drill is looked at, so one whose messages died with a
-    worker or a broker still finishes (failed, past its budget) instead of staying "running"
-    forever; one that lost its first message begins again. Returns the drills looked at."""
-    looked = []
+    """The watchdog (beat): a running drill whose messages died with a worker or a broker
+    still finishes (failed, past its budget) instead of staying "running" forever; one that
+    lost its first message begins again, one whose follow-ups stopped is followed again (a
+    live chain of follow-ups is left alone). Returns the drills it acted on."""
+    acted = []
     now = timezone.now()
     stale = now - timedelta(seconds=BEGIN_LOST_SECONDS)
-    for drill_id, injected, started, deadline in Drill.objects.filter(
+    lost = now - timedelta(seconds=max(settings.FLEETWATCH_WATCHDOG_SECONDS,
+                                       settings.FLEETWATCH_STEP_POLL_SECONDS * 5))
+    for drill_id, injected, started, deadline, checked in Drill.objects.filter(
             status=Drill.Status.RUNNING).values_list("pk", "signal_id", "started_at",
-                                                     "deadline"):
-        looked.append(drill_id)
+                                                     "deadline", "checked_at"):
         if injected is None and started < stale and now < deadline:
             log.warning("fire drill %s: its start was lost; beginning it again", drill_id)
             drill_begin(drill_id)
-        drill_follow(drill_id)
-    return looked
+            acted.append(drill_id)
+        elif now >= deadline or (injected is not None and (checked is None or checked < lost)):
+            drill_follow(drill_id)
+            acted.append(drill_id)
+    return acted
 
 
 # --- finishing: clean-up, result, alert ----------------------------------------------------------
@@ -463,6 +469,15 @@ def _canary_restore(drill: Drill, incident: Incident | None) -> tuple[list[dict[
     before, node = drill.canary_before or {}, drill.node
     ours = f"{SLURM_REASON_PREFIX} incident {incident.pk} "
     events: list[dict[str, str]] = []
+    real = _real_incident_on(drill.cluster, node)
+    if real is not None or policy.node_busy(drill.cluster_id, [node]):
+        # A real fault came to the canary meanwhile: its repair owns the node now (it may
+        # rely on the drain the drill set), so the drill undoes nothing.
+        why = (f"in real incident {real.pk} now" if real is not None
+               else policy.node_busy(drill.cluster_id, [node]))
+        events.append(_event("canary left for a real repair", f"{node}: {why}"))
+        return events, (f"the canary {node} was not put back: {why}; its repair decides "
+                        "when it goes back")
     try:
         clients = get_clients(drill.cluster.name)
         slurm = {n.name: n for n in clients.slurm.nodes()}.get(node)

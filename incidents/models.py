@@ -461,6 +461,9 @@ class Drill(models.Model):
     canary_before = models.JSONField(default=dict, blank=True)
     alerted_at = models.DateTimeField(null=True, blank=True,
                                       help_text="when the failure alert was sent")
+    # When a follow-up last looked at it: the watchdog starts a new one only when the chain
+    # of follow-ups died (a killed worker), not one more beside a live chain.
+    checked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-started_at", "-id"]

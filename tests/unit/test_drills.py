@@ -223,6 +223,30 @@ def test_canary_drill_drains_and_cordons_for_real_then_puts_the_canary_back(
     assert [e["what"] for e in drill.events].count("canary put back") == 2
 
 
+def test_a_real_fault_on_the_canary_mid_drill_keeps_the_drain_for_its_repair(
+        fleet: SimFleet, django_capture_on_commit_callbacks: Any, settings: Any) -> None:
+    """The drill drained the canary for real; meanwhile a real fault hits it. The real repair
+    finds the node drained already (its own drain a no-op): the drill's clean-up must not
+    resume the node under it."""
+    from incidents import lifecycle
+    from incidents.diagnosis import Diagnosis
+
+    settings.FLEETWATCH_DRILL_MODE = "canary"
+    drill = run_drill(django_capture_on_commit_callbacks, follow=False)
+    with django_capture_on_commit_callbacks():
+        real, _ = lifecycle.incident_record(drill.cluster_id, Diagnosis(
+            root_cause="gpu_memory", nodes=(CANARY,), confidence=0.95, playbook="reset_gpu",
+            explanation="uncorrectable ECC", detected_at=drill.started_at))
+    assert real.drill_id is None
+    with django_capture_on_commit_callbacks() as callbacks:
+        drills.drill_follow(drill.pk)
+    drill.refresh_from_db()
+    assert drill.status == Drill.Status.FAILED
+    assert f"was not put back: in real incident {real.pk} now" in drill.reason
+    assert node_state(fleet)["drained"] and node_state(fleet)["cordoned"]
+    assert queued(callbacks, queueing.DRILL_ALERT) == [(drill.pk,)]
+
+
 def test_canary_mode_leaves_a_node_someone_else_drained_alone(
         fleet: SimFleet, django_capture_on_commit_callbacks: Any, settings: Any) -> None:
     settings.FLEETWATCH_DRILL_MODE = "canary"
@@ -325,10 +349,13 @@ def test_a_drill_nothing_follows_any_more_is_finished_by_the_watchdog(
         drill = drills.drill_start(trigger=Drill.Trigger.SCHEDULE, actor="system").drill
     with django_capture_on_commit_callbacks():
         drills.drill_begin(drill.pk)
-    with django_capture_on_commit_callbacks():
-        assert drills.drills_rescue() == [drill.pk]  # within its budget: left running
+    with django_capture_on_commit_callbacks() as callbacks:
+        assert drills.drills_rescue() == [drill.pk]  # never followed: followed now
     drill.refresh_from_db()
-    assert drill.status == Drill.Status.RUNNING
+    assert drill.status == Drill.Status.RUNNING  # within its budget: left running
+    assert queued(callbacks, queueing.DRILL_FOLLOW) == [(drill.pk,)]
+    with django_capture_on_commit_callbacks():
+        assert drills.drills_rescue() == []  # its follow-ups live: no second chain
     Drill.objects.filter(pk=drill.pk).update(deadline=drill.started_at)
     with django_capture_on_commit_callbacks() as callbacks:
         drills.drills_rescue()
