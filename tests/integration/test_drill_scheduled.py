@@ -49,6 +49,7 @@ def test_a_scheduled_drill_runs_end_to_end_and_reports_in_the_api(
         print(celery_worker_process.output())
         raise
     assert drill.status == Drill.Status.PASSED, (drill.reason, drill.events)
+    print(f"scheduled drill {drill.pk} phases (s): {drill.phases}")  # for the record, with -s
     assert (drill.node, drill.mode, drill.requested_by) == (CANARY, "observe", "system")
     assert drill.phases["total"] <= 60
     for phase in ("inject", "detect", "decide", "first_action", "drain", "requeue", "replace"):
