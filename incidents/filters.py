@@ -80,8 +80,8 @@ class DrillFilter(FilterSet):
                    help_text="started in the last hour, 24 hours, 7 or 30 days")
 
     page_fields = ("status", "mode", "trigger", "node", "range")
-    page_labels = {"status": "Result", "trigger": "Started", "node": "Canary",
-                   "range": "Started"}
+    page_labels = {"status": "Result", "trigger": "How started", "node": "Canary",
+                   "range": "When"}
 
     class Meta:
         model = Drill

@@ -109,6 +109,7 @@ def test_an_operator_runs_a_drill_and_reads_its_report(browser: Any, stack: Stac
             and "no second drill was started" in second.text()), second.text()[-2000:]
     page.goto("/drills/")
     expect(page.locator("[data-testid^=drill-row-]")).to_have_count(2)
+    screenshot(page, "drills", full_page=True)
     page.context.close()
 
     # A viewer reads the reports, and has no button.
