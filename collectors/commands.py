@@ -59,6 +59,9 @@ def subcommands(sub: _SubParsersAction[ArgumentParser]) -> dict[str, Handler]:
                      help="label the node's pods fleetwatch.io/no-auto-replace=true")
     sim.add_argument("--source-down", default="", help="make a source unreachable")
     sim.add_argument("--source-up", default="", help="bring a source back")
+    sim.add_argument("--finish-job", default="", metavar="JOBID",
+                     help="a running job ends on its own and its nodes fall idle (a free "
+                          "canary for the fire drills, say)")
     sim.add_argument("--show", action="store_true",
                      help="print a summary: nodes by state, GPUs by health, faults, jobs")
     sim.add_argument("--json", action="store_true",
@@ -153,6 +156,8 @@ def _sim(command: BaseCommand, opts: dict[str, Any]) -> None:
     if opts["source_up"]:
         command.stdout.write(faults.source_outage_set(opts["source_up"], down=False,
                                                       cluster=opts["cluster"]))
+    if opts["finish_job"]:
+        command.stdout.write(faults.job_finish(opts["finish_job"], cluster=opts["cluster"]))
     if opts["show"] and opts["json"]:
         command.stdout.write(json.dumps(faults.fleet_snapshot(opts["cluster"]), indent=1,
                                         sort_keys=True))

@@ -121,3 +121,43 @@ def env_map(name: str, keys: Iterable[str], values: Iterable[str]) -> dict[str, 
                 f"and VALUE one of {', '.join(known_values)}")
         out[key] = value
     return out
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_CRON_ALIASES = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
+                 "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *"}
+
+
+def env_schedule(name: str, env: Env | None = None) -> float | str | None:
+    """When something recurs: ``None`` (unset or empty: never), an interval in seconds
+    ("90s", "30m", "6h", "1d", or a plain number of seconds), or a five-field cron expression
+    ("0 3 * * *", minute hour day-of-month month day-of-week, UTC; @hourly, @daily, @weekly
+    and @monthly stand for theirs), returned as its five fields. A cron expression is checked
+    with Celery's own parser, so one the beat could not read stops start-up here."""
+    value = _raw(name, env)
+    if value is None:
+        return None
+    value = _CRON_ALIASES.get(value.lower(), value)
+    fields = value.split()
+    if len(fields) == 5:
+        from celery.schedules import crontab_parser
+
+        limits = ((60, 0), (24, 0), (31, 1), (12, 1), (7, 0))
+        for field_text, (size, first) in zip(fields, limits, strict=True):
+            try:
+                crontab_parser(size, first).parse(field_text)
+            except ValueError as exc:
+                raise ImproperlyConfigured(
+                    f"{name}={value!r}: {field_text!r} is not a cron field ({exc})") from None
+        return " ".join(fields)
+    unit = value[-1].lower() if value[-1].isalpha() else "s"
+    number = value[:-1] if value[-1].isalpha() else value
+    try:
+        seconds = float(number) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise ImproperlyConfigured(
+            f"{name}={value!r} is neither an interval (90s, 30m, 6h, 1d) nor a cron expression "
+            "of five fields (0 3 * * *)") from None
+    if seconds < 1:
+        raise ImproperlyConfigured(f"{name}={value!r}: an interval of at least one second")
+    return seconds

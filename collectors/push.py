@@ -17,11 +17,18 @@ AGENT_SOURCES = frozenset({"kernel", "dcgm", "nic", "gpud"})
 INGEST_SOURCES = frozenset({"kernel", "dcgm", "nic", "job_log", "gpud"})
 
 
+# The key that marks a stored signal as a fire drill's synthetic fault ("<drill id>:<nonce>",
+# incidents.drills): diagnosis sets such signals apart from the real ones. Only FleetWatch's
+# own drills may send it; a push carrying it is refused (it could hide a real fault).
+DRILL_MARK = "fleetwatch_drill"
+
+
 @dataclass(frozen=True)
 class PushRights:
     """What one caller may push: these sources, about this node only (``None``: any known
-    node, or none)."""
+    node, or none); ``drill``: records marked as a fire drill's (FleetWatch's own drills)."""
 
     who: str
     sources: frozenset[str]
     node: str | None = None
+    drill: bool = False

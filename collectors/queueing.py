@@ -33,6 +33,11 @@ PAGE_PERSON = "incidents.tasks.page_person"
 STEPS_RESCUE = "incidents.tasks.steps_rescue"
 WEBHOOK_DELIVER = "incidents.tasks.webhook_deliver"
 WEBHOOKS_RESCUE = "incidents.tasks.webhooks_rescue"
+DRILL_BEGIN = "incidents.tasks.drill_begin"
+DRILL_FOLLOW = "incidents.tasks.drill_follow"
+DRILL_ALERT = "incidents.tasks.drill_alert"
+DRILL_SCHEDULED = "incidents.tasks.drill_scheduled"
+DRILLS_RESCUE = "incidents.tasks.drills_rescue"
 # Defined in incidents/audit.py before it moved to incidents/tasks.py: the beat's schedule and
 # queued messages still say this.
 AUDIT_CHECKPOINT = "incidents.audit.checkpoint"

@@ -54,7 +54,7 @@ from collectors.models import (
     json_safe,
 )
 from collectors.normalize import SignalDraft
-from collectors.push import INGEST_SOURCES, PushRights
+from collectors.push import DRILL_MARK, INGEST_SOURCES, PushRights
 from collectors.sources import cluster_names, sources_of
 
 log = logging.getLogger(__name__)
@@ -267,6 +267,9 @@ def _push_refusals(batch: list[dict[str, Any]], rights: PushRights) -> list[str]
                    if source in ("slurm", "kubernetes") else "not a source it may push")
             refused.append(f"signals[{i}].source: {rights.who} may not push {source!r} records "
                            f"({why}); it may push {', '.join(sorted(rights.sources))}")
+        elif DRILL_MARK in record and not rights.drill:
+            refused.append(f"signals[{i}].{DRILL_MARK}: only FleetWatch's own fire drills mark "
+                           "a signal as a drill")
         elif rights.node is not None and node != rights.node:
             # An agent speaks for its own node only: a record naming another node, or none
             # (a job or a switch, which it cannot vouch for), rejects the batch.

@@ -130,6 +130,23 @@ def _beat_schedule(sender: Celery, **_: object) -> None:
     schedule["diagnosis-rescue"] = {"task": queueing.DIAGNOSIS_RESCUE,
                                     "schedule": settings.FLEETWATCH_WATCHDOG_SECONDS,
                                     "options": {"expires": settings.FLEETWATCH_WATCHDOG_SECONDS}}
+    # Fire drills: the watchdog that finishes a drill nothing follows any more (a killed
+    # worker), and the schedule (FLEETWATCH_DRILL_SCHEDULE: seconds or a cron expression, UTC).
+    schedule["drills-rescue"] = {"task": queueing.DRILLS_RESCUE,
+                                 "schedule": settings.FLEETWATCH_WATCHDOG_SECONDS,
+                                 "options": {"expires": settings.FLEETWATCH_WATCHDOG_SECONDS}}
+    drills: float | str | None = settings.FLEETWATCH_DRILL_SCHEDULE
+    if drills is not None:
+        from celery.schedules import crontab
+
+        when: float | crontab = drills if not isinstance(drills, str) else crontab(
+            **dict(zip(("minute", "hour", "day_of_month", "month_of_year", "day_of_week"),
+                       drills.split(), strict=True)))
+        schedule["drill"] = {
+            "task": queueing.DRILL_SCHEDULED,
+            "schedule": when,
+            # A drill the beat could not send on time is not worth sending late in a burst.
+            "options": {"expires": settings.FLEETWATCH_DRILL_BUDGET_SECONDS}}
     if settings.FLEETWATCH_AUDIT_CHECKPOINT_MINUTES > 0:
         # The audit trail's signed head, into the log (see incidents/audit.py).
         schedule["audit-checkpoint"] = {

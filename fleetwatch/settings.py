@@ -22,6 +22,7 @@ from collectors.env import (
     env_int,
     env_list,
     env_map,
+    env_schedule,
     env_str,
 )
 from collectors.knowledge import causes as _causes  # lower case: not a setting itself
@@ -248,6 +249,8 @@ CELERY_TASK_ROUTES = {
     # for an approval must not wait behind them (in a storm, the repairs' steps fill them).
     "incidents.tasks.webhook*": {"queue": "default"},
     "incidents.tasks.page_person": {"queue": "default"},
+    # A fire drill measures the remediate queue; its own bookkeeping must not wait in it.
+    "incidents.tasks.drill*": {"queue": "default"},
     "incidents.tasks.*": {"queue": "remediate"},
 }
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
@@ -321,6 +324,20 @@ FLEETWATCH_BUDGET_MAX_PERCENT = env_float("FLEETWATCH_BUDGET_MAX_PERCENT", 25.0,
 # The storm brake: more than N new incidents in M minutes pauses automation.
 FLEETWATCH_STORM_INCIDENTS = env_int("FLEETWATCH_STORM_INCIDENTS", 10, minimum=1)
 FLEETWATCH_STORM_MINUTES = env_int("FLEETWATCH_STORM_MINUTES", 10, minimum=1)
+# Fire drills (README, "Fire drills"): FleetWatch proves its own repair loop on a canary node
+# with no user job. SCHEDULE: an interval (6h) or a cron expression (0 3 * * *, UTC); unset:
+# no scheduled drill (one can still be started by hand). NODES: the canary nodes, tried in
+# order (NODE or CLUSTER:NODE); unset: any idle node, in observe mode only. MODE: observe (the
+# playbook runs, every outside call recorded as "would call", nothing changed) or canary (the
+# canary really drained and cordoned, then put back). BUDGET: a drill not done by then fails.
+FLEETWATCH_DRILL_SCHEDULE = env_schedule("FLEETWATCH_DRILL_SCHEDULE")
+FLEETWATCH_DRILL_NODES = env_list("FLEETWATCH_DRILL_NODES", [])
+FLEETWATCH_DRILL_MODE = env_choice("FLEETWATCH_DRILL_MODE", "observe", ["observe", "canary"])
+FLEETWATCH_DRILL_BUDGET_SECONDS = env_float("FLEETWATCH_DRILL_BUDGET_SECONDS", 300.0, minimum=1)
+if FLEETWATCH_DRILL_MODE == "canary" and not FLEETWATCH_DRILL_NODES:
+    # A drill that really drains a node drains only nodes someone set aside for it.
+    raise ImproperlyConfigured("FLEETWATCH_DRILL_MODE=canary needs FLEETWATCH_DRILL_NODES: the "
+                               "nodes set aside for drills (a drill drains and cordons one)")
 # A node remediated again this soon waits for a person; K remediations in a week: RMA.
 FLEETWATCH_COOLDOWN_MINUTES = env_int("FLEETWATCH_COOLDOWN_MINUTES", 60, minimum=0)
 FLEETWATCH_RMA_AFTER = env_int("FLEETWATCH_RMA_AFTER", 3, minimum=1)
@@ -508,6 +525,11 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     # Tags and operation ids from the path after /api/v1/ ("incidents", "incidents_list").
     "SCHEMA_PATH_PREFIX": r"/api/v1",
+    # Fire drills' choice sets share field names (status, mode) with remediations' and steps'.
+    "ENUM_NAME_OVERRIDES": {"DrillStatusEnum": "incidents.models.Drill.Status",
+                            "DrillModeEnum": "incidents.models.Drill.Mode",
+                            "DrillTriggerEnum": "incidents.models.Drill.Trigger",
+                            "ModeEnum": "incidents.models.Remediation.Mode"},
 }
 
 # --- Logs and metrics -----------------------------------------------------------------------

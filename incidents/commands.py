@@ -1,6 +1,7 @@
 """What incidents adds to ``manage.py fleetwatch``: resuming remediation steps at start-up
 (``steps-resume``), API and agent tokens (``api-token``, ``agent-token``), replay diagnosis
-(``diagnose``) and the audit trail (``audit verify``, ``audit checkpoint``).
+(``diagnose``), the audit trail (``audit verify``, ``audit checkpoint``) and fire drills
+(``drill run``, ``drill show``).
 
 The project's command (fleetwatch/management/commands/fleetwatch.py) finds ``subcommands`` here
 through the app registry, as it does in every installed app; it imports no app by name.
@@ -63,9 +64,20 @@ def subcommands(sub: _SubParsersAction[ArgumentParser]) -> dict[str, Handler]:
     why.add_argument("job", metavar="JOBID", help="the Slurm job id")
     why.add_argument("--cluster", help="the job's cluster (default: the first holding the id)")
     why.add_argument("--json", action="store_true", help="the API's JSON instead of words")
+    drill = sub.add_parser("drill", help="fire drills: FleetWatch proving its own repair loop "
+                           "on a canary node (README, \"Fire drills\")")
+    drill_actions = drill.add_subparsers(dest="drill_action", required=True)
+    run = drill_actions.add_parser("run", help="start a drill now (a worker runs it); one at a "
+                                   "time: while one runs, says which and starts none (exit 3)")
+    run.add_argument("--wait", type=float, default=0, metavar="SECONDS",
+                     help="wait up to this long for its result and print its report; exit 1 "
+                          "if it failed, 2 if it did not finish in time")
+    show = drill_actions.add_parser("show", help="a drill's report (the latest without an id)")
+    show.add_argument("id", nargs="?", type=int)
+    show.add_argument("--json", action="store_true", help="the API's JSON instead of words")
     handlers: dict[str, Handler] = {
         "steps-resume": _steps_resume, "agent-token": _agent_token, "api-token": _api_token,
-        "diagnose": _diagnose, "audit": _audit, "why": _why}
+        "diagnose": _diagnose, "audit": _audit, "why": _why, "drill": _drill}
     return {name: clients_fail_as_command(handler) for name, handler in handlers.items()}
 
 
@@ -114,6 +126,66 @@ def _why(command: BaseCommand, opts: dict[str, Any]) -> None:
     if data["job_at_fault"]:
         lines.append("  the job's own error; evidence:")
     lines += [f"    {line}" for line in data["evidence"]]
+    command.stdout.write("\n".join(lines))
+
+
+def _drill(command: BaseCommand, opts: dict[str, Any]) -> None:
+    import time
+
+    from collectors.roles import SYSTEM
+    from incidents.drills import DrillError, drill_start
+    from incidents.models import Drill
+
+    if opts["drill_action"] == "show":
+        drill = (Drill.objects.filter(pk=opts["id"]).first() if opts.get("id")
+                 else Drill.objects.order_by("-started_at", "-pk").first())
+        if drill is None:
+            raise CommandError(f"no drill {opts['id']}" if opts.get("id") else "no drill yet")
+        _drill_print(command, drill, as_json=opts.get("json", False))
+        return
+    try:
+        started = drill_start(trigger=Drill.Trigger.MANUAL, actor=f"{SYSTEM}:cli")
+    except DrillError as exc:
+        raise CommandError(str(exc)) from None
+    drill = started.drill
+    if not started.created:
+        command.stderr.write(f"fire drill {drill.pk} is already running (started "
+                             f"{drill.started_at.isoformat()} by {drill.requested_by}); no "
+                             "second drill was started")
+        sys.exit(3)
+    command.stdout.write(f"fire drill {drill.pk} started ({drill.mode} mode, budget "
+                         f"{drill.budget_seconds:g} s)")
+    if not opts["wait"]:
+        return
+    deadline = time.monotonic() + opts["wait"]
+    while time.monotonic() < deadline:
+        drill.refresh_from_db()
+        if drill.status != Drill.Status.RUNNING:
+            break
+        time.sleep(0.5)
+    _drill_print(command, drill, as_json=False)
+    if drill.status == Drill.Status.RUNNING:
+        sys.exit(2)
+    if drill.status == Drill.Status.FAILED:
+        sys.exit(1)
+
+
+def _drill_print(command: BaseCommand, drill: Any, *, as_json: bool) -> None:
+    from incidents.api.serializers import DrillReportSerializer
+    from incidents.selectors import drill_report
+
+    report = drill_report(drill)
+    data = DrillReportSerializer(drill, context={
+        "phases": report["phase_map"], "remediation": report["remediation"],
+        "timeline": report["timeline"]}).data
+    if as_json:
+        command.stdout.write(json.dumps(data, indent=1, default=str))
+        return
+    lines = [f"fire drill {drill.pk}: {drill.status}" + (f" ({drill.reason})" if drill.reason
+                                                          else ""),
+             f"  canary: {drill.node or '-'} ({drill.mode} mode), budget "
+             f"{drill.budget_seconds:g} s, incident {data['incident'] or '-'}"]
+    lines += [f"  {label}: {seconds:.3f} s" for _, label, seconds in report["phases"]]
     command.stdout.write("\n".join(lines))
 
 

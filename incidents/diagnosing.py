@@ -22,10 +22,11 @@ from django.utils import timezone
 from collectors import queueing
 from collectors.knowledge import RootCause
 from collectors.models import Cluster, Signal
+from collectors.push import DRILL_MARK
 from incidents import selectors
-from incidents.diagnosis import Diagnosis, diagnose
-from incidents.lifecycle import incident_record, storm_record
-from incidents.models import DiagnosisState, Evidence, Incident
+from incidents.diagnosis import Diagnosis, JobInfo, Observation, diagnose
+from incidents.lifecycle import DRILL_FINGERPRINT, incident_record, storm_record
+from incidents.models import DiagnosisState, Drill, Evidence, Incident
 from incidents.remediation import policy
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,10 @@ def _diagnose_from(cluster_id: int, earliest: datetime) -> tuple[list[Incident],
     cluster = Cluster.objects.get(pk=cluster_id)
     window = timedelta(minutes=settings.FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES)
     observations = selectors.observations_between(cluster, earliest - window, timezone.now())
-    diagnoses = diagnose(observations, selectors.topology(cluster), selectors.jobs_info(cluster))
+    observations, drills = _drill_split(cluster.pk, observations)
+    topology, jobs = selectors.topology(cluster), selectors.jobs_info(cluster)
+    drilled = _drills_record(cluster.pk, drills, topology, jobs)
+    diagnoses = diagnose(observations, topology, jobs)
     recorded = _recorded_already(cluster.pk, diagnoses)
     new = [d for d in diagnoses if d.fingerprint not in recorded]
     # The rarest kind first: in a storm of one fault on hundreds of nodes, a different fault
@@ -82,8 +86,54 @@ def _diagnose_from(cluster_id: int, earliest: datetime) -> tuple[list[Incident],
             complete = False
             break
         recorded[diagnosis.fingerprint], _ = incident_record(cluster.pk, diagnosis)
-    # In the diagnoses' order (the engine's: by time), whatever order they were recorded in.
-    return [recorded[d.fingerprint] for d in diagnoses if d.fingerprint in recorded], complete
+    # In the diagnoses' order (the engine's: by time), whatever order they were recorded in;
+    # the fire drills' after them.
+    return [recorded[d.fingerprint] for d in diagnoses if d.fingerprint in recorded] + drilled, \
+        complete
+
+
+def _drill_split(cluster_id: int, observations: list[Observation]
+                 ) -> tuple[list[Observation], dict[int, list[Observation]]]:
+    """The real observations, and per running fire drill its synthetic fault's (marked
+    ``DRILL_MARK``: "<drill id>:<nonce>", see incidents.drills). A drill's signals never reach
+    the real diagnosis: they would open a real incident (and page), join a real fault on the
+    canary, or count towards a storm. A mark of no running drill (a finished drill's signal
+    still in the window, or one that names no drill) is left out altogether."""
+    if not any(DRILL_MARK in o.fields for o in observations):
+        return observations, {}
+    running = dict(Drill.objects.filter(cluster_id=cluster_id, status=Drill.Status.RUNNING)
+                   .values_list("pk", "nonce"))
+    real: list[Observation] = []
+    drills: dict[int, list[Observation]] = {}
+    for o in observations:
+        mark = o.fields.get(DRILL_MARK)
+        if mark is None:
+            real.append(o)
+            continue
+        drill_id, _, nonce = str(mark).partition(":")
+        if drill_id.isdigit() and nonce and running.get(int(drill_id)) == nonce:
+            drills.setdefault(int(drill_id), []).append(o)
+    return real, drills
+
+
+def _drills_record(cluster_id: int, drills: dict[int, list[Observation]],
+                   topology: dict[str, list[str]], jobs: list[JobInfo]) -> list[Incident]:
+    """Diagnose each running drill's synthetic fault on its own, with the same engine and
+    the cluster's topology, and record what it finds as that drill's incident (lifecycle:
+    the same path as a real fault's, apart from it). A run that finds the drill's incident
+    already holding the evidence records nothing again."""
+    out: list[Incident] = []
+    for drill_id, observations in sorted(drills.items()):
+        for diagnosis in diagnose(observations, topology, jobs):
+            fingerprint = DRILL_FINGERPRINT.format(drill_id, diagnosis.fingerprint)
+            have = Incident.objects.filter(cluster_id=cluster_id, drill_id=drill_id,
+                                           fingerprint=fingerprint).first()
+            if have is not None and set(diagnosis.evidence) <= set(
+                    have.evidence.values_list("signal_id", flat=True)):
+                out.append(have)
+                continue
+            out.append(incident_record(cluster_id, diagnosis, drill_id=drill_id)[0])
+    return out
 
 
 def _storm_split(cluster_id: int, new: list[Diagnosis]

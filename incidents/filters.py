@@ -21,7 +21,7 @@ from collectors.filters import (
 )
 from collectors.roles import SYSTEM
 from collectors.selectors import json_list_has
-from incidents.models import AuditEntry, Incident, Remediation, RootCause, Step
+from incidents.models import AuditEntry, Drill, Incident, Remediation, RootCause, Step
 
 
 class IncidentFilter(FilterSet):
@@ -32,6 +32,8 @@ class IncidentFilter(FilterSet):
     node = django_filters.CharFilter(method="_node",
                                      help_text="incidents that blame this node or leaf switch")
     job = django_filters.CharFilter(method="_job", help_text="incidents that hit this job")
+    drill = YesNoFilter(method="_drill", help_text="true: fire drills' incidents only; false: "
+                                                   "real faults' only")
     range = choice(choices=RANGE_CHOICES, method=since("opened_at"),
                    help_text="opened in the last hour, 24 hours, 7 or 30 days")
     since = UtcDateTimeFilter(field_name="opened_at", lookup_expr="gte",
@@ -39,14 +41,16 @@ class IncidentFilter(FilterSet):
     until = UtcDateTimeFilter(field_name="opened_at", lookup_expr="lte",
                               help_text="opened at or before")
 
-    page_fields = ("status", "open", "root_cause", "cluster", "node", "range", "since", "until")
+    page_fields = ("status", "open", "root_cause", "cluster", "node", "drill", "range", "since",
+                   "until")
     page_labels = {"open": "Open", "root_cause": "Root cause", "node": "Node", "range": "Opened",
-                   "since": "Opened from (UTC)", "until": "Opened until (UTC)"}
+                   "drill": "Fire drill", "since": "Opened from (UTC)",
+                   "until": "Opened until (UTC)"}
 
     class Meta:
         model = Incident
-        fields = ["cluster", "status", "open", "root_cause", "node", "job", "range", "since",
-                  "until"]
+        fields = ["cluster", "status", "open", "root_cause", "node", "job", "drill", "range",
+                  "since", "until"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -62,6 +66,26 @@ class IncidentFilter(FilterSet):
 
     def _job(self, qs: QuerySet[Incident], name: str, value: str) -> QuerySet[Incident]:
         return qs.filter(jobs__icontains=json_list_has(value))
+
+    def _drill(self, qs: QuerySet[Incident], name: str, value: bool) -> QuerySet[Incident]:
+        return qs.filter(drill__isnull=not value)
+
+
+class DrillFilter(FilterSet):
+    status = choice(choices=Drill.Status.choices)
+    mode = choice(choices=Drill.Mode.choices)
+    trigger = choice(choices=Drill.Trigger.choices)
+    node = django_filters.CharFilter(help_text="the canary node")
+    range = choice(choices=RANGE_CHOICES, method=since("started_at"),
+                   help_text="started in the last hour, 24 hours, 7 or 30 days")
+
+    page_fields = ("status", "mode", "trigger", "node", "range")
+    page_labels = {"status": "Result", "trigger": "How started", "node": "Canary",
+                   "range": "When"}
+
+    class Meta:
+        model = Drill
+        fields = ["status", "mode", "trigger", "node", "range"]
 
 
 class RemediationFilter(FilterSet):

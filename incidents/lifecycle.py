@@ -27,33 +27,45 @@ AUTO_REMEDIATION_MIN_CONFIDENCE = 0.8
 
 
 @retry_transient
-def incident_record(cluster_id: int, diagnosis: Diagnosis) -> tuple[Incident, bool]:
+def incident_record(cluster_id: int, diagnosis: Diagnosis,
+                    drill_id: int | None = None) -> tuple[Incident, bool]:
     """Open an incident for a diagnosis, or extend the one already open for the same fault.
 
     A fault that keeps showing (a gauge re-read, the same XID injected twice, a second
     diagnosis run) is one incident with more evidence, never a second remediation.
+
+    ``drill_id``: the diagnosis is of a fire drill's synthetic fault (incidents.drills): its
+    incident is that drill's, apart from any real one (its own fingerprint), and marked so.
     """
     for _ in range(3):
         try:
             with transaction.atomic():
                 audit_lock()  # before the incident's row lock: see incidents/audit.py
-                return _incident_record(cluster_id, diagnosis)
+                return _incident_record(cluster_id, diagnosis, drill_id)
         except IntegrityError:
             continue  # another worker opened it between our lookup and insert: extend that
     raise RuntimeError(f"could not record incident {diagnosis.fingerprint}")
 
 
-def _incident_record(cluster_id: int, diagnosis: Diagnosis) -> tuple[Incident, bool]:
+# A drill's incident's fingerprint: never the same as a real fault's, nor another drill's.
+DRILL_FINGERPRINT = "drill-{}:{}"
+
+
+def _incident_record(cluster_id: int, diagnosis: Diagnosis,
+                     drill_id: int | None = None) -> tuple[Incident, bool]:
     now = timezone.now()
     recent = now - timedelta(minutes=settings.FLEETWATCH_DEDUPE_MINUTES)
+    fingerprint = (diagnosis.fingerprint if drill_id is None
+                   else DRILL_FINGERPRINT.format(drill_id, diagnosis.fingerprint))
     existing = (
         Incident.objects.select_for_update()
-        .filter(cluster_id=cluster_id, fingerprint=diagnosis.fingerprint)
+        .filter(cluster_id=cluster_id, fingerprint=fingerprint)
         .filter(~Q(status=Incident.Status.RESOLVED) | Q(resolved_at__gte=recent))
         .order_by("-opened_at")
         .first()
     )
-    if existing is None and diagnosis.root_cause == RootCause.NODE_UNREACHABLE:
+    if (existing is None and drill_id is None
+            and diagnosis.root_cause == RootCause.NODE_UNREACHABLE):
         # A node FleetWatch is repairing (draining, rebooting, replacing) stops answering
         # because of the repair: that is the repair's evidence, not a new incident.
         holding = policy.remediation_holding(cluster_id, diagnosis.nodes)
@@ -65,10 +77,13 @@ def _incident_record(cluster_id: int, diagnosis: Diagnosis) -> tuple[Incident, b
             audit_record("incident.extended", f"incident {existing.pk}", incident=existing,
                          result=f"{added} more signal(s) for the same fault")
         return existing, False
+    explanation = diagnosis.explanation if drill_id is None else (
+        f"Fire drill {drill_id} (a synthetic fault FleetWatch injected to test its own repair "
+        f"loop): {diagnosis.explanation}")
     incident = Incident.objects.create(
         cluster_id=cluster_id, root_cause=diagnosis.root_cause, confidence=diagnosis.confidence,
-        explanation=diagnosis.explanation, playbook=diagnosis.playbook,
-        fingerprint=diagnosis.fingerprint, nodes=list(diagnosis.nodes),
+        explanation=explanation, playbook=diagnosis.playbook, drill_id=drill_id,
+        fingerprint=fingerprint, nodes=list(diagnosis.nodes),
         jobs=list(diagnosis.jobs), switch=diagnosis.switch or "",
         detected_at=diagnosis.detected_at, opened_at=now,
         severity=SEVERITY_FOR[RootCause(diagnosis.root_cause)],
@@ -76,8 +91,9 @@ def _incident_record(cluster_id: int, diagnosis: Diagnosis) -> tuple[Incident, b
     )
     _evidence_add(incident, diagnosis.evidence)
     audit_record("incident.opened", f"incident {incident.pk}", incident=incident,
-                 result=diagnosis.explanation,
-                 data={"root_cause": diagnosis.root_cause, "confidence": diagnosis.confidence})
+                 result=explanation,
+                 data={"root_cause": diagnosis.root_cause, "confidence": diagnosis.confidence,
+                       **({"drill": drill_id} if drill_id is not None else {})})
     incident_event("incident.opened", incident)
     if diagnosis.confidence >= AUTO_REMEDIATION_MIN_CONFIDENCE and policy.playbook_choose(
             incident)[0] is not None:

@@ -1,12 +1,15 @@
 """What incidents add to ``/metrics``: incidents by root cause and status, time to detect and to
 repair, remediation steps (and those past their deadline), the storm brake, deliveries,
-coalesced diagnosis per cluster and the audit trail's head, all read from the database at scrape
-time (the one truth every worker shares: nothing to add up across processes). The queries are
+coalesced diagnosis per cluster, fire drills and the audit trail's head, all read from the
+database at scrape time (the one truth every worker shares: nothing to add up across processes). The queries are
 GROUP BY aggregates: a few rows back whatever the number of incidents.
 
 The project's ``/metrics`` view (fleetwatch/metrics.py) finds ``COLLECTORS`` here through the
 app registry, as it does in every installed app; it imports no app by name. Labels carry only
-names from fixed sets (root causes, statuses, step kinds).
+names from fixed sets (root causes, statuses, step kinds, phases).
+
+Fire drills' incidents and steps are rehearsals, not the fleet's faults: every incident and
+step figure leaves them out, and the drills have their own (``fleetwatch_drill_*``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from prometheus_client.core import (
 
 from collectors.models import Cluster
 from incidents.audit import audit_head
-from incidents.models import Delivery, DiagnosisState, Incident, RootCause, Step
+from incidents.drills import DRILL_PHASES
+from incidents.models import Delivery, DiagnosisState, Drill, Incident, RootCause, Step
 from incidents.remediation import policy
 
 # Seconds. Detection is signal-to-incident: seconds normally, minutes when a source lags.
@@ -89,6 +93,7 @@ class IncidentsCollector:
         yield from self._storm()
         yield from self._deliveries()
         yield from self._diagnosis()
+        yield from self._drills()
         yield from self._audit()
 
     def _incidents(self) -> Iterator[Metric]:
@@ -98,7 +103,8 @@ class IncidentsCollector:
                                      "Incidents opened since the database began, by root cause.",
                                      labels=["root_cause"])
         counts = {(r["root_cause"], r["status"]): r["n"] for r in
-                  Incident.objects.values("root_cause", "status").order_by().annotate(n=Count("pk"))}
+                  Incident.objects.real().values("root_cause", "status").order_by()
+                  .annotate(n=Count("pk"))}
         causes = list(RootCause.values) + sorted({c for c, _ in counts} - set(RootCause.values))
         # Every cause and status, zeros included: a series that is absent until the first
         # incident breaks rate() and alerts written against it.
@@ -113,7 +119,7 @@ class IncidentsCollector:
             "fleetwatch_incident_detect_seconds",
             "Time to detect: from the first signal of a fault to its incident opening.",
             ["root_cause"],
-            _histogram_rows(Incident.objects.all(), ["root_cause"], "detected_at", "opened_at",
+            _histogram_rows(Incident.objects.real(), ["root_cause"], "detected_at", "opened_at",
                             DETECT_BUCKETS), DETECT_BUCKETS)
         # Time to repair as the dashboard's mean time to repair counts it (detection to
         # resolution), automation and people apart.
@@ -121,8 +127,8 @@ class IncidentsCollector:
             "fleetwatch_incident_repair_seconds",
             "Time to repair: from the first signal of a fault to its incident resolving.",
             ["root_cause", "repaired_by"],
-            _histogram_rows(Incident.objects.filter(status=Incident.Status.RESOLVED,
-                                                    resolved_at__isnull=False)
+            _histogram_rows(Incident.objects.real().filter(status=Incident.Status.RESOLVED,
+                                                           resolved_at__isnull=False)
                             .exclude(repaired_by=""), ["root_cause", "repaired_by"],
                             "detected_at", "resolved_at", REPAIR_BUCKETS), REPAIR_BUCKETS)
 
@@ -133,7 +139,8 @@ class IncidentsCollector:
         active = GaugeMetricFamily("fleetwatch_remediation_steps_active",
                                    "Remediation steps not finished yet, by kind and status.",
                                    labels=["kind", "status"])
-        for row in Step.objects.values("kind", "status").order_by().annotate(n=Count("pk")):
+        steps = Step.objects.filter(remediation__incident__drill__isnull=True)
+        for row in steps.values("kind", "status").order_by().annotate(n=Count("pk")):
             family = done if row["status"] in STEP_OUTCOMES else active
             family.add_metric([row["kind"], row["status"]], row["n"])
         yield done
@@ -151,7 +158,7 @@ class IncidentsCollector:
             "fleetwatch_remediation_step_oldest_seconds",
             "Seconds since the longest-running unfinished step started, by kind (running or "
             "waiting steps only).", labels=["kind"])
-        for row in (Step.objects.filter(status__in=STEP_WORKING, started_at__isnull=False)
+        for row in (steps.filter(status__in=STEP_WORKING, started_at__isnull=False)
                     .values("kind").order_by()
                     .annotate(overdue=Count("pk", filter=Q(deadline__lt=now)),
                               started=Min("started_at"))):
@@ -250,6 +257,58 @@ class IncidentsCollector:
             if row["last_run_ms"] is not None:
                 took.add_metric(key, row["last_run_ms"] / 1000)
         yield from (queued, running, pending, runs, took)
+
+    def _drills(self) -> Iterator[Metric]:
+        """Fire drills (incidents.drills): whether they are scheduled, the latest result and
+        how long it took, failures so far, the latest success, and the latest passed drill's
+        phases. The FleetWatchDrillFailed and FleetWatchNoRecentDrill alerts read these."""
+        enabled = GaugeMetricFamily(
+            "fleetwatch_drill_enabled",
+            "1 when fire drills are scheduled (FLEETWATCH_DRILL_SCHEDULE), else 0.")
+        enabled.add_metric([], 1 if settings.FLEETWATCH_DRILL_SCHEDULE is not None else 0)
+        budget = GaugeMetricFamily("fleetwatch_drill_budget_seconds",
+                                   "A drill's time budget (FLEETWATCH_DRILL_BUDGET_SECONDS).")
+        budget.add_metric([], settings.FLEETWATCH_DRILL_BUDGET_SECONDS)
+        counts = dict(Drill.objects.values_list("status").annotate(n=Count("pk")).order_by())
+        running = GaugeMetricFamily("fleetwatch_drill_running", "1 while a fire drill runs.")
+        running.add_metric([], 1 if counts.get(Drill.Status.RUNNING) else 0)
+        # Rows are never deleted: a count of failed drills only grows.
+        failures = CounterMetricFamily("fleetwatch_drill_failures",
+                                       "Fire drills that failed (over their budget included).")
+        failures.add_metric([], counts.get(Drill.Status.FAILED, 0))
+        drills = CounterMetricFamily("fleetwatch_drills", "Fire drills finished, by result.",
+                                     labels=["result"])
+        for result in (Drill.Status.PASSED, Drill.Status.FAILED, Drill.Status.SKIPPED):
+            drills.add_metric([result], counts.get(result, 0))
+        yield from (enabled, budget, running, failures, drills)
+
+        # The latest drill that ran (a skipped one proved nothing, either way).
+        last = (Drill.objects.filter(status__in=[Drill.Status.PASSED, Drill.Status.FAILED])
+                .order_by("-finished_at", "-pk").values("status", "phases").first())
+        result = GaugeMetricFamily(
+            "fleetwatch_drill_last_result",
+            "The latest fire drill that ran: 1 passed, 0 failed (absent before the first).")
+        took = GaugeMetricFamily("fleetwatch_drill_last_duration_seconds",
+                                 "How long the latest fire drill that ran took, start to end.")
+        if last is not None:
+            result.add_metric([], 1 if last["status"] == Drill.Status.PASSED else 0)
+            took.add_metric([], float((last["phases"] or {}).get("total", 0.0)))
+        success = GaugeMetricFamily(
+            "fleetwatch_drill_last_success_timestamp_seconds",
+            "When the latest fire drill that passed finished (Unix time; 0: none has).")
+        passed = (Drill.objects.filter(status=Drill.Status.PASSED)
+                  .order_by("-finished_at", "-pk").values("finished_at", "phases").first())
+        success.add_metric([], passed["finished_at"].timestamp()
+                           if passed is not None and passed["finished_at"] else 0.0)
+        phases = GaugeMetricFamily(
+            "fleetwatch_drill_last_phase_seconds",
+            "Seconds each phase of the latest passed fire drill took (inject, detect, decide, "
+            "first_action, drain, requeue, replace, resume, cleanup, total).", labels=["phase"])
+        for phase in DRILL_PHASES:
+            value = (passed["phases"] or {}).get(phase) if passed is not None else None
+            if value is not None:
+                phases.add_metric([phase], float(value))
+        yield from (result, took, success, phases)
 
     def _audit(self) -> Iterator[Metric]:
         """The audit trail's head, so Prometheus keeps a copy the database cannot rewrite: a

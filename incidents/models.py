@@ -22,6 +22,12 @@ Severity = models.TextChoices(  # type: ignore[call-overload]  # as RootCause
     "Severity", [(name, (value, label)) for name, value, label in causes.severity_choices()])
 
 
+class IncidentQuerySet(models.QuerySet["Incident"]):
+    def real(self) -> IncidentQuerySet:
+        """Incidents of real faults: fire drills' left out."""
+        return self.filter(drill__isnull=True)
+
+
 class Incident(models.Model):
     class Status(models.TextChoices):
         OPEN = "open", "open"
@@ -65,6 +71,12 @@ class Incident(models.Model):
     # other nodes of its jobs): jobs end and move, and the chart must still show who was hit.
     nodes_charted = models.JSONField(default=list, blank=True)
     signals = models.ManyToManyField(Signal, through="Evidence", related_name="incidents")
+    # Set: a fire drill's incident, opened by its synthetic fault (incidents.drills). Shown as
+    # a drill everywhere; no real-incident figure, safety budget or page counts it.
+    drill = models.ForeignKey("Drill", on_delete=models.PROTECT, null=True, blank=True,
+                              related_name="incidents")
+
+    objects = IncidentQuerySet.as_manager()
 
     class Meta:
         ordering = ["-opened_at"]
@@ -402,3 +414,70 @@ class Delivery(models.Model):
     def __str__(self) -> str:
         to = self.subscription_id if self.channel == self.Channel.SUBSCRIPTION else self.target
         return f"{self.event} to {self.channel} {to}: {self.status}"
+
+
+class Drill(models.Model):
+    """A fire drill: FleetWatch proving its own repair loop on a canary node with no user job
+    (incidents.drills). A synthetic fault goes in through FleetWatch's own pipeline, and the
+    drill follows it: incident opened, remediation planned, its steps run in observe mode (or
+    on the canary for real), each phase timed, then everything put back."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running", "running"
+        PASSED = "passed", "passed"
+        FAILED = "failed", "failed"
+        SKIPPED = "skipped", "skipped"
+
+    class Mode(models.TextChoices):
+        OBSERVE = "observe", "observe (would call, nothing changed)"
+        CANARY = "canary", "canary (for real on the canary)"
+
+    class Trigger(models.TextChoices):
+        SCHEDULE = "schedule", "schedule"
+        MANUAL = "manual", "by hand"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="drills")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    reason = models.TextField(blank=True, help_text="why it failed or was skipped")
+    mode = models.CharField(max_length=16, choices=Mode.choices)
+    trigger = models.CharField(max_length=16, choices=Trigger.choices)
+    requested_by = models.CharField(max_length=150, help_text="system, user:NAME or token:NAME")
+    node = models.CharField(max_length=128, blank=True, help_text="the canary, once chosen")
+    budget_seconds = models.FloatField()
+    over_budget = models.BooleanField(default=False)
+    started_at = models.DateTimeField(default=timezone.now, db_index=True)
+    deadline = models.DateTimeField(help_text="started_at + budget: not done by then, it fails")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # The synthetic fault as stored (a kernel XID 79 line on the canary), and the secret that
+    # marks it as this drill's (a pushed signal cannot claim to be one).
+    signal = models.ForeignKey(Signal, on_delete=models.SET_NULL, null=True, blank=True,
+                               related_name="+")
+    nonce = models.CharField(max_length=32)
+    phases = models.JSONField(default=dict, blank=True, help_text="phase -> seconds")
+    # What the drill itself did and saw, in order: {"at", "what", "detail"} (the incident's
+    # own story is read from its records).
+    events = models.JSONField(default=list, blank=True)
+    # Canary mode: the canary's Slurm and Kubernetes state before the drill, to put it back.
+    canary_before = models.JSONField(default=dict, blank=True)
+    alerted_at = models.DateTimeField(null=True, blank=True,
+                                      help_text="when the failure alert was sent")
+    # When a follow-up last looked at it: the watchdog starts a new one only when the chain
+    # of follow-ups died (a killed worker), not one more beside a live chain.
+    checked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            # One drill at a time, fleet-wide: a second press finds the first.
+            models.UniqueConstraint(fields=["status"], condition=Q(status="running"),
+                                    name="drill_one_running"),
+        ]
+
+    def __str__(self) -> str:
+        return f"drill {self.pk} ({self.status}{', ' + self.node if self.node else ''})"
+
+    @property
+    def duration_seconds(self) -> float | None:
+        end = self.finished_at or (timezone.now() if self.status == self.Status.RUNNING
+                                   else None)
+        return None if end is None else round((end - self.started_at).total_seconds(), 3)

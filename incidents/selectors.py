@@ -23,7 +23,8 @@ from collectors.sources import cluster_names, sources_of
 from incidents.audit import audit_verify
 from incidents.diagnosis import JobInfo, Observation, facts
 from incidents.diagnosis.parsers import KERNEL_WORDS
-from incidents.models import AuditEntry, Incident, Remediation, RootCause, Step
+from incidents.drills import DRILL_PHASES, drill_phases
+from incidents.models import AuditEntry, Drill, Incident, Remediation, RootCause, Step
 from incidents.remediation import policy
 from incidents.remediation.playbooks import FOR_ROOT_CAUSE, PLAYBOOKS, RISKS
 from incidents.why import job_why
@@ -164,7 +165,8 @@ def jobs_info(cluster: Cluster) -> list[JobInfo]:
 
 
 def incidents_open() -> QuerySet[Incident]:
-    return Incident.objects.exclude(status=Incident.Status.RESOLVED).order_by("-opened_at")
+    """Open incidents of real faults (a fire drill's is on the drills page, not the on-call's)."""
+    return Incident.objects.real().exclude(status=Incident.Status.RESOLVED).order_by("-opened_at")
 
 
 def remediation_current(incident: Incident) -> Remediation | None:
@@ -367,7 +369,7 @@ def _mean_series(points: list[TelemetryPoint], field: int, start: datetime | Non
 
 def repairs_in_flight(limit: int = 50, cluster: str | None = None) -> list[dict[str, Any]]:
     """Live remediations (of one cluster, or all) with the step they are at: two queries."""
-    live = Remediation.objects.filter(status__in=Remediation.ACTIVE)
+    live = Remediation.objects.filter(policy.REAL, status__in=Remediation.ACTIVE)
     if cluster:
         live = live.filter(incident__cluster__name=cluster)
     rems = (live.select_related("incident").prefetch_related("steps")
@@ -397,7 +399,7 @@ def attention(cluster: str | None = None,
     when the caller has read it already."""
     newer = Remediation.objects.filter(incident=OuterRef("incident"),
                                        created_at__gt=OuterRef("created_at"))
-    waiting = (Remediation.objects.filter(status__in=NEEDS_PERSON)
+    waiting = (Remediation.objects.filter(policy.REAL, status__in=NEEDS_PERSON)
                .exclude(incident__status=Incident.Status.RESOLVED)
                .exclude(Exists(newer)).select_related("incident", "incident__cluster"))
     opened = incidents_open().select_related("cluster")
@@ -430,7 +432,7 @@ def dashboard(by: str = "leaf", group: str | None = None, *, group_given: bool =
     groups = fleet.gpu_groups(by, cluster)
     if not group_given:
         group = fleet.gpu_group_default(groups, counts["nodes"])
-    recent = Incident.objects.filter(status=Incident.Status.RESOLVED)
+    recent = Incident.objects.real().filter(status=Incident.Status.RESOLVED)
     if cluster:
         recent = recent.filter(cluster__name=cluster)
     clusters = cluster_names()
@@ -618,3 +620,72 @@ def remediation_live(incident: Incident) -> Remediation | None:
     """The incident's remediation that is running or waiting for a person, if one is."""
     return incident.remediations.filter(status__in=Remediation.ACTIVE).order_by(
         "-created_at").first()
+
+
+# --- fire drills (incidents.drills) -------------------------------------------------------------
+
+def drills_for_list() -> QuerySet[Drill]:
+    return (Drill.objects.select_related("cluster").prefetch_related("incidents")
+            .order_by("-started_at", "-id"))
+
+
+def drill_settings() -> dict[str, Any]:
+    """How drills are configured, for the drills page and the API."""
+    schedule = settings.FLEETWATCH_DRILL_SCHEDULE
+    return {
+        "schedule": "" if schedule is None else (
+            f"cron {schedule} (UTC)" if isinstance(schedule, str) else f"every {schedule:g} s"),
+        "nodes": list(settings.FLEETWATCH_DRILL_NODES),
+        "mode": settings.FLEETWATCH_DRILL_MODE,
+        "budget_seconds": settings.FLEETWATCH_DRILL_BUDGET_SECONDS,
+    }
+
+
+def drill_report(drill: Drill) -> dict[str, Any]:
+    """A drill's whole report: its incident and remediation, the phases (as far as it got,
+    while it runs), the steps and the timeline."""
+    incident = drill.incidents.order_by("pk").first()
+    rem = (incident.remediations.order_by("-created_at", "-pk").first()
+           if incident is not None else None)
+    steps = list(rem.steps.order_by("order")) if rem is not None else []
+    phases = drill.phases if drill.status != Drill.Status.RUNNING else drill_phases(
+        drill, incident, rem, timezone.now())
+    return {"drill": drill, "incident": incident, "remediation": rem, "steps": steps,
+            "phases": [(name, name.replace("_", " "), phases[name]) for name in DRILL_PHASES
+                       if name in phases],
+            "phase_map": phases, "timeline": drill_timeline(drill, incident, rem)}
+
+
+def drill_timeline(drill: Drill, incident: Incident | None,
+                   rem: Remediation | None) -> list[dict[str, Any]]:
+    """What the drill did and what the loop did with its fault, in time order: the drill's own
+    events (canary chosen, fault injected, clean-up, result), the incident opening, each step
+    and each outside call, would-be or real."""
+    items: list[dict[str, Any]] = [
+        {"at": datetime.fromisoformat(e["at"]), "type": "drill", "title": e["what"],
+         "detail": e.get("detail", "")} for e in drill.events]
+    if incident is not None:
+        items.append({"at": incident.opened_at, "type": "incident",
+                      "title": f"Incident {incident.pk} opened",
+                      "detail": f"{incident.get_root_cause_display()} "
+                                f"({incident.confidence:.0%}), playbook {incident.playbook}"})
+    if rem is not None:
+        items.append({"at": rem.created_at, "type": "incident",
+                      "title": f"Remediation {rem.pk} planned",
+                      "detail": f"{rem.playbook} in {rem.get_mode_display()} mode"})
+        for step in rem.steps.order_by("order"):
+            if step.started_at is not None:
+                items.append({"at": step.started_at, "type": "step",
+                              "title": f"Step {step.order} {step.kind}: "
+                                       f"{step.get_status_display()}",
+                              "detail": step.detail or step.title,
+                              "seconds": step.duration_seconds if step.finished_at else None})
+        for entry in (AuditEntry.objects.filter(remediation=rem)
+                      .filter(~Q(call="") | Q(data__would_call=True)).order_by("at", "pk")):
+            would = bool((entry.data or {}).get("would_call"))
+            items.append({"at": entry.at, "type": "would" if would else "call",
+                          "title": f"{'would call' if would else 'called'} {entry.verb} "
+                                   f"{entry.target}",
+                          "detail": entry.call or entry.result, "ok": entry.ok})
+    items.sort(key=lambda i: i["at"])
+    return items

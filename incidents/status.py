@@ -33,7 +33,10 @@ def incident_status(incident: Incident, status: str) -> None:
 
 def incident_event(event: str, incident: Incident, remediation: Remediation | None = None) -> None:
     """Tell the webhook subscribers, once the change is committed (a rolled-back change was
-    never news)."""
+    never news). A fire drill's incident is no news to them: a drill pages nobody but for its
+    own failure (incidents.drills)."""
+    if incident.drill_id is not None:
+        return
     incident_id, remediation_id = incident.pk, remediation.pk if remediation else None
     transaction.on_commit(lambda: webhooks.event_emit(event, incident_id, remediation_id))
 

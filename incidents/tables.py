@@ -9,12 +9,14 @@ from typing import Any
 import django_tables2 as tables
 from django.template.defaultfilters import truncatechars
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from collectors.roles import actor_shown
 from collectors.tables import ListTable, iso, time_column
-from incidents.models import AuditEntry, Incident
-from incidents.templatetags.fleetwatch_ui import duration, ms_duration, percent
+from incidents.drills import DRILL_PHASES
+from incidents.models import AuditEntry, Drill, Incident
+from incidents.templatetags.fleetwatch_ui import duration, duration_text, ms_duration, percent
 
 
 class IncidentTable(ListTable):
@@ -37,8 +39,14 @@ class IncidentTable(ListTable):
         row_attrs = {"data-testid": lambda record: f"incident-row-{record.pk}"}
 
     def render_id(self, record: Incident) -> SafeString:
-        return format_html('<a href="{}">#{}</a>', reverse("incident-detail", args=[record.pk]),
+        link = format_html('<a href="{}">#{}</a>', reverse("incident-detail", args=[record.pk]),
                            record.pk)
+        if record.drill_id is None:
+            return link
+        # A fire drill's incident says so wherever it is listed (incidents.drills).
+        return format_html('{} <a class="badge drill" href="{}" title="fire drill {}: a '
+                           'synthetic fault">drill</a>', link,
+                           reverse("drill-detail", args=[record.drill_id]), record.drill_id)
 
     def value_id(self, record: Incident) -> int:
         return record.pk
@@ -134,3 +142,91 @@ class AuditTable(ListTable):
 
     def value_incident(self, value: int | None) -> Any:
         return value or ""
+
+
+class DrillTable(ListTable):
+    """Fire drills (incidents.drills): result, canary, mode, each phase's time, the budget."""
+
+    export_name = "drills"
+    id = tables.Column(verbose_name="#")
+    status = tables.Column(verbose_name="Result")
+    node = tables.Column(verbose_name="Canary", default="-")
+    mode = tables.Column()
+    trigger = tables.Column(verbose_name="Started")
+    started_at = time_column("When", full=True)
+    phases = tables.Column(verbose_name="Phases", orderable=False, empty_values=())
+    total = tables.Column(verbose_name="Took", accessor="finished_at", empty_values=(),
+                          order_by=("finished_at", "started_at"))
+    budget_seconds = tables.Column(verbose_name="Budget")
+    incident = tables.Column(verbose_name="Incident", empty_values=(), orderable=False)
+
+    class Meta(ListTable.Meta):
+        model = Drill
+        fields = ("id", "status", "node", "mode", "trigger", "started_at", "phases", "total",
+                  "budget_seconds", "incident")
+        row_attrs = {"data-testid": lambda record: f"drill-row-{record.pk}",
+                     "class": lambda record: "row-bad" if record.status == "failed" else ""}
+
+    def render_id(self, record: Drill) -> SafeString:
+        return format_html('<a href="{}">#{}</a>', reverse("drill-detail", args=[record.pk]),
+                           record.pk)
+
+    def value_id(self, record: Drill) -> int:
+        return record.pk
+
+    def render_status(self, record: Drill) -> SafeString:
+        reason = truncatechars(record.reason, 160)
+        return format_html('<span class="badge dr-{}">{}</span>{}', record.status,
+                           record.get_status_display(),
+                           format_html('<div class="muted small">{}</div>', reason)
+                           if reason else "")
+
+    def value_status(self, record: Drill) -> str:
+        return f"{record.status}: {record.reason}" if record.reason else record.status
+
+    def render_mode(self, record: Drill) -> str:
+        return record.mode
+
+    def value_started_at(self, record: Drill) -> str:
+        return iso(record.started_at)
+
+    def render_trigger(self, record: Drill) -> str:
+        return "schedule" if record.trigger == Drill.Trigger.SCHEDULE else \
+            f"by {actor_shown(record.requested_by)}"
+
+    def render_phases(self, record: Drill) -> SafeString | str:
+        phases = record.phases or {}
+        shown = [(p, phases[p]) for p in DRILL_PHASES if p in phases and p != "total"]
+        if not shown:
+            return "-"
+        return format_html_join(" ", '<span class="phase">{} <b>{}</b></span>',
+                                ((p.replace("_", " "), duration_text(v)) for p, v in shown))
+
+    def value_phases(self, record: Drill) -> str:
+        return " ".join(f"{p}={v}" for p, v in (record.phases or {}).items())
+
+    def render_total(self, record: Drill) -> str:
+        return duration_text(record.duration_seconds) if record.finished_at else (
+            "running" if record.status == Drill.Status.RUNNING else "-")
+
+    def value_total(self, record: Drill) -> Any:
+        return record.duration_seconds if record.finished_at else ""
+
+    def render_budget_seconds(self, record: Drill) -> SafeString | str:
+        text = duration_text(record.budget_seconds)
+        return format_html('{} <span class="error">over</span>', text) if record.over_budget \
+            else text
+
+    def value_budget_seconds(self, record: Drill) -> float:
+        return record.budget_seconds
+
+    def render_incident(self, record: Drill) -> SafeString | str:
+        incident = next(iter(record.incidents.all()), None)
+        if incident is None:
+            return "-"
+        return format_html('<a href="{}">#{}</a>', reverse("incident-detail",
+                                                            args=[incident.pk]), incident.pk)
+
+    def value_incident(self, record: Drill) -> Any:
+        incident = next(iter(record.incidents.all()), None)
+        return incident.pk if incident is not None else ""

@@ -15,7 +15,7 @@ from celery import Task, shared_task
 from django.db import DatabaseError
 
 from collectors import queueing
-from incidents import audit, deliveries, diagnosing, webhooks
+from incidents import audit, deliveries, diagnosing, drills, webhooks
 from incidents.remediation import engine
 
 
@@ -86,3 +86,34 @@ def audit_checkpoint() -> dict[str, Any]:
     checkpoint = audit.checkpoint_log()
     webhooks.checkpoint_emit(checkpoint)  # never raises: the log has it whatever happens here
     return checkpoint
+
+
+# Fire drills (incidents.drills). The drill's row is the truth: a message lost with a worker is
+# made up for by the watchdog (drills_rescue), which also finishes a drill whose budget ran out
+# while nothing followed it. Beginning twice injects one fault; finishing twice finishes once.
+@shared_task(name=queueing.DRILL_SCHEDULED, ignore_result=True)
+def drill_scheduled() -> None:
+    drills.drill_scheduled()
+
+
+@shared_task(name=queueing.DRILL_BEGIN, ignore_result=True, acks_late=True,
+             reject_on_worker_lost=True)
+def drill_begin(drill_id: int) -> None:
+    drills.drill_begin(drill_id)
+
+
+@shared_task(name=queueing.DRILL_FOLLOW, ignore_result=True)
+def drill_follow(drill_id: int) -> None:
+    drills.drill_follow(drill_id)
+
+
+@shared_task(name=queueing.DRILLS_RESCUE, ignore_result=True)
+def drills_rescue() -> None:
+    drills.drills_rescue()
+
+
+# Sent once, as a person's page is (engine.person_page): recorded as deliveries and audited.
+@shared_task(name=queueing.DRILL_ALERT, ignore_result=True, acks_late=True,
+             reject_on_worker_lost=True)
+def drill_alert(drill_id: int) -> None:
+    drills.drill_alert(drill_id)

@@ -37,6 +37,10 @@ urlpatterns = [
     path("audit/", views.audit_list, name="audit-list"),
     path("audit/verify", views.audit_verify, name="audit-verify"),
     path("policy/", views.policy_page, name="policy"),
+    path("drills/", views.drill_list, name="drill-list"),
+    path("drills/run", views.drill_run, name="drill-run"),
+    path("drills/<int:pk>/", views.drill_detail, name="drill-detail"),
+    path("drills/<int:pk>/live", views.drill_live, name="drill-live"),
     path("demo/inject", views.inject_fault, name="inject-fault"),
     # A job's page is the fleet's (collectors); why it died and its chart are read here.
     path("jobs/<str:slurm_id>/chart.json", views.job_chart, name="job-chart"),

@@ -21,15 +21,15 @@ from collectors.clients.base import ClientError
 from collectors.roles import ADMIN, actor_name, role_of
 from collectors.sim import faults
 from collectors.views import grid_group, json_answer, list_page
-from incidents import deliveries, lifecycle, oncall, selectors, why
+from incidents import deliveries, drills, lifecycle, oncall, selectors, why
 from incidents.audit import audit_record
-from incidents.filters import AuditFilter, IncidentFilter
+from incidents.filters import AuditFilter, DrillFilter, IncidentFilter
 from incidents.forms import AssignForm, NoteForm, ResolveForm, SeverityForm
-from incidents.models import Incident, Remediation, Step
+from incidents.models import Drill, Incident, Remediation, Step
 from incidents.remediation import transitions
 from incidents.remediation.playbooks import playbook_get
 from incidents.status import InvalidTransition
-from incidents.tables import AuditTable, IncidentTable
+from incidents.tables import AuditTable, DrillTable, IncidentTable
 
 
 def _require_operator(request: HttpRequest) -> None:
@@ -314,3 +314,47 @@ def audit_verify(request: HttpRequest) -> HttpResponse:
 
 def policy_page(request: HttpRequest) -> HttpResponse:
     return render(request, "incidents/policy.html", selectors.policy_overview())
+
+
+# --- fire drills (incidents.drills) -------------------------------------------------------------
+
+
+def drill_list(request: HttpRequest) -> HttpResponse:
+    filters = DrillFilter(request.GET, queryset=selectors.drills_for_list())
+    return list_page(request, "incidents/drill_list.html", filters, DrillTable(filters.qs),
+                     drill_settings=selectors.drill_settings(),
+                     running=Drill.objects.filter(status=Drill.Status.RUNNING).first())
+
+
+def drill_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    drill = get_object_or_404(Drill.objects.select_related("cluster", "signal"), pk=pk)
+    return render(request, "incidents/drill_detail.html", selectors.drill_report(drill))
+
+
+def drill_live(request: HttpRequest, pk: int) -> HttpResponse:
+    """The report's live part (result, phases, timeline), which the page polls while the
+    drill runs."""
+    drill = get_object_or_404(Drill.objects.select_related("cluster", "signal"), pk=pk)
+    return render(request, "partials/drill_report.html", selectors.drill_report(drill))
+
+
+@require_POST
+def drill_run(request: HttpRequest) -> HttpResponse:
+    """The drills page's "run a drill now": operators only; a second press while one runs
+    starts nothing and says which one runs."""
+    _require_operator(request)
+    try:
+        started = drills.drill_start(trigger=Drill.Trigger.MANUAL,
+                                     actor=actor_name(request.user))
+    except drills.DrillError as exc:
+        messages.error(request, f"No drill started: {exc}")
+        return redirect("drill-list")
+    drill = started.drill
+    if started.created:
+        messages.success(request, f"Fire drill #{drill.pk} started ({drill.mode} mode, budget "
+                                  f"{drill.budget_seconds:g} s): this page follows it.")
+    else:
+        messages.info(request, f"Fire drill #{drill.pk} is already running (started "
+                               f"{drill.started_at:%H:%M:%S} UTC by "
+                               f"{drill.requested_by}); no second drill was started.")
+    return redirect("drill-detail", pk=drill.pk)

@@ -94,6 +94,13 @@ def policy_mode() -> str:
 
 
 @pytest.fixture
+def worker_env() -> dict[str, str]:
+    """More environment for the worker of ``celery_worker_process``; override this name in a
+    test module to give its worker settings of its own."""
+    return {}
+
+
+@pytest.fixture
 def sim_state(settings: Any) -> Callable[[], dict[str, Any]]:
     """Read the simulated fleet as its Slurm/Kubernetes/provider would report it now."""
     return lambda: SimFleet(settings.FLEETWATCH_SIM_STATE, settings.FLEETWATCH_SIM_SPEED).snapshot()
@@ -101,7 +108,8 @@ def sim_state(settings: Any) -> Callable[[], dict[str, Any]]:
 
 @pytest.fixture
 def celery_worker_process(
-    transactional_db: None, settings: Any, tmp_path: Path, policy_mode: str
+    transactional_db: None, settings: Any, tmp_path: Path, policy_mode: str,
+    worker_env: dict[str, str],
 ) -> Iterator[Worker]:
     """A real ``celery worker`` (with beat) on real Redis, writing to the test database."""
     broker = os.environ.get("CELERY_BROKER_URL", "")
@@ -125,6 +133,7 @@ def celery_worker_process(
         "FLEETWATCH_COLLECT_INTERVAL": "1",
         "FLEETWATCH_STEP_POLL_SECONDS": "0.3",
         "FLEETWATCH_POLICY_MODE": settings.FLEETWATCH_POLICY_MODE,
+        **worker_env,
     }
     log = tmp_path / "worker.log"
     with open(log, "wb") as out:

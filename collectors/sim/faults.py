@@ -38,6 +38,13 @@ def fault_inject(kind: str, *, node: str = "", gpu: int = 0, code: int = 79, cou
         raise ValueError(f"unknown fault {kind!r}")
 
 
+def job_finish(job_id: str, *, cluster: str | None = None) -> str:
+    """A running job of the simulated fleet ends on its own: its nodes fall idle."""
+    fleet = _fleet(cluster)
+    with fleet.transaction() as state:
+        return simulator.finish_job(state, job_id, fleet.clock.now())
+
+
 def pod_label_set(node: str, *, no_auto_replace: bool, cluster: str | None = None) -> str:
     with _fleet(cluster).transaction() as state:
         return simulator.set_no_auto_replace(state, node, no_auto_replace)

@@ -431,6 +431,18 @@ def inject_switch_down(state: State, switch: str, now: float, speed: float) -> s
     return f"{switch} down: {len(members)} nodes lost their link"
 
 
+def finish_job(state: State, job_id: str, now: float) -> str:
+    """A running job ends on its own (its training done): its nodes fall idle. The demo's way
+    to free a node, e.g. a canary for the fire drills."""
+    job = state["jobs"].get(job_id)
+    if job is None:
+        raise ClientError(f"unknown job {job_id!r}", permanent=True)
+    if job["state"] != "RUNNING":
+        raise ClientError(f"job {job_id} is {job['state']}, not running", permanent=True)
+    job["exit_at"], job["exit_state"] = now, "COMPLETED"
+    return f"job {job_id} finished; {', '.join(job['nodes'])} idle"
+
+
 def set_no_auto_replace(state: State, node: str, enabled: bool) -> str:
     _node(state, node)
     for pod in state["pods"]:

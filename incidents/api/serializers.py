@@ -10,6 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from collectors.api.serializers import SignalSerializer
@@ -17,6 +18,7 @@ from collectors.models import Cluster
 from incidents.models import (
     ApiToken,
     AuditEntry,
+    Drill,
     Incident,
     Remediation,
     RootCause,
@@ -58,13 +60,17 @@ class IncidentSerializer(serializers.ModelSerializer):
         slug_field="username", read_only=True, allow_null=True,
         help_text="the person on call who owns it, or null")
     severity = serializers.ChoiceField(choices=Severity.choices, read_only=True)
+    drill = serializers.IntegerField(
+        source="drill_id", read_only=True, allow_null=True,
+        help_text="the fire drill whose synthetic fault opened it (/api/v1/drills/ID/); null "
+                  "for a real fault")
 
     class Meta:
         model = Incident
         fields = ["id", "cluster", "root_cause", "confidence", "explanation", "playbook",
                   "status", "severity", "nodes", "jobs", "switch", "storm", "detected_at",
                   "opened_at", "resolved_at", "phases", "repaired_by", "acknowledged_by",
-                  "acknowledged_at", "owner", "nodes_charted", "remediations"]
+                  "acknowledged_at", "owner", "nodes_charted", "drill", "remediations"]
 
 
 class AssignSerializer(serializers.Serializer):
@@ -313,3 +319,70 @@ class JobWhySerializer(serializers.Serializer[Any]):
     slurm_comment = serializers.CharField(help_text="FleetWatch's words in the job, as Slurm "
                                           "reports them")
     link = serializers.CharField(help_text="the job's page (with FLEETWATCH_BASE_URL)")
+
+
+# --- fire drills (incidents.drills) -------------------------------------------------------------
+
+
+class DrillEventSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    type = serializers.CharField(help_text="drill (the drill's own), incident, step, would "
+                                           "(a call recorded, not made) or call (made)")
+    title = serializers.CharField()
+    detail = serializers.CharField(allow_blank=True)
+
+
+class DrillSerializer(serializers.ModelSerializer):
+    """A fire drill: its result (and why), its canary, each phase's seconds (as far as it got,
+    while it runs), its incident and remediation."""
+
+    cluster: serializers.SlugRelatedField[Cluster] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True)
+    duration_seconds = serializers.FloatField(read_only=True, allow_null=True)
+    signal = serializers.IntegerField(source="signal_id", read_only=True, allow_null=True,
+                                      help_text="the synthetic fault as stored")
+    incident = serializers.SerializerMethodField(help_text="its incident, once one opened")
+    phases = serializers.SerializerMethodField(
+        help_text="seconds per phase: inject, detect, decide, first_action, drain, requeue, "
+                  "replace, resume, cleanup, total (those it reached)")
+
+    class Meta:
+        model = Drill
+        fields = ["id", "cluster", "status", "reason", "mode", "trigger", "requested_by", "node",
+                  "budget_seconds", "over_budget", "started_at", "deadline", "finished_at",
+                  "duration_seconds", "signal", "incident", "phases", "alerted_at"]
+
+    def get_incident(self, drill: Drill) -> int | None:
+        incident = next(iter(drill.incidents.all()), None)
+        return incident.pk if incident is not None else None
+
+    def get_phases(self, drill: Drill) -> dict[str, float]:
+        live: dict[str, float] | None = self.context.get("phases")
+        return dict(live if live is not None else drill.phases or {})
+
+
+class DrillReportSerializer(DrillSerializer):
+    """A drill with its whole report: its remediation's steps and its timeline."""
+
+    remediation = serializers.SerializerMethodField()
+    timeline = serializers.SerializerMethodField()
+
+    class Meta(DrillSerializer.Meta):
+        fields = [*DrillSerializer.Meta.fields, "remediation", "timeline"]
+
+    @extend_schema_field(RemediationSerializer(allow_null=True))
+    def get_remediation(self, drill: Drill) -> dict[str, Any] | None:
+        rem = self.context.get("remediation")
+        return dict(RemediationSerializer(rem).data) if rem is not None else None
+
+    @extend_schema_field(DrillEventSerializer(many=True))
+    def get_timeline(self, drill: Drill) -> list[Any]:
+        return list(DrillEventSerializer(self.context.get("timeline", []), many=True).data)
+
+
+class DrillConflictSerializer(serializers.Serializer):
+    """409 from starting a drill: one runs already (``drill`` is its id); none was started."""
+
+    detail = serializers.CharField()
+    status = serializers.CharField()
+    drill = serializers.IntegerField()

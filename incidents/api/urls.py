@@ -18,6 +18,7 @@ router.register("incidents", views.IncidentViewSet, basename="incident")
 router.register("remediations", views.RemediationViewSet, basename="remediation")
 router.register("steps", views.StepViewSet, basename="step")
 router.register("audit", views.AuditEntryViewSet, basename="audit")
+router.register("drills", views.DrillViewSet, basename="drill")
 router.register("tokens", views.TokenViewSet, basename="token")
 webhook_api.register(router)
 

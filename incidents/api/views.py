@@ -32,11 +32,14 @@ from collectors.api.permissions import ADMIN_ONLY, OPERATE, READ, READ_ONLY
 from collectors.api.serializers import ConflictSerializer
 from collectors.api.views import NamedNotFound
 from collectors.roles import actor_from_request
-from incidents import filters, lifecycle, oncall, selectors
+from incidents import drills, filters, lifecycle, oncall, selectors
 from incidents.api.serializers import (
     AssignSerializer,
     AuditEntrySerializer,
     AuditVerifySerializer,
+    DrillConflictSerializer,
+    DrillReportSerializer,
+    DrillSerializer,
     IncidentSerializer,
     JobWhySerializer,
     NoteOutSerializer,
@@ -51,7 +54,7 @@ from incidents.api.serializers import (
     TokenCreateSerializer,
     TokenSerializer,
 )
-from incidents.models import ApiToken, AuditEntry, Incident, Remediation, Step
+from incidents.models import ApiToken, AuditEntry, Drill, Incident, Remediation, Step
 from incidents.remediation import transitions
 from incidents.status import InvalidTransition
 from incidents.tokens import TokenError, token_create, token_revoke
@@ -321,6 +324,52 @@ class AuditEntryViewSet(NamedNotFound, viewsets.ReadOnlyModelViewSet):
             "ok": result["ok"], "checked": result["checked"], "first_bad": result["bad_id"],
             "detail": result["text"], "reason": result["reason"],
             "unchained": result["unchained"], "head": result["head"]}).data)
+
+
+# --- fire drills ----------------------------------------------------------------------------
+
+
+class DrillViewSet(NamedNotFound, mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """Fire drills: FleetWatch proving its own repair loop on a canary node (a synthetic XID 79
+    through its own pipeline, the playbook run in observe mode or on the canary), newest
+    first. Starting one is an operator's (as on the drills page)."""
+
+    serializer_class = DrillSerializer
+    queryset = selectors.drills_for_list()
+    filterset_class = filters.DrillFilter
+    ordering_fields = ["started_at", "finished_at"]
+    access = {**READ_ONLY, "create": OPERATE}
+
+    @extend_schema(responses=DrillReportSerializer)
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """A drill's report: result and reason, phases (live while it runs), its incident,
+        its remediation with its steps, and its timeline (would-be and real calls)."""
+        report = selectors.drill_report(self.get_object())
+        return Response(DrillReportSerializer(report["drill"], context={
+            "phases": report["phase_map"], "remediation": report["remediation"],
+            "timeline": report["timeline"]}).data)
+
+    @extend_schema(request=None, responses={
+        201: DrillSerializer,
+        409: OpenApiResponse(DrillConflictSerializer, description="A drill is running already; "
+                             "none was started")})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Start a drill now (FLEETWATCH_DRILL_MODE, _NODES, _BUDGET_SECONDS). One runs at a
+        time: while one does, 409 names it and nothing starts. The drill runs in a worker;
+        follow it at /api/v1/drills/ID/."""
+        try:
+            started = drills.drill_start(trigger=Drill.Trigger.MANUAL,
+                                         actor=actor_from_request(request))
+        except drills.DrillError as exc:
+            raise ValidationError({"detail": str(exc)}) from None
+        drill = Drill.objects.prefetch_related("incidents").get(pk=started.drill.pk)
+        if not started.created:
+            return Response({"detail": f"fire drill {drill.pk} is running (started "
+                                       f"{drill.started_at.isoformat()} by "
+                                       f"{drill.requested_by}); no second drill was started",
+                             "status": drill.status, "drill": drill.pk},
+                            status=status.HTTP_409_CONFLICT)
+        return Response(DrillSerializer(drill).data, status=status.HTTP_201_CREATED)
 
 
 # --- sources, policy, tokens ----------------------------------------------------------------

@@ -28,13 +28,15 @@ from collectors.clients import get_clients
 from collectors.clients.base import ActionResult, ClientError
 from collectors.models import Job, Node, Signal
 from incidents.audit import audit_lock, audit_record
-from incidents.models import Incident, Remediation, Step
+from incidents.models import Drill, Incident, Remediation, Step
 from incidents.remediation.steps import (
     EXECUTORS,
     Block,
     Done,
     Facts,
     Outcome,
+    Rehearsal,
+    RehearsalStop,
     StepContext,
     Wait,
     step_timeout,
@@ -163,7 +165,9 @@ def step_run(step_id: int, reason: str = "start") -> str:
     # The step row says "running" (committed) before any outside call is made.
     try:
         ctx = _step_context(step)
-        outcome: Outcome | ClientError | DatabaseFault = EXECUTORS[step.kind](ctx)
+        outcome: Outcome | ClientError | DatabaseFault | RehearsalStop = EXECUTORS[step.kind](ctx)
+    except RehearsalStop as stop:
+        outcome = stop
     except ClientError as exc:
         outcome = exc
     except SoftTimeLimitExceeded:
@@ -231,7 +235,8 @@ class DatabaseFault:
 
 
 @retry_transient
-def _step_finish(step_id: int, outcome: Outcome | ClientError | DatabaseFault) -> str:
+def _step_finish(step_id: int,
+                 outcome: Outcome | ClientError | DatabaseFault | RehearsalStop) -> str:
     with transaction.atomic():
         audit_lock()  # before the step's row lock: see incidents/audit.py
         step = (Step.objects.select_for_update(of=("self",))
@@ -246,7 +251,58 @@ def _step_finish(step_id: int, outcome: Outcome | ClientError | DatabaseFault) -
             step.save()
             step_enqueue(step.pk, "recheck", DATABASE_RETRY_SECONDS)
             return "database error; queued again"
+        if isinstance(outcome, RehearsalStop):
+            return _rehearsal_end(step, outcome)
         return _step_apply(step, outcome)
+
+
+# Verbs a canary drill makes for real: what its clean-up can put back exactly (a drain and a
+# cordon FleetWatch set itself). Evictions, replacements, reboots, resets and notifications
+# stay "would call" in every drill.
+CANARY_REAL_VERBS = frozenset({"slurm.drain", "k8s.cordon"})
+
+
+def _rehearsal(incident: Incident) -> Rehearsal | None:
+    """How a fire drill's incident runs its playbook (None: a real incident's repair)."""
+    if incident.drill_id is None:
+        return None
+    mode = Drill.objects.filter(pk=incident.drill_id).values_list("mode", flat=True).first()
+    canary = mode == Drill.Mode.CANARY
+    return Rehearsal(incident.drill_id, str(mode or Drill.Mode.OBSERVE),
+                     CANARY_REAL_VERBS if canary else frozenset())
+
+
+def _rehearsed(rem: Remediation, detail: str) -> str:
+    """A drill's step says what it did as if it had (the executor's words), and that it was a
+    rehearsal: which of its calls were only recorded."""
+    rehearsal = _rehearsal(rem.incident)
+    if rehearsal is None:
+        return detail
+    made = (f"only {', '.join(sorted(rehearsal.real_verbs))} made for real"
+            if rehearsal.real_verbs else "no call made")
+    return f"Rehearsed by fire drill {rehearsal.drill_id} ({made}): {detail}"
+
+
+def _rehearsal_end(step: Step, stop: RehearsalStop) -> str:
+    """A drill's playbook reached the provider: that step is done (its call recorded as
+    "would call"), the steps after it are not run, and the remediation is over: succeeded as
+    a rehearsal. Called with the step row locked."""
+    rem, now = step.remediation, timezone.now()
+    step.status, step.finished_at, step.detail = Step.Status.SUCCEEDED, now, str(stop)
+    step.result = {**step.result, "rehearsal_stop": f"{stop.verb} {stop.target}"}
+    step.error = ""
+    step.save()
+    audit_record("step.succeeded", step.kind, remediation=rem, step=step, result=str(stop))
+    rem.steps.filter(order__gt=step.order).exclude(status__in=Step.DONE).update(
+        status=Step.Status.SKIPPED, finished_at=now,
+        detail="fire drill: not run past the provider")
+    rem.status, rem.finished_at = Remediation.Status.SUCCEEDED, now
+    rem.save()
+    audit_record("remediation.rehearsed", f"incident {rem.incident_id}", remediation=rem,
+                 result=f"fire drill: the playbook ran up to the provider ({stop.verb} "
+                        f"{stop.target} would be next)")
+    incident_resolve(rem.incident, rem)
+    return "rehearsed"
 
 
 def _step_gate(step: Step, rem: Remediation) -> str:
@@ -282,6 +338,7 @@ def _step_gate(step: Step, rem: Remediation) -> str:
 def _step_context(step: Step) -> StepContext:
     rem, incident = step.remediation, step.remediation.incident
     previous = {s.kind: s.result for s in rem.steps.filter(order__lt=step.order)}
+    rehearsal = _rehearsal(incident)
 
     # Retried on its own (a deadlock lost here must not leave a call made but unrecorded,
     # which a re-run would make again).
@@ -305,7 +362,8 @@ def _step_context(step: Step) -> StepContext:
         fault=fault_summary(incident).text,
         job_link=lambda job_id: job_link(incident.cluster.name, job_id),
         facts=Facts(last_link_change=lambda node: _last_link_change(incident, node),
-                    mark_rma=lambda node, why: node_mark_rma(node, why, rem)),
+                    mark_rma=lambda node, why: node_mark_rma(node, why, rem, rehearsal)),
+        rehearsal=rehearsal,
     )
 
 
@@ -341,7 +399,7 @@ def _step_apply(step: Step, outcome: Outcome | ClientError) -> str:
     now = timezone.now()
     if isinstance(outcome, Done):
         step.status, step.finished_at = Step.Status.SUCCEEDED, now
-        step.result, step.detail, step.error = outcome.result, outcome.detail, ""
+        step.result, step.detail, step.error = outcome.result, _rehearsed(rem, outcome.detail), ""
         step.save()
         audit_record("step.succeeded", step.kind, remediation=rem, step=step,
                      result=outcome.detail)
@@ -403,7 +461,14 @@ def step_advance(step: Step) -> None:
     incident_resolve(rem.incident, rem)
 
 
-def node_mark_rma(node: str, why: str, remediation: Remediation) -> None:
-    """Take the node out of the pools FleetWatch replaces from, and say so."""
+def node_mark_rma(node: str, why: str, remediation: Remediation,
+                  rehearsal: Rehearsal | None = None) -> None:
+    """Take the node out of the pools FleetWatch replaces from, and say so. A fire drill
+    marks nothing: it records that it would."""
+    if rehearsal is not None:
+        audit_record("node.rma", node, remediation=remediation,
+                     data={"would_call": True, "drill": rehearsal.drill_id},
+                     result=f"fire drill {rehearsal.drill_id}: would mark {node} for RMA ({why})")
+        return
     Node.objects.filter(name=node, cluster=remediation.incident.cluster).update(pool="rma")
     audit_record("node.rma", node, remediation=remediation, result=why)

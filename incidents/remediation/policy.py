@@ -12,6 +12,9 @@ Read by ``transitions.remediation_open`` and on approval. The rails, in the orde
 - the fleet budget: at most FLEETWATCH_BUDGET_MAX_NODES nodes, and FLEETWATCH_BUDGET_MAX_PERCENT
   of a node pool or a leaf switch, in remediation at once.
 A rail never refuses outright: it holds the remediation for a person's approval and says why.
+Fire drills' incidents (incidents.drills) are rehearsals: they run their root cause's first
+playbook whatever the history, pass no rail but "one remediation per node", and no rail, budget
+or brake counts them.
 Every rail counts within the incident's cluster (node names repeat across clusters; a storm
 in one cluster must not stop repairs in another); the limits are FleetWatch's.
 """
@@ -74,6 +77,10 @@ def decisions_serialized() -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [POLICY_LOCK_KEY])
 
 
+# Remediations of real incidents: what every rail counts (fire drills' are left out).
+REAL = Q(incident__drill__isnull=True)
+
+
 def playbook_mode(root_cause: str) -> str:
     return settings.FLEETWATCH_PLAYBOOK_MODES.get(root_cause, settings.FLEETWATCH_POLICY_MODE)
 
@@ -92,7 +99,7 @@ def _node_history(cluster_id: int, nodes: Iterable[str], since: timedelta,
     since then."""
     wanted = set(nodes)
     rows = (Remediation.objects.select_related("incident")
-            .filter(_acting_on(wanted), created_at__gte=timezone.now() - since,
+            .filter(_acting_on(wanted), REAL, created_at__gte=timezone.now() - since,
                     incident__cluster_id=cluster_id)
             .exclude(status__in=[Remediation.Status.OBSERVED, Remediation.Status.CANCELLED]))
     if exclude is not None:
@@ -129,6 +136,9 @@ def playbook_choose(incident: Incident) -> tuple[Playbook | None, str]:
     person who knows what the event was)."""
     if incident.storm:
         return None, ""
+    if incident.drill_id is not None:
+        # A drill rehearses the root cause's first playbook: its synthetic fault has no history.
+        return playbook_get(FOR_ROOT_CAUSE.get(incident.root_cause, "")), ""
     name = incident.playbook if playbook_get(incident.playbook) else FOR_ROOT_CAUSE.get(
         incident.root_cause, "")
     playbook = playbook_get(name)
@@ -159,6 +169,8 @@ def decide(incident: Incident, *, automatic: bool) -> Decision:
                           "its nodes one by one once its cause is known")
     if playbook is None:
         raise LookupError(f"no playbook for {incident.root_cause}")
+    if incident.drill_id is not None:
+        return _drill_decision(incident, playbook)
     mode = playbook_mode(incident.root_cause) if automatic else Remediation.Mode.AUTO
     step_modes: dict[str, str] = {risk: step_mode(risk, mode) for risk in RISKS}
     decision = Decision(playbook, mode, step_modes=step_modes, escalation=escalation)
@@ -170,11 +182,21 @@ def decide(incident: Incident, *, automatic: bool) -> Decision:
     return Decision(playbook, mode, hold, rma, step_modes, escalation)
 
 
+def _drill_decision(incident: Incident, playbook: Playbook) -> Decision:
+    """A fire drill runs its playbook in auto mode, every step too (its outside calls are
+    only recorded: see steps.Rehearsal), and passes no rail but one: a node a real repair
+    holds is that repair's, and the drill waits (the drill then fails, saying why)."""
+    auto = Remediation.Mode.AUTO
+    hold = node_busy(incident.cluster_id, incident.nodes, exclude_incident=incident.pk) \
+        if playbook.touches_nodes else ""
+    return Decision(playbook, auto, hold, step_modes={risk: auto for risk in RISKS})
+
+
 def remediation_holding(cluster_id: int, nodes: Iterable[str],
                         exclude_incident: int | None = None) -> Remediation | None:
     """The live remediation acting on any of the cluster's ``nodes``, if one is."""
     wanted = set(nodes)
-    live = (Remediation.objects.filter(_acting_on(wanted), status__in=HOLDING,
+    live = (Remediation.objects.filter(_acting_on(wanted), REAL, status__in=HOLDING,
                                        incident__cluster_id=cluster_id)
             .exclude(_NOT_STARTED).select_related("incident")
             .exclude(incident_id=exclude_incident))  # type: ignore[misc]  # None: IS NULL, excludes none
@@ -232,7 +254,7 @@ def storm_brake_on(storm: int) -> bool:
 
 def _storm_window(cluster_id: int) -> QuerySet[Incident]:
     since = timezone.now() - timedelta(minutes=settings.FLEETWATCH_STORM_MINUTES)
-    return Incident.objects.filter(opened_at__gte=since, cluster_id=cluster_id).exclude(
+    return Incident.objects.real().filter(opened_at__gte=since, cluster_id=cluster_id).exclude(
         root_cause=RootCause.APPLICATION_ERROR)
 
 
@@ -264,7 +286,8 @@ def storm_room(cluster_id: int, root_cause: str) -> int | None:
         return None
     since = timezone.now() - timedelta(minutes=settings.FLEETWATCH_STORM_MINUTES)
     grew = Evidence.objects.filter(incident=OuterRef("pk"), added_at__gte=since)
-    if Incident.objects.filter(cluster_id=cluster_id, root_cause=root_cause, storm=True).exclude(
+    if Incident.objects.real().filter(cluster_id=cluster_id, root_cause=root_cause,
+                                      storm=True).exclude(
             status=Incident.Status.RESOLVED).filter(Exists(grew)).exists():
         return 0
     return max(0, settings.FLEETWATCH_STORM_INCIDENTS
@@ -273,7 +296,8 @@ def storm_room(cluster_id: int, root_cause: str) -> int | None:
 
 def nodes_in_remediation(cluster_id: int) -> set[str]:
     busy: set[str] = set()
-    for rem in (Remediation.objects.filter(status__in=HOLDING, incident__cluster_id=cluster_id)
+    for rem in (Remediation.objects.filter(REAL, status__in=HOLDING,
+                                           incident__cluster_id=cluster_id)
                 .exclude(_NOT_STARTED).select_related("incident")):
         busy.update(rem.nodes or rem.incident.nodes)
     return busy
@@ -311,8 +335,8 @@ def mean_time_to_repair(days: int = 7) -> dict[str, float | None]:
     manual repairs apart."""
     since = timezone.now() - timedelta(days=days)
     # One aggregate in the database: a week of a big fleet's incidents never comes to Python.
-    rows = (Incident.objects.filter(resolved_at__gte=since,
-                                    repaired_by__in=["automation", "person"])
+    rows = (Incident.objects.real().filter(resolved_at__gte=since,
+                                           repaired_by__in=["automation", "person"])
             .values("repaired_by")
             .annotate(mean=Avg(F("resolved_at") - F("detected_at"), output_field=DurationField())))
     means = {r["repaired_by"]: r["mean"] for r in rows}

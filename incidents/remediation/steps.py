@@ -52,6 +52,28 @@ class Block:
 Outcome = Done | Wait | Block
 
 
+@dataclass(frozen=True)
+class Rehearsal:
+    """A fire drill's run of a playbook (incidents.drills): every outside call is recorded as
+    "would call" and not made, except ``real_verbs`` (a canary drill's drain and cordon, which
+    the drill puts back). It ends at the provider: a drill never replaces, reboots or resets a
+    node (nothing could put that back), and never pages anyone from its steps."""
+
+    drill_id: int
+    mode: str  # observe or canary (incidents.models.Drill.Mode)
+    real_verbs: frozenset[str] = frozenset()
+
+
+class RehearsalStop(Exception):  # not an error: where a drill's playbook ends
+    """A drill's playbook reached the provider: the call is recorded as "would call" and the
+    rehearsal is over (the engine finishes the remediation there)."""
+
+    def __init__(self, verb: str, target: str, drill_id: int) -> None:
+        super().__init__(f"fire drill {drill_id} stops at the provider: FleetWatch would call "
+                         f"{verb} {target}; not called")
+        self.verb, self.target = verb, target
+
+
 @dataclass
 class Facts:
     """Reads and records the engine offers executors (backed by the database)."""
@@ -89,6 +111,8 @@ class StepContext:
     # GPU 5"), and where a job's page is: what the job's Slurm comment and its owner are told.
     fault: str = ""
     job_link: Callable[[str], str] = lambda job_id: ""
+    # A fire drill's run: which calls are only recorded (see Rehearsal); None for a repair.
+    rehearsal: Rehearsal | None = None
 
     @property
     def node(self) -> str:
@@ -98,10 +122,15 @@ class StepContext:
              *args: Any) -> ActionResult:
         key = f"{verb} {target}"
         if key in self.done_calls:
+            if self.rehearsal is not None and verb.startswith(PROVIDER_VERB_PREFIX):
+                # A drill's run cut off after its would-call at the provider: still the end.
+                raise RehearsalStop(verb, target, self.rehearsal.drill_id)
             # Made by an earlier run of this step that died before saving its result: not
             # made again, not audited again (its audit entry exists).
             return ActionResult(f"({verb} {target}: done before a restart)", False,
                                 "done by an earlier run of this step")
+        if self.rehearsal is not None and verb not in self.rehearsal.real_verbs:
+            return self._would_call(verb, target, key, self.rehearsal)
         # Timed around the outside call alone (monotonic: immune to clock steps), so the
         # audit shows how long Slurm, Kubernetes or the provider took, not our bookkeeping.
         started = time.monotonic()
@@ -119,10 +148,29 @@ class StepContext:
         # A call that reached nothing outside (no owner address to tell) has no time to show.
         self.audit(verb, target, result, None,
                    (time.monotonic() - started) * 1000 if result.call else None)
+        self._call_done(key)
+        return result
+
+    def _call_done(self, key: str) -> None:
         self.done_calls.add(key)
         if self.on_call_done is not None:
             self.on_call_done(key)
+
+    def _would_call(self, verb: str, target: str, key: str, drill: Rehearsal) -> ActionResult:
+        """A drill's call: audited as what FleetWatch would have called (no call made, so no
+        ``call`` and no duration), remembered as done like a real one."""
+        result = ActionResult("", False, f"fire drill {drill.drill_id} ({drill.mode} mode): "
+                              f"would call {verb} {target}; not called",
+                              {"would_call": True, "drill": drill.drill_id})
+        self.audit(verb, target, result, None, None)
+        self._call_done(key)
+        if verb.startswith(PROVIDER_VERB_PREFIX):
+            raise RehearsalStop(verb, target, drill.drill_id)
         return result
+
+
+# The node provider's calls (replace, reboot, reset): where a drill's playbook ends.
+PROVIDER_VERB_PREFIX = "provider."
 
 
 def _reason(ctx: StepContext) -> str:

@@ -95,7 +95,9 @@ def remediation_open(
             engine.step_enqueue(remediation.steps.get(order=1).pk)
         elif status == Remediation.Status.AWAITING_APPROVAL:
             incident_event("remediation.awaiting_approval", incident, remediation)
-            if automatic:  # a person who pressed "start" needs no page about it
+            # A person who pressed "start" needs no page about it, and a fire drill pages
+            # nobody (it fails, and says why, if its remediation cannot run).
+            if automatic and incident.drill_id is None:
                 engine.person_page_enqueue(remediation)
         return Opened(remediation, True)
 

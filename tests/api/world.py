@@ -20,6 +20,7 @@ from incidents.diagnosis.types import Diagnosis
 from incidents.models import (
     AuditEntry,
     Delivery,
+    Drill,
     Incident,
     Remediation,
     Step,
@@ -45,6 +46,7 @@ class World:
     token_name: str  # a spare token, for the token endpoints to act on
     webhook: WebhookSubscription
     delivery: Delivery
+    drill: Drill  # a fire drill that failed, with its reason and phases
 
     def path_parameters(self, template: str) -> dict[str, str]:
         """This world's object for each parameter of an OpenAPI path (``/api/v1/nodes/{name}/``
@@ -52,7 +54,8 @@ class World:
         collection = template.split("/")[3]
         ids = {"incidents": self.incident.pk, "remediations": self.remediation.pk,
                "steps": self.failed_step.pk, "audit": self.audit.pk, "gpus": self.gpu.pk,
-               "webhooks": self.webhook.pk, "webhook-deliveries": self.delivery.pk}
+               "webhooks": self.webhook.pk, "webhook-deliveries": self.delivery.pk,
+               "drills": self.drill.pk}
         names = {"clusters": self.cluster.name, "nodes": self.node.name,
                  "tokens": self.token_name}
         values = {"id": str(ids.get(collection, 0)), "name": names.get(collection, "x"),
@@ -125,10 +128,20 @@ def build_world(settings: Any) -> World:
         subscription=webhook, event="incident.opened", event_id="e-1", incident=incident,
         payload={"event": "incident.opened"}, status=Delivery.Status.DELIVERED,
         attempts=1, response_code=200, delivered_at=now)
+    drill = Drill.objects.create(
+        cluster=cluster, status=Drill.Status.FAILED, mode=Drill.Mode.OBSERVE,
+        trigger=Drill.Trigger.SCHEDULE, requested_by="system", node=OTHER_NODE,
+        budget_seconds=300.0, started_at=now - timedelta(hours=3),
+        deadline=now - timedelta(hours=3) + timedelta(seconds=300),
+        finished_at=now - timedelta(hours=3) + timedelta(seconds=12), nonce="0" * 16,
+        reason="remediation 9 failed at step 2 drain_and_cancel: slurmctld unreachable",
+        phases={"inject": 0.2, "detect": 1.5, "decide": 0.3, "total": 12.0},
+        events=[{"at": (now - timedelta(hours=3)).isoformat(), "what": "started",
+                 "detail": "schedule"}])
     return World(cluster=cluster, node=node, gpu=node.gpus.get(index=1), job=job,
                  signal=signal, incident=incident, remediation=remediation, failed=failed,
                  failed_step=failed_step, audit=audit, token_name=token_name,
-                 webhook=webhook, delivery=delivery)
+                 webhook=webhook, delivery=delivery, drill=drill)
 
 
 def signal_body(node: str = NODE) -> dict[str, Any]:

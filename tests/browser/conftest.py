@@ -72,7 +72,13 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack_env() -> dict[str, str]:
+    """More settings for a module's stack; override this name in a test module."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, stack_env: dict[str, str]) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("stack")
     port = _free_port()
     # The embedded stack, whatever the suite's own services are: no DATABASE_URL or broker
@@ -86,6 +92,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                FLEETWATCH_STEP_POLL_SECONDS="0.3", FLEETWATCH_SIM_SPEED="40",
                FLEETWATCH_DEMO_USER=OPERATOR[0], FLEETWATCH_DEMO_PASSWORD=OPERATOR[1],
                DJANGO_SETTINGS_MODULE="fleetwatch.settings")
+    env.update(stack_env)
     log = tmp / "stack.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(["deploy/run-local.sh"], cwd=ROOT, env=env, stdout=out,

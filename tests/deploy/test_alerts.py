@@ -24,6 +24,7 @@ WATCHED = {
     "FleetWatchRemediationStepStuck", "FleetWatchStormBrakeEngaged",
     "FleetWatchDeliveriesFailed", "FleetWatchDeliveriesRetrying",
     "FleetWatchAuditTrailShrank", "FleetWatchAuditTrailRewritten",
+    "FleetWatchDrillFailed", "FleetWatchNoRecentDrill",
 }
 
 

@@ -20,7 +20,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.models import Cluster, Gpu, Node
-from incidents.models import Delivery, DiagnosisState, Incident, Remediation, Step
+from incidents.models import Delivery, DiagnosisState, Drill, Incident, Remediation, Step
 from tests.api.test_metrics import fleet_fixture
 from tests.conftest import ROOT
 from tests.deploy.test_alerts import RULES, rules
@@ -96,6 +96,12 @@ def served_data() -> None:
                             incident=Incident.objects.first())
     DiagnosisState.objects.create(cluster=Cluster.objects.get(pk=cluster.pk), runs=3,
                                   last_run_at=now, last_run_ms=12.0)
+    # A fire drill that passed, with its phases.
+    Drill.objects.create(cluster=Cluster.objects.get(pk=cluster.pk), status="passed",
+                         mode="observe", trigger="schedule", requested_by="system",
+                         node="dash-0", budget_seconds=300, started_at=now - timedelta(minutes=5),
+                         deadline=now, finished_at=now - timedelta(minutes=4), nonce="d" * 16,
+                         phases={"inject": 0.1, "detect": 1.2, "drain": 0.2, "total": 3.5})
 
 
 @pytest.fixture
