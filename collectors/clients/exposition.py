@@ -9,7 +9,8 @@ the exporters' own output:
   with the labels ``gpu, UUID, pci_bus_id, device, modelName, Hostname,
   DCGM_FI_DRIVER_VERSION`` (and ``container, namespace, pod`` with Kubernetes pod mapping).
   Help texts and types are those of ``etc/default-counters.csv``. A field DCGM reports as
-  blank (a GPU that fell off the bus has no utilisation) is left out, not printed as 0.
+  blank (a GPU that fell off the bus has no utilisation) is left out, not printed as 0; a GPU
+  with neither utilisation nor temperature (off the bus) prints its last XID alone.
 - node_exporter's InfiniBand collector prints ``node_infiniband_*`` with ``device`` and
   ``port`` labels only; Prometheus adds ``instance`` from the scrape target.
 """
@@ -223,6 +224,8 @@ def render_dcgm(
             value = field.value(m)
             if value is None:
                 continue  # DCGM blank: the exporter skips the sample
+            if m.utilization is None and m.temperature is None and field.name != dcgm.XID_ERRORS:
+                continue  # off the bus: every field blank but the last XID
             stamp = timestamps.get(m.node) if timestamps else None
             lines.append(f"{field.name}{{{labels[(m.node, m.gpu)]}}} {format_value(value)}"
                          + ("" if stamp is None else f" {int(stamp * 1000)}"))
