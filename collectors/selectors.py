@@ -486,6 +486,11 @@ class GpuReadings:
                 if name in self.values]
 
     @property
+    def nvlink_errors_seen(self) -> list[tuple[str, float]]:
+        """The reported NVLink error counters that are not 0."""
+        return [(label, n) for label, n in self.nvlink_errors if n]
+
+    @property
     def nvlink_tx(self) -> float | None:
         return self._get(dcgm.PROF_NVLINK_TX_BYTES)
 

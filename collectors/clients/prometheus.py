@@ -60,6 +60,11 @@ first poll the client asks only for what is new:
   Prometheus, or ``lookback`` set: every GPU and port is read, as ``gpu_metrics()`` and
   ``nic_ports()`` do.
 
+A node's page (``gpu_readings(nodes, fields)``): the latest value of any dcgm-exporter
+fields for a few nodes' GPUs (power, clocks, memory, PCIe link, ...), one instant query over
+the three host-label spellings, nothing filtered or cached; a field with no series is absent,
+never 0. Not part of any poll.
+
 Fields not exported: dcgm-exporter's stock counters file leaves out several fields FleetWatch
 relies on (``dcgm.RELIED_ON``). One ``count by (__name__)`` query over the DCGM metric names,
 asked at most every ``FIELD_CHECK_INTERVAL`` seconds per Prometheus, names each missing one

@@ -115,7 +115,9 @@ def test_a_gpu_row_says_what_was_not_reported_instead_of_zero() -> None:
     # The clock-event reasons under their pre-3.2 name, in words.
     assert row.clock_events == ["gpu idle", "hw thermal slowdown"]
     assert row.nvlink_counter == 123456 and row.nvlink_gbs == (None, None)
-    assert row.nvlink_errors == [("replay", 2)]
+    assert row.nvlink_errors == row.nvlink_errors_seen == [("replay", 2)]
+    quiet = GpuReadings(4, dict.fromkeys(dcgm.NVLINK_ERROR_COUNTERS, 0.0))
+    assert len(quiet.nvlink_errors) == 4 and quiet.nvlink_errors_seen == []
     assert (row.remap_pending, row.remap_failure) == (True, False)
     assert not GpuReadings(1, {dcgm.PCIE_LINK_GEN: 5}).pcie_below_max  # no maximum: no verdict
     assert not GpuReadings(2, {}).reported and GpuReadings(2, {}).clock_events is None

@@ -8,8 +8,8 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
