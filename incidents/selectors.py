@@ -484,7 +484,7 @@ def job_page_incidents(sender: object, job: Job, **kwargs: object) -> dict[str, 
 
 def incidents_for_list() -> QuerySet[Incident]:
     # repair_time: what the list sorts "time to repair" by (open ones have none).
-    return Incident.objects.select_related("cluster").annotate(
+    return Incident.objects.select_related("cluster", "owner").annotate(
         repair_time=F("resolved_at") - F("opened_at")).order_by("-opened_at", "-id")
 
 
