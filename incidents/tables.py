@@ -26,9 +26,9 @@ class IncidentTable(ListTable):
     nodes = tables.Column(verbose_name="Nodes / switch", order_by=("nodes", "switch"))
     jobs = tables.Column(order_by=("jobs", "id"))
     status = tables.Column()
-    # By name; the unowned sort after the owned (PostgreSQL puts NULLs last when ascending).
+    # By name, the unowned after the owned (``unowned``: selectors.incidents_for_list).
     owner = tables.Column(verbose_name="Owner", accessor="owner__username", default="-",
-                          order_by=("owner__username", "-opened_at"))
+                          order_by=("unowned", "owner__username", "-opened_at"))
     cluster = tables.Column(verbose_name="Cluster", accessor="cluster__name")
     opened_at = time_column("Opened", full=True)
     # Sorted by resolution time less opening time (annotated in selectors.incidents_for_list);
