@@ -8,20 +8,30 @@ blamed it and its repairs), as collectors announce stored signals rather than ca
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import django.dispatch
+from django.conf import settings
 from django.db.models import Count, F, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from collectors.clients import get_telemetry
-from collectors.clients.base import ClientError
+from collectors.clients import get_telemetry, page_kubernetes, page_telemetry
+from collectors.clients.base import NO_AUTO_REPLACE_LABEL, ClientError, K8sPod
+from collectors.knowledge import dcgm
 from collectors.knowledge.dcgm import clock_event_reasons
 from collectors.knowledge.slurm import index_ranges
 from collectors.models import Cluster, CollectorRun, Gpu, GpuSample, Job, Node, Signal, SourceHealth
 from collectors.sources import sources_of
+
+log = logging.getLogger(__name__)
 
 # Sent with ``node=`` (``job=``) while a node's (job's) page is read; each receiver returns a
 # dict of more context for the page's template.
@@ -388,6 +398,235 @@ def gpu_dcgm_last(node: Node) -> dict[int, list[tuple[str, Any, datetime]]]:
         if metric and gpu is not None:  # gpu_index__isnull=False: never None
             last.setdefault(gpu, {}).setdefault(metric, (metric, (data or {}).get("value"), at))
     return {gpu: sorted(fields.values()) for gpu, fields in last.items()}
+
+
+# --- what a node's page reads from its sources as it renders ---------------------------------
+
+# Seconds the node page waits for telemetry and for Kubernetes (both asked at once; less when
+# FLEETWATCH_HTTP_TIMEOUT is shorter). A source that is slow or down costs the page this much
+# at most, and the page says it could not read it instead of failing.
+PAGE_READ_TIMEOUT = 3.0
+
+NVLINK_ERROR_NAMES = {dcgm.NVLINK_CRC_FLIT_ERRORS: "CRC flit", dcgm.NVLINK_CRC_DATA_ERRORS: "CRC data",
+                      dcgm.NVLINK_REPLAY_ERRORS: "replay", dcgm.NVLINK_RECOVERY_ERRORS: "recovery"}
+
+
+@dataclass(frozen=True)
+class GpuReadings:
+    """One GPU's dcgm-exporter readings, as the node page shows them. Each is None where
+    the exporter reported nothing (a field it does not export, a GPU off the bus): shown as
+    not reported, never as 0."""
+
+    index: int
+    values: Mapping[str, float]
+
+    def _get(self, name: str) -> float | None:
+        return self.values.get(name)
+
+    def _flag(self, name: str) -> bool | None:
+        value = self.values.get(name)
+        return None if value is None else value != 0
+
+    @property
+    def reported(self) -> bool:
+        return bool(self.values)
+
+    @property
+    def power(self) -> float | None:
+        return self._get(dcgm.POWER_USAGE)
+
+    @property
+    def power_limit(self) -> float | None:
+        return self._get(dcgm.POWER_MGMT_LIMIT)
+
+    @property
+    def sm_clock(self) -> float | None:
+        return self._get(dcgm.SM_CLOCK)
+
+    @property
+    def mem_clock(self) -> float | None:
+        return self._get(dcgm.MEM_CLOCK)
+
+    @property
+    def fb_used(self) -> float | None:
+        return self._get(dcgm.FB_USED)
+
+    @property
+    def fb_free(self) -> float | None:
+        return self._get(dcgm.FB_FREE)
+
+    @property
+    def ecc_sbe(self) -> float | None:
+        return self._get(dcgm.ECC_SBE_VOL_TOTAL)
+
+    @property
+    def ecc_dbe(self) -> float | None:
+        return self._get(dcgm.ECC_DBE_VOL_TOTAL)
+
+    @property
+    def rows_correctable(self) -> float | None:
+        return self._get(dcgm.CORRECTABLE_REMAPPED_ROWS)
+
+    @property
+    def rows_uncorrectable(self) -> float | None:
+        return self._get(dcgm.UNCORRECTABLE_REMAPPED_ROWS)
+
+    @property
+    def remap_pending(self) -> bool | None:
+        return self._flag(dcgm.ROW_REMAP_PENDING)
+
+    @property
+    def remap_failure(self) -> bool | None:
+        return self._flag(dcgm.ROW_REMAP_FAILURE)
+
+    @property
+    def nvlink_errors(self) -> list[tuple[str, float]]:
+        """(counter, total) of each NVLink error counter reported."""
+        return [(label, self.values[name]) for name, label in NVLINK_ERROR_NAMES.items()
+                if name in self.values]
+
+    @property
+    def nvlink_errors_seen(self) -> list[tuple[str, float]]:
+        """The reported NVLink error counters that are not 0."""
+        return [(label, n) for label, n in self.nvlink_errors if n]
+
+    @property
+    def nvlink_tx(self) -> float | None:
+        return self._get(dcgm.PROF_NVLINK_TX_BYTES)
+
+    @property
+    def nvlink_rx(self) -> float | None:
+        return self._get(dcgm.PROF_NVLINK_RX_BYTES)
+
+    @property
+    def nvlink_gbs(self) -> tuple[float | None, float | None]:
+        """(transmit, receive) in GB/s."""
+        return (None if self.nvlink_tx is None else self.nvlink_tx / 1e9,
+                None if self.nvlink_rx is None else self.nvlink_rx / 1e9)
+
+    @property
+    def nvlink_counter(self) -> float | None:
+        """The raw bandwidth counter, shown only where the byte rates are not exported."""
+        if self.nvlink_tx is not None or self.nvlink_rx is not None:
+            return None
+        return self._get(dcgm.NVLINK_BANDWIDTH_TOTAL)
+
+    @property
+    def pcie_gen(self) -> float | None:
+        return self._get(dcgm.PCIE_LINK_GEN)
+
+    @property
+    def pcie_gen_max(self) -> float | None:
+        return self._get(dcgm.PCIE_MAX_LINK_GEN)
+
+    @property
+    def pcie_width(self) -> float | None:
+        return self._get(dcgm.PCIE_LINK_WIDTH)
+
+    @property
+    def pcie_width_max(self) -> float | None:
+        return self._get(dcgm.PCIE_MAX_LINK_WIDTH)
+
+    @property
+    def pcie_below_max(self) -> bool:
+        """The link trained below what the GPU and slot support (a generation or lanes
+        short): the GPU's transfers are slower, and nothing else says so."""
+        return any(now is not None and top is not None and now < top
+                   for now, top in ((self.pcie_gen, self.pcie_gen_max),
+                                    (self.pcie_width, self.pcie_width_max)))
+
+    @property
+    def pcie_replays(self) -> float | None:
+        return self._get(dcgm.PCIE_REPLAY_COUNTER)
+
+    @property
+    def clock_events(self) -> list[str] | None:
+        """The clock-event reasons in words (either field name), None if not reported."""
+        for name in dcgm.CLOCK_REASONS:
+            if name in self.values:
+                return clock_event_reasons(int(self.values[name]))
+        return None
+
+
+def _not_exported(readings: list[GpuReadings]) -> list[str]:
+    """The page's fields no GPU of the node reported (none if no GPU reported anything:
+    then the exporter is silent, not short of fields). The clock-event reasons count under
+    either name, and the raw NVLink counter is not missed where the byte rates are there."""
+    seen = {name for r in readings for name in r.values}
+    if not seen:
+        return []
+    if seen & set(dcgm.CLOCK_REASONS):
+        seen |= set(dcgm.CLOCK_REASONS)
+    if seen & {dcgm.PROF_NVLINK_TX_BYTES, dcgm.PROF_NVLINK_RX_BYTES}:
+        seen.add(dcgm.NVLINK_BANDWIDTH_TOTAL)
+    seen.add(dcgm.CLOCK_THROTTLE_REASONS)  # the old name: never asked of a newer exporter
+    return [name for name in dcgm.NODE_PAGE_FIELDS if name not in seen]
+
+
+def node_gpu_readings(cluster: str, node: str, gpus: list[int],
+                      timeout: float) -> dict[str, Any]:
+    """The node's GPUs' dcgm-exporter readings now (``dcgm.NODE_PAGE_FIELDS``): ``gpus``
+    (one row per GPU the node has or reports), the fields not exported, and ``error``, why
+    they could not be read. Raises nothing."""
+    config = sources_of(cluster)
+    if "telemetry" not in config.sources:
+        return {"gpus": [], "missing": [], "error": "telemetry is not collected for this "
+                "cluster (FLEETWATCH_SOURCES)"}
+    values = page_telemetry(cluster, timeout).gpu_readings([node], dcgm.NODE_PAGE_FIELDS)
+    indexes = sorted(set(gpus) | {g for n, g in values if n == node})
+    rows = [GpuReadings(g, values.get((node, g), {})) for g in indexes]
+    return {"gpus": rows, "missing": _not_exported(rows), "error": ""}
+
+
+def node_pods(cluster: str, node: str, timeout: float) -> dict[str, Any]:
+    """The pods on the Kubernetes node ``node`` (the machine's name: under Slinky not
+    Slurm's), each with whether it carries the no-auto-replace label, and ``error``."""
+    if "kubernetes" not in sources_of(cluster).sources:
+        return {"pods": [], "error": "Kubernetes is not watched for this cluster "
+                "(FLEETWATCH_SOURCES)"}
+    pods: list[K8sPod] = page_kubernetes(cluster, timeout).pods_on_node(node)
+    return {"pods": [(p, p.labels.get(NO_AUTO_REPLACE_LABEL) == "true")
+                     for p in sorted(pods, key=lambda p: (p.namespace, p.name))], "error": ""}
+
+
+def _answer(future: Future[dict[str, Any]], what: str, deadline: float,
+            empty: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return future.result(timeout=max(0.0, deadline - time.monotonic()))
+    except FutureTimeout:
+        return {**empty, "error": f"{what} did not answer within {PAGE_READ_TIMEOUT:g} s"}
+    except ClientError as exc:
+        return {**empty, "error": f"{what} unavailable: {exc}"}
+    except Exception:
+        # A bug, not an outage: logged with its traceback, and the rest of the page shown.
+        log.exception("node page: reading %s failed", what)
+        return {**empty, "error": f"{what} could not be read: an internal error (see the "
+                "web server's log)"}
+
+
+def node_live(node: Node) -> dict[str, Any]:
+    """What the node's page reads from its sources as it renders, asked at once and each
+    given up after PAGE_READ_TIMEOUT: ``readings`` (``node_gpu_readings``) and ``pods``
+    (``node_pods``). A source that is down, slow or not configured leaves its part empty
+    with the reason in its ``error``, never an error page."""
+    timeout = min(PAGE_READ_TIMEOUT, settings.FLEETWATCH_HTTP_TIMEOUT)
+    cluster = node.cluster.name
+    gpus = list(node.gpus.values_list("index", flat=True))
+    calls: dict[str, tuple[str, Callable[[], dict[str, Any]], dict[str, Any]]] = {
+        "readings": ("Telemetry", lambda: node_gpu_readings(cluster, node.name, gpus, timeout),
+                     {"gpus": [GpuReadings(g, {}) for g in sorted(gpus)], "missing": []}),
+        "pods": ("Kubernetes", lambda: node_pods(cluster, node.name, timeout), {"pods": []}),
+    }
+    # A thread each: the page waits for the slower source, not for both in turn.
+    pool = ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="node-page")
+    try:
+        futures = {key: pool.submit(fn) for key, (_, fn, _) in calls.items()}
+        deadline = time.monotonic() + timeout + 1.0
+        return {key: _answer(futures[key], what, deadline, empty)
+                for key, (what, _, empty) in calls.items()}
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
 
 
 def jobs_for_list() -> QuerySet[Job]:

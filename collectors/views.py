@@ -78,7 +78,10 @@ def _node_or_404(request: HttpRequest, name: str) -> Node:
 
 def node_detail(request: HttpRequest, name: str) -> HttpResponse:
     node = _node_or_404(request, name)
-    return render(request, "incidents/node_detail.html", selectors.node_detail(node))
+    # What is stored, and what the sources say now (GPU readings, pods): the latter within a
+    # few seconds, or the page says why not.
+    return render(request, "incidents/node_detail.html",
+                  {**selectors.node_detail(node), **selectors.node_live(node)})
 
 
 def node_telemetry(request: HttpRequest, name: str) -> JsonResponse:

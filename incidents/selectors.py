@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db.models import Exists, F, Max, Min, OuterRef, Q, QuerySet
+from django.db.models import Case, Exists, F, Max, Min, OuterRef, Q, QuerySet, Value, When
 from django.utils import timezone
 
 from collectors import selectors as fleet
@@ -486,8 +486,12 @@ def job_page_incidents(sender: object, job: Job, **kwargs: object) -> dict[str, 
 
 def incidents_for_list() -> QuerySet[Incident]:
     # repair_time: what the list sorts "time to repair" by (open ones have none).
-    return Incident.objects.select_related("cluster").annotate(
-        repair_time=F("resolved_at") - F("opened_at")).order_by("-opened_at", "-id")
+    # unowned: the owner column sorts the unowned after the owned on PostgreSQL and SQLite
+    # alike (they put NULLs at opposite ends).
+    return Incident.objects.select_related("cluster", "owner").annotate(
+        repair_time=F("resolved_at") - F("opened_at"),
+        unowned=Case(When(owner__isnull=True, then=Value(1)), default=Value(0)),
+    ).order_by("-opened_at", "-id")
 
 
 def audit_for_list() -> QuerySet[AuditEntry]:

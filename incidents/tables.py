@@ -22,10 +22,15 @@ from incidents.templatetags.fleetwatch_ui import duration, duration_text, ms_dur
 class IncidentTable(ListTable):
     export_name = "incidents"
     id = tables.Column(verbose_name="#")
+    # SEV1 is the worst: an ascending sort puts it first (the values sort as their numbers).
+    severity = tables.Column(verbose_name="Severity", order_by=("severity", "-opened_at"))
     root_cause = tables.Column(verbose_name="Root cause")
     nodes = tables.Column(verbose_name="Nodes / switch", order_by=("nodes", "switch"))
     jobs = tables.Column(order_by=("jobs", "id"))
     status = tables.Column()
+    # By name, the unowned after the owned (``unowned``: selectors.incidents_for_list).
+    owner = tables.Column(verbose_name="Owner", accessor="owner__username", default="-",
+                          order_by=("unowned", "owner__username", "-opened_at"))
     cluster = tables.Column(verbose_name="Cluster", accessor="cluster__name")
     opened_at = time_column("Opened", full=True)
     # Sorted by resolution time less opening time (annotated in selectors.incidents_for_list);
@@ -34,8 +39,8 @@ class IncidentTable(ListTable):
 
     class Meta(ListTable.Meta):
         model = Incident
-        fields = ("id", "root_cause", "nodes", "jobs", "status", "cluster", "opened_at",
-                  "repair_time")
+        fields = ("id", "severity", "root_cause", "nodes", "jobs", "status", "owner", "cluster",
+                  "opened_at", "repair_time")
         row_attrs = {"data-testid": lambda record: f"incident-row-{record.pk}"}
 
     def render_id(self, record: Incident) -> SafeString:
@@ -50,6 +55,16 @@ class IncidentTable(ListTable):
 
     def value_id(self, record: Incident) -> int:
         return record.pk
+
+    def render_severity(self, record: Incident) -> SafeString:
+        return format_html('<span class="badge sev-{}">{}</span>', record.severity,
+                           record.get_severity_display())
+
+    def value_severity(self, record: Incident) -> str:
+        return record.severity
+
+    def value_owner(self, record: Incident) -> str:
+        return record.owner.get_username() if record.owner is not None else ""
 
     def render_root_cause(self, record: Incident) -> SafeString:
         return format_html('{} <span class="muted small">{}</span>',

@@ -109,10 +109,10 @@ def incident_live(request: HttpRequest, pk: int) -> HttpResponse:
 
 def _timeline_context(request: HttpRequest, incident: Incident) -> dict[str, object]:
     kinds = selectors.timeline_kinds(request.GET.getlist("show"))
+    # The timeline region polls with the page's filter form (hx-include), so what it shows
+    # follows the boxes ticked since the page loaded.
     return {"timeline": selectors.incident_timeline(incident, kinds), "timeline_shown": kinds,
-            "timeline_kinds": selectors.TIMELINE_KINDS,
-            # The timeline region polls with the page's own filter.
-            "timeline_query": "&".join(f"show={k}" for k in sorted(kinds))}
+            "timeline_kinds": selectors.TIMELINE_KINDS}
 
 
 def incident_timeline(request: HttpRequest, pk: int) -> HttpResponse:

@@ -97,6 +97,9 @@ def _incident_body(incident: Incident) -> dict[str, Any]:
         "resolved_at": _iso(incident.resolved_at),
         "acknowledged_by": incident.acknowledged_by,
         "acknowledged_at": _iso(incident.acknowledged_at),
+        # How bad (sev1, the worst, to sev4) and who on call has it (a user name; null: nobody).
+        "severity": incident.severity,
+        "owner": incident.owner.get_username() if incident.owner is not None else None,
         # The page exists only where FLEETWATCH_BASE_URL says where people reach FleetWatch.
         "url": notify.incident_url(incident.pk),
         "api_url": notify.absolute_url(reverse("api:incident-detail", kwargs={"pk": incident.pk})),
@@ -124,7 +127,7 @@ def _remediation_body(rem: Remediation) -> dict[str, Any]:
 def payload_build(event: str, incident_id: int, remediation_id: int | None = None) -> dict[str, Any]:
     """The JSON every subscriber gets for one event: the incident (and remediation) as they are
     now, just after the change was committed."""
-    incident = Incident.objects.get(pk=incident_id)
+    incident = Incident.objects.select_related("owner").get(pk=incident_id)
     rem = (Remediation.objects.filter(pk=remediation_id, incident_id=incident_id).first()
            if remediation_id is not None else None)
     return {

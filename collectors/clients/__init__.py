@@ -170,7 +170,8 @@ def slurm_transport(config: SourceSettings) -> SlurmClient:
                     env={"SLURM_CONF": conf} if conf else None)
 
 
-def real_kubernetes(config: SourceSettings) -> KubernetesClient:
+def real_kubernetes(config: SourceSettings, timeout: float | None = None) -> KubernetesClient:
+    """``timeout``: seconds per request (default: twice FLEETWATCH_HTTP_TIMEOUT)."""
     from collectors.clients.kubernetes import KubernetesApi
 
     # An eviction a PodDisruptionBudget holds back is retried inside one step run for at most
@@ -178,17 +179,42 @@ def real_kubernetes(config: SourceSettings) -> KubernetesClient:
     # engine retries it later, instead of the time limit killing it mid-call.
     return KubernetesApi(kubeconfig=config.kubeconfig or None,
                          context=config.kube_context or None,
-                         timeout=settings.FLEETWATCH_HTTP_TIMEOUT * 2,
+                         timeout=timeout or settings.FLEETWATCH_HTTP_TIMEOUT * 2,
                          evict_max_wait=settings.CELERY_TASK_SOFT_TIME_LIMIT / 3)
 
 
-def real_telemetry(config: SourceSettings) -> TelemetryClient:
+def real_telemetry(config: SourceSettings, timeout: float | None = None,
+                   retries: int = 2) -> TelemetryClient:
+    """``timeout``: seconds per query (default: FLEETWATCH_HTTP_TIMEOUT); ``retries`` of a
+    refused connection or a gateway error."""
     from collectors.clients.prometheus import PrometheusTelemetry
 
     token = config.prometheus_token
     # The settings refuse a real fleet that collects telemetry without this URL.
     return PrometheusTelemetry(cast(str, config.prometheus_url),
-                               timeout=settings.FLEETWATCH_HTTP_TIMEOUT,
+                               timeout=timeout or settings.FLEETWATCH_HTTP_TIMEOUT,
                                headers={"Authorization": f"Bearer {token}"} if token else None,
                                verify_tls=config.prometheus_verify_tls,
-                               matchers=config.prometheus_matchers)
+                               matchers=config.prometheus_matchers, retries=retries)
+
+
+# A page's reads, while a person waits: each request is given up after ``timeout`` seconds and
+# a refused connection is not retried (the page says the source is unavailable instead).
+
+
+def page_telemetry(cluster: str | None, timeout: float) -> TelemetryClient:
+    config = sources_of(cluster)
+    if config.fleet == "sim":
+        from collectors.sim.fleet import SimTelemetry
+
+        return SimTelemetry(sim_fleet(cluster))
+    return real_telemetry(config, timeout, retries=0)
+
+
+def page_kubernetes(cluster: str | None, timeout: float) -> KubernetesClient:
+    config = sources_of(cluster)
+    if config.fleet == "sim":
+        from collectors.sim.fleet import SimKubernetes
+
+        return SimKubernetes(sim_fleet(cluster))
+    return real_kubernetes(config, timeout)

@@ -302,6 +302,14 @@ class TelemetryClient(Protocol):
         source that keeps no history answers ``{}`` (no samples)."""
         ...
 
+    def gpu_readings(self, nodes: Sequence[str],
+                     fields: Sequence[str]) -> dict[tuple[str, int], dict[str, float]]:
+        """The latest value of each named dcgm-exporter field (``collectors.knowledge.dcgm``
+        names) for the nodes' GPUs: ``{(node, gpu): {field: value}}``, for a node's page.
+        A field the source does not report for a GPU is absent, never 0; a GPU with none of
+        them is absent. Not for polls: it reads whatever it is asked, uncached."""
+        ...
+
 
 @dataclass(frozen=True)
 class ProviderStatus:

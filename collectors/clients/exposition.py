@@ -9,7 +9,8 @@ the exporters' own output:
   with the labels ``gpu, UUID, pci_bus_id, device, modelName, Hostname,
   DCGM_FI_DRIVER_VERSION`` (and ``container, namespace, pod`` with Kubernetes pod mapping).
   Help texts and types are those of ``etc/default-counters.csv``. A field DCGM reports as
-  blank (a GPU that fell off the bus has no utilisation) is left out, not printed as 0.
+  blank (a GPU that fell off the bus has no utilisation) is left out, not printed as 0; a GPU
+  with neither utilisation nor temperature (off the bus) prints its last XID alone.
 - node_exporter's InfiniBand collector prints ``node_infiniband_*`` with ``device`` and
   ``port`` labels only; Prometheus adds ``instance`` from the scrape target.
 """
@@ -78,6 +79,30 @@ def _fields(clock_field: str) -> list[Field]:
               "Number of remapped rows for uncorrectable errors",
               lambda m: m.uncorrectable_remapped_rows),
     ]
+
+
+# The node page's readings (dcgm.NODE_PAGE_FIELDS) that GpuMetric does not carry: type and
+# help as in dcgm-exporter's counters files. ``render_dcgm(readings=...)`` prints them.
+READING_FAMILIES: dict[str, tuple[str, str]] = {
+    dcgm.POWER_MGMT_LIMIT: ("gauge", "Power management limit (in W)."),
+    dcgm.SM_CLOCK: ("gauge", "SM clock frequency (in MHz)."),
+    dcgm.MEM_CLOCK: ("gauge", "Memory clock frequency (in MHz)."),
+    dcgm.FB_FREE: ("gauge", "Framebuffer memory free (in MiB)."),
+    dcgm.FB_USED: ("gauge", "Framebuffer memory used (in MiB)."),
+    dcgm.ECC_SBE_VOL_TOTAL: ("counter", "Total number of single-bit volatile ECC errors."),
+    dcgm.CORRECTABLE_REMAPPED_ROWS: ("counter", "Number of remapped rows for correctable errors"),
+    dcgm.ROW_REMAP_PENDING: ("gauge", "Whether remapping of rows is pending"),
+    dcgm.PROF_NVLINK_TX_BYTES: ("gauge", "The rate of data transmitted over NVLink, not "
+                                "including protocol headers, in bytes per second."),
+    dcgm.PROF_NVLINK_RX_BYTES: ("gauge", "The rate of data received over NVLink, not "
+                                "including protocol headers, in bytes per second."),
+    dcgm.NVLINK_BANDWIDTH_TOTAL: ("counter",
+                                  "Total number of NVLink bandwidth counters for all lanes."),
+    dcgm.PCIE_LINK_GEN: ("gauge", "PCIe link generation."),
+    dcgm.PCIE_MAX_LINK_GEN: ("gauge", "Maximum PCIe link generation."),
+    dcgm.PCIE_LINK_WIDTH: ("gauge", "PCIe link width (lanes)."),
+    dcgm.PCIE_MAX_LINK_WIDTH: ("gauge", "Maximum PCIe link width (lanes)."),
+}
 
 
 def format_value(value: float | int) -> str:
@@ -155,6 +180,7 @@ def render_dcgm(
     pods: Mapping[tuple[str, int], Mapping[str, str]] | None = None,
     timestamps: Mapping[str, float] | None = None,
     fields: Collection[str] | None = None,
+    readings: Mapping[tuple[str, int], Mapping[str, float]] | None = None,
 ) -> str:
     """dcgm-exporter's ``/metrics`` page for these GPUs.
 
@@ -171,6 +197,9 @@ def render_dcgm(
     not move has no new sample, as between two scrapes 15 s apart.
     ``fields``: print only these fields, as an exporter whose counters file lists them does
     (None: every field FleetWatch reads).
+    ``readings``: ``(node, gpu) -> {field: value}``, the node page's fields that GpuMetric
+    does not carry (``READING_FAMILIES``: clocks, framebuffer, PCIe link, ...), printed after
+    the others; a field a GPU's readings leave out is not printed for it.
     """
     labels = {
         (m.node, m.gpu): format_labels(gpu_labels(
@@ -180,7 +209,14 @@ def render_dcgm(
         for m in metrics
     }
     out: list[str] = []
-    for field in _fields(clock_field):
+    known = readings or {}
+
+    def reading(name: str) -> Callable[[GpuMetric], float | None]:
+        return lambda m: known.get((m.node, m.gpu), {}).get(name)
+
+    more = [Field(name, type_, help_, reading(name))
+            for name, (type_, help_) in READING_FAMILIES.items()] if known else []
+    for field in [*_fields(clock_field), *more]:
         if fields is not None and field.name not in fields:
             continue
         lines = []
@@ -188,6 +224,8 @@ def render_dcgm(
             value = field.value(m)
             if value is None:
                 continue  # DCGM blank: the exporter skips the sample
+            if m.utilization is None and m.temperature is None and field.name != dcgm.XID_ERRORS:
+                continue  # off the bus: every field blank but the last XID
             stamp = timestamps.get(m.node) if timestamps else None
             lines.append(f"{field.name}{{{labels[(m.node, m.gpu)]}}} {format_value(value)}"
                          + ("" if stamp is None else f" {int(stamp * 1000)}"))

@@ -60,6 +60,11 @@ first poll the client asks only for what is new:
   Prometheus, or ``lookback`` set: every GPU and port is read, as ``gpu_metrics()`` and
   ``nic_ports()`` do.
 
+A node's page (``gpu_readings(nodes, fields)``): the latest value of any dcgm-exporter
+fields for a few nodes' GPUs (power, clocks, memory, PCIe link, ...), one instant query over
+the three host-label spellings, nothing filtered or cached; a field with no series is absent,
+never 0. Not part of any poll.
+
 Fields not exported: dcgm-exporter's stock counters file leaves out several fields FleetWatch
 relies on (``dcgm.RELIED_ON``). One ``count by (__name__)`` query over the DCGM metric names,
 asked at most every ``FIELD_CHECK_INTERVAL`` seconds per Prometheus, names each missing one
@@ -348,7 +353,8 @@ class PrometheusTelemetry:
 
     @property
     def last_warnings(self) -> list[str]:
-        """What the latest gpu_metrics(), nic_ports() and gpu_history() calls skipped."""
+        """What the latest gpu_metrics(), nic_ports(), gpu_history() and gpu_readings() calls
+        skipped."""
         return [w for ws in self._warnings.values() for w in ws]
 
     def close(self) -> None:
@@ -844,6 +850,58 @@ class PrometheusTelemetry:
             history.setdefault(node, {})[index] = [
                 HistoryPoint(at, util, temp) for at, (util, temp) in sorted(series.items())]
         return history
+
+    def _readings_expr(self, nodes: Sequence[str], fields: Sequence[str]) -> str:
+        node_re = "|".join(re.escape(n) for n in nodes)
+        # The node under whichever label the exporter uses, as in gpu_history. `or` matches
+        # series on their labels less the metric name, so each alternative holds every field
+        # and drops only the series an earlier one already has (the same series: a Hostname
+        # series also matched by its instance).
+        matchers = [f"{label}=~{promql_string(node_re)}" for label in NODE_LABELS]
+        matchers.append(f"instance=~{promql_string(f'({node_re})([.:].*)?')}")
+        alternatives = []
+        for matcher in matchers:
+            selector = self._selector(fields, matcher)
+            alternatives.append(f"last_over_time({selector}[{self.lookback}])"
+                                if self.lookback else selector)
+        # max by: two jobs scraping one exporter are one GPU, with a handful of labels each.
+        return f"max by (__name__, {', '.join(GPU_LEAN_GROUP)}) ({' or '.join(alternatives)})"
+
+    def gpu_readings(self, nodes: Sequence[str],
+                     fields: Sequence[str]) -> dict[tuple[str, int], dict[str, float]]:
+        """The latest value of each of ``fields`` (dcgm-exporter metric names) for the nodes'
+        GPUs, ``{(node, gpu): {field: value}}``: one instant query (per
+        PRESENCE_NODES_PER_QUERY nodes). A field with no series, a stale one (the exporter
+        stopped printing it: a GPU off the bus) or one holding DCGM's blank value is absent
+        for that GPU, never 0; a GPU with none of them is absent. For a node's page, not for
+        polls: nothing is cached, nothing filtered."""
+        wanted_fields = sorted(set(fields))
+        wanted_nodes = sorted(set(nodes))
+        readings: dict[tuple[str, int], dict[str, float]] = {}
+        if not wanted_fields or not wanted_nodes:
+            return readings
+        asked, warnings = set(wanted_fields), _Warnings()
+        for start in range(0, len(wanted_nodes), PRESENCE_NODES_PER_QUERY):
+            chunk = set(wanted_nodes[start:start + PRESENCE_NODES_PER_QUERY])
+            expr = self._readings_expr(sorted(chunk), wanted_fields)
+            for node, labels, value in self._samples(expr, self._query(expr), warnings,
+                                                     ("gpu", "__name__")):
+                name = labels["__name__"]
+                if node not in chunk or name not in asked:
+                    # Matched by its instance while its Hostname names another machine.
+                    continue
+                try:
+                    index = int(labels["gpu"])
+                except ValueError:
+                    warnings.add(expr, f"{expr}: gpu label {labels['gpu']!r} is not an index: "
+                                       f"{_excerpt(labels)}")
+                    continue
+                gpu = readings.setdefault((node, index), {})
+                # Two series for one GPU and field (two Hostname spellings): the larger, as
+                # max by would.
+                gpu[name] = max(value, gpu.get(name, value))
+        self._warnings["gpu_readings"] = warnings.finish()
+        return readings
 
 
 def _root_cause(exc: requests.exceptions.ConnectionError) -> str:

@@ -18,6 +18,7 @@ GPU_UTIL: Final = "DCGM_FI_DEV_GPU_UTIL"
 GPU_TEMP: Final = "DCGM_FI_DEV_GPU_TEMP"
 MEMORY_TEMP: Final = "DCGM_FI_DEV_MEMORY_TEMP"
 POWER_USAGE: Final = "DCGM_FI_DEV_POWER_USAGE"
+POWER_MGMT_LIMIT: Final = "DCGM_FI_DEV_POWER_MGMT_LIMIT"  # the power limit in force (W)
 CLOCKS_EVENT_REASONS: Final = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
 CLOCK_THROTTLE_REASONS: Final = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"  # its name before DCGM 3.2
 ECC_DBE_VOL_TOTAL: Final = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
@@ -55,6 +56,9 @@ PROF_DRAM_ACTIVE: Final = "DCGM_FI_PROF_DRAM_ACTIVE"
 PROF_PCIE_TX_BYTES: Final = "DCGM_FI_PROF_PCIE_TX_BYTES"
 PROF_PCIE_RX_BYTES: Final = "DCGM_FI_PROF_PCIE_RX_BYTES"
 NVLINK_BANDWIDTH_TOTAL: Final = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"
+# NVLink traffic in bytes per second (DCGM's profiling module): the bandwidth in use now.
+PROF_NVLINK_TX_BYTES: Final = "DCGM_FI_PROF_NVLINK_TX_BYTES"
+PROF_NVLINK_RX_BYTES: Final = "DCGM_FI_PROF_NVLINK_RX_BYTES"
 
 # --- groups ---------------------------------------------------------------------------------
 
@@ -78,6 +82,18 @@ IDLE_FIELDS: Final = (
 FAULT_FIELDS: Final = (XID_ERRORS, ROW_REMAP_FAILURE, *CLOCK_REASONS, *TEMPERATURES,
                        *MEMORY_COUNTERS)
 assert not set(IDLE_FIELDS) & set(FAULT_FIELDS)
+
+# What a node's page shows per GPU (``TelemetryClient.gpu_readings``), read when a person
+# opens the page and never on the collector's poll, which reads only what diagnosis needs.
+# An exporter that does not export one of them leaves it out of the page, nothing more.
+NODE_PAGE_FIELDS: Final = (
+    POWER_USAGE, POWER_MGMT_LIMIT, SM_CLOCK, MEM_CLOCK, FB_USED, FB_FREE,
+    ECC_SBE_VOL_TOTAL, ECC_DBE_VOL_TOTAL,
+    CORRECTABLE_REMAPPED_ROWS, UNCORRECTABLE_REMAPPED_ROWS, ROW_REMAP_PENDING, ROW_REMAP_FAILURE,
+    *NVLINK_ERROR_COUNTERS, PROF_NVLINK_TX_BYTES, PROF_NVLINK_RX_BYTES, NVLINK_BANDWIDTH_TOTAL,
+    PCIE_LINK_GEN, PCIE_MAX_LINK_GEN, PCIE_LINK_WIDTH, PCIE_MAX_LINK_WIDTH, PCIE_REPLAY_COUNTER,
+    *CLOCK_REASONS,
+)
 
 # --- what FleetWatch relies on --------------------------------------------------------------
 

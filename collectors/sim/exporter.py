@@ -29,7 +29,7 @@ import logging
 import random
 import re
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -63,19 +63,22 @@ def counters_set(spec: str) -> frozenset[str]:
         raise ValueError(f"counters file {spec}: {exc}") from exc
 
 
-def _realistic(metric: GpuMetric) -> GpuMetric:
+def _realistic(metric: GpuMetric, reading: Mapping[str, float] | None = None) -> GpuMetric:
     """Fill in the fields the simulation leaves empty with what a healthy H100 reports, so
-    the page has every field FleetWatch reads. A GPU without utilisation has fallen off the
-    bus: DCGM reports it blank, and so does this (only its last XID stays)."""
+    the page has every field FleetWatch reads; ``reading``: the GPU's
+    ``SimTelemetry.gpu_readings`` (its power, so the node page and the exporter agree). A GPU
+    without utilisation has fallen off the bus: DCGM reports it blank, and so does this (only
+    its last XID stays)."""
     if metric.utilization is None:
         return metric
+    power = (reading or {}).get(dcgm.POWER_USAGE)
     # Seeded per GPU and whole percent of load, so a page is stable between two scrapes of
     # an idle fleet yet moves with the load.
     rng = random.Random(f"{metric.uuid}/{int(metric.utilization)}")
     temp = metric.temperature if metric.temperature is not None else 35.0
     return replace(
         metric,
-        power_w=metric.power_w if metric.power_w is not None
+        power_w=metric.power_w if metric.power_w is not None else power if power is not None
         else round(70 + 6.3 * metric.utilization + rng.uniform(-5, 5), 3),
         memory_temperature=metric.memory_temperature if metric.memory_temperature is not None
         else round(temp + 4 + rng.uniform(0, 2)),
@@ -130,14 +133,19 @@ class SimExporter:
     def render(self, node: str | None = None) -> str:
         """The page for one node, or for the whole fleet when ``node`` is None."""
         node = node or self.node
-        gpus = [_realistic(m) for m in self.telemetry.gpu_metrics()
-                if (node is None or m.node == node) and (m.node, m.gpu) not in self.hidden]
+        metrics = [m for m in self.telemetry.gpu_metrics()
+                   if (node is None or m.node == node) and (m.node, m.gpu) not in self.hidden]
+        # Clocks, memory, PCIe link and the rest of what a node's page reads.
+        readings = self.telemetry.gpu_readings(sorted({m.node for m in metrics}),
+                                               dcgm.NODE_PAGE_FIELDS)
+        gpus = [_realistic(m, readings.get((m.node, m.gpu))) for m in metrics]
         ports = [p for p in self.telemetry.nic_ports() if node is None or p.node == node]
         combined = node is None and self.instance_labels
         pods = self._pods(gpus) if self.kubernetes else None
         return (render_dcgm(gpus, self.hostname_label, clock_field=self.clock_field,
                             instance_port=DCGM_PORT if combined else None, pods=pods,
-                            timestamps=dict(self.sample_times), fields=self.counters)
+                            timestamps=dict(self.sample_times), fields=self.counters,
+                            readings=readings)
                 + render_node_infiniband(ports,
                                          instance_port=NODE_EXPORTER_PORT if combined else None))
 

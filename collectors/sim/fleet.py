@@ -62,6 +62,7 @@ from collectors.clients.base import (
     job_comment_check,
 )
 from collectors.clock import SYSTEM_CLOCK, Clock
+from collectors.knowledge import dcgm
 from collectors.knowledge.xid import takes_gpu_out
 
 State = dict[str, Any]
@@ -727,9 +728,12 @@ class SimKubernetes(_SimClient):
 
     def pods_on_node(self, node: str) -> list[K8sPod]:
         with self._state() as state:
-            _node(state, node)
+            # Running, and ready while their node is (the kubelet of a NotReady node stops
+            # reporting; its pods' Ready turns False).
+            ready = bool(_node(state, node)["ready"])
             return [
-                K8sPod(p["namespace"], p["name"], p["node"], dict(p["labels"]), p["owner_kind"])
+                K8sPod(p["namespace"], p["name"], p["node"], dict(p["labels"]), p["owner_kind"],
+                       ready=ready)
                 for p in state["pods"]
                 if p["node"] == node
             ]
@@ -816,6 +820,29 @@ class SimTelemetry(_SimClient):
     def gpu_history(self, nodes: Sequence[str], start: datetime, end: datetime,
                     step_seconds: float = 15.0) -> GpuHistory:
         return {}  # the simulation keeps no history: a chart gets no points
+
+    def gpu_readings(self, nodes: Sequence[str],
+                     fields: Sequence[str]) -> dict[tuple[str, int], dict[str, float]]:
+        """What dcgm-exporter would report now of these fields for the nodes' GPUs
+        (``gpu_readings_of``). Unknown and out-of-service nodes, and GPUs off the bus, have
+        none."""
+        wanted = set(nodes)
+        with self._state() as state:
+            running = {n: job for job in state["jobs"].values() if job["state"] == "RUNNING"
+                       for n in job["nodes"]}
+            readings = {}
+            for name in sorted(wanted & set(state["nodes"])):
+                node = state["nodes"][name]
+                if not node["in_service"]:
+                    continue
+                job = running.get(name)
+                for g in node["gpus"]:
+                    values = gpu_readings_of(g, job is not None, job is not None
+                                             and job["stalled_at"] is None)
+                    picked = {f: values[f] for f in fields if f in values}
+                    if picked:
+                        readings[(name, g["index"])] = picked
+            return readings
 
 
 class SimProvider(_SimClient):
@@ -921,6 +948,56 @@ class SimProvider(_SimClient):
             last = target.get("last_reboot")
             return ProviderStatus(node, "ready", f"up (rebooted {target.get('reboots', 0)} "
                                   f"time(s))" if last else "up")
+
+
+# --- what dcgm-exporter reports of a simulated GPU ------------------------------------------
+
+# An H100 SXM5 80GB (HBM3) on an HGX board: its power limit, boost and idle SM clocks, memory
+# clock, usable framebuffer (MiB, less the driver's reservation) and PCIe link.
+H100_POWER_LIMIT_W = 700.0
+H100_SM_CLOCK_MHZ = (1980.0, 345.0)  # busy, idle
+H100_MEM_CLOCK_MHZ = 2619.0
+H100_FB_MIB = 81_030.0
+H100_PCIE = (5.0, 16.0)  # generation, lanes
+NVLINK_BUSY_BYTES = 120e9  # per direction, an all-reduce-heavy training job
+
+
+def gpu_readings_of(gpu: State, holds_memory: bool, working: bool) -> dict[str, float]:
+    """The dcgm-exporter fields a simulated GPU reports now (every ``NODE_PAGE_FIELDS`` name
+    but the pre-3.2 clock field and the raw NVLink bandwidth counter): an H100 at work
+    (``working``: a job making progress), idle, or holding a hung job's memory
+    (``holds_memory``). A GPU off the bus (XID 79) reports nothing, as DCGM does. The error
+    counters read 0, as the simulated exporter prints them (the simulation models faults as
+    XIDs), so the page and a poll through Prometheus agree. Stable for a GPU in a given state
+    (seeded by its UUID): two reads of a quiet fleet agree."""
+    if gpu["fallen_off"]:
+        return {}
+    rng = random.Random(gpu["uuid"])
+    power = 560 + rng.uniform(0, 110) if working else 68 + rng.uniform(0, 8)
+    used = float(round(70_000 + rng.uniform(0, 9_000))) if holds_memory else 0.0
+    nvlink = [round(NVLINK_BUSY_BYTES * rng.uniform(0.9, 1.1)) if working else 0.0
+              for _ in range(2)]
+    busy_sm, idle_sm = H100_SM_CLOCK_MHZ
+    zero = (dcgm.ECC_SBE_VOL_TOTAL, dcgm.ECC_DBE_VOL_TOTAL, dcgm.CORRECTABLE_REMAPPED_ROWS,
+            dcgm.UNCORRECTABLE_REMAPPED_ROWS, dcgm.ROW_REMAP_PENDING, dcgm.ROW_REMAP_FAILURE,
+            *dcgm.NVLINK_ERROR_COUNTERS, dcgm.PCIE_REPLAY_COUNTER)
+    return {
+        dcgm.POWER_USAGE: round(power, 3),
+        dcgm.POWER_MGMT_LIMIT: H100_POWER_LIMIT_W,
+        dcgm.SM_CLOCK: busy_sm if working else idle_sm,
+        dcgm.MEM_CLOCK: H100_MEM_CLOCK_MHZ,
+        dcgm.FB_USED: used,
+        dcgm.FB_FREE: H100_FB_MIB - used,
+        **dict.fromkeys(zero, 0.0),
+        dcgm.PROF_NVLINK_TX_BYTES: float(nvlink[0]),
+        dcgm.PROF_NVLINK_RX_BYTES: float(nvlink[1]),
+        dcgm.PCIE_LINK_GEN: H100_PCIE[0],
+        dcgm.PCIE_MAX_LINK_GEN: H100_PCIE[0],
+        dcgm.PCIE_LINK_WIDTH: H100_PCIE[1],
+        dcgm.PCIE_MAX_LINK_WIDTH: H100_PCIE[1],
+        # Idle clocks run down, and say why (as the simulated exporter prints it).
+        dcgm.CLOCKS_EVENT_REASONS: 0.0 if working else float(dcgm.GPU_IDLE),
+    }
 
 
 # --- a summary for people (``manage.py fleetwatch sim --show``) ------------------------------

@@ -128,3 +128,14 @@ def lowerfirst(value: str) -> str:
 def actor(value: str) -> str:
     """An audit actor (user:NAME, token:NAME, system) as a person reads it."""
     return actor_shown(value)
+
+
+@register.filter
+def reading(value: float | None, unit: str = "") -> SafeString | str:
+    """A telemetry reading with its unit ("612 W", "1,980 MHz", "0.5"); where the source
+    reported nothing, a dash that says so (never a 0)."""
+    if value is None:
+        return format_html('<span class="muted" title="not reported">-</span>')
+    number = float(value)
+    text = f"{number:,.0f}" if number.is_integer() or abs(number) >= 100 else f"{number:.1f}"
+    return f"{text} {unit}" if unit else text

@@ -7,7 +7,8 @@
 
    Live regions (htmx polling): a confirmation a person has opened (<details open>), or a
    field they are typing in, is not swapped away under them; the poll waits until it is
-   closed. Focus is kept across swaps. */
+   closed. Focus is kept across swaps. The incident timeline's filter keeps the address in
+   step with what it shows. */
 (function () {
   "use strict";
   const config = { displaylogo: false, responsive: true };
@@ -135,6 +136,8 @@
   document.addEventListener("htmx:beforeRequest", (evt) => {
     const elt = evt.detail.elt;
     if (!elt || !elt.querySelector) return;
+    // Only a poll waits: a request the person made (the timeline's filter) goes at once.
+    if (!/\bevery\b/.test(elt.getAttribute("hx-trigger") || "")) return;
     const active = document.activeElement;
     const typing = active && elt.contains(active) && active.matches("input, select, textarea");
     if (elt.querySelector("details[open]") || typing) evt.preventDefault();
@@ -150,6 +153,27 @@
       const el = document.getElementById(focused);
       if (el && el !== document.activeElement) el.focus({ preventScroll: true });
     }
+  });
+
+  // The incident timeline's filter redrew the timeline in place (htmx): the address and the
+  // chart's range form carry the new filter, so a reload, a bookmark or a new range keeps it.
+  document.addEventListener("htmx:afterSwap", (evt) => {
+    const form = evt.detail.requestConfig && evt.detail.requestConfig.elt;
+    if (!form || form.id !== "timeline-filter") return;
+    const shown = new FormData(form).getAll("show");
+    const params = new URLSearchParams(window.location.search);
+    params.delete("show");
+    shown.forEach((k) => params.append("show", k));
+    const query = params.toString();
+    history.replaceState(null, "", window.location.pathname + (query ? "?" + query : "") +
+      window.location.hash);
+    document.querySelectorAll("[data-timeline-shown]").forEach((holder) => {
+      holder.replaceChildren(...shown.map((k) => {
+        const input = document.createElement("input");
+        Object.assign(input, { type: "hidden", name: "show", value: k });
+        return input;
+      }));
+    });
   });
 
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);

@@ -321,6 +321,33 @@ def test_an_incidents_life_reaches_subscribers_signed_and_filtered(
     assert SECRET not in caplog.text and URL_TOKEN not in caplog.text
 
 
+def test_payloads_carry_the_severity_and_the_owner_as_they_change(
+        cluster: Any, receiver: Receiver, sent: list[int], operator: Any,
+        django_capture_on_commit_callbacks: Any) -> None:
+    from incidents import oncall
+
+    subscribe("pager", f"{receiver.url}/pager", events=["incident.opened", "incident.updated"])
+    with committed(django_capture_on_commit_callbacks):
+        incident, _ = lifecycle.incident_record(cluster.pk, DIAG)
+    with committed(django_capture_on_commit_callbacks):
+        oncall.incident_assign(incident.pk, operator, actor="user:olivia")
+    with committed(django_capture_on_commit_callbacks):
+        oncall.incident_severity_set(incident.pk, "sev1", actor="user:olivia")
+    with committed(django_capture_on_commit_callbacks):
+        oncall.incident_assign(incident.pk, None, actor="user:olivia")
+    bodies = [h.json for h in receiver.to("/pager")]
+    assert all(verified(h) for h in receiver.to("/pager"))
+    seen = [(b["event"], b["incident"]["severity"], b["incident"]["owner"]) for b in bodies]
+    # Opened at the root cause's severity (an XID 79: SEV2) and nobody's (its status moves
+    # on as its remediation starts: updates too); then taken, made SEV1 and given up, each an
+    # incident.updated carrying both as they are then.
+    assert seen[0] == ("incident.opened", "sev2", None)
+    assert seen[-3:] == [("incident.updated", "sev2", "olivia"),
+                         ("incident.updated", "sev1", "olivia"),
+                         ("incident.updated", "sev1", None)]
+    assert all(s[1:] == ("sev2", None) for s in seen[1:-3])
+
+
 def test_an_event_for_nothing_or_a_vanished_incident_never_raises(
         db: None, caplog: pytest.LogCaptureFixture) -> None:
     assert webhooks.event_emit("incident.opened", 424242) == []  # no subscription: no query

@@ -104,17 +104,42 @@ def test_on_call_acknowledges_assigns_notes_and_resolves_with_a_note(
     expect(page.locator("#resolve-toggle")).to_have_count(0)
     screenshot(page, "incident-on-call", publish=True, full_page=True)
 
-    # The timeline's filter: notes only, and it stays so while the timeline refreshes.
+    # The timeline's filter: notes only, redrawn as each box is unticked, without a reload;
+    # the address keeps the filter, and it stays so while the timeline refreshes.
+    page.evaluate("window.__fwNoReload = true")
     for kind in ("signal", "step", "audit"):
         page.uncheck(f"#show-{kind}")
-    page.click("#timeline-filter-apply")
-    page.wait_for_url(re.compile(r"show=note"))
+        expect(timeline.locator(f"li[data-type={kind}]")).to_have_count(0)
+    expect(page).to_have_url(re.compile(r"\?show=note$"))
     expect(timeline.locator("li[data-type=note]")).to_have_count(1)
     expect(timeline.locator("li[data-type=diagnosis]")).to_have_count(1)
     page.wait_for_timeout(3500)  # one refresh of the timeline region
     for kind in ("signal", "step", "audit"):
         expect(timeline.locator(f"li[data-type={kind}]")).to_have_count(0)
     expect(page.locator("#show-audit")).not_to_be_checked()
+    assert page.evaluate("window.__fwNoReload === true"), "the filter reloaded the page"
+    # Ticked again, the audit entries come back in place; a reload keeps the filter.
+    page.check("#show-audit")
+    expect(timeline.locator("li[data-type=audit]").first).to_be_visible()
+    expect(page).to_have_url(re.compile(r"\?show=note&show=audit$"))
+    page.reload()
+    expect(page.locator("#show-audit")).to_be_checked()
+    expect(page.locator("#show-signal")).not_to_be_checked()
+    expect(timeline.locator("li[data-type=signal]")).to_have_count(0)
+
+    # Without JavaScript the filter is a form that reloads the page, filtered.
+    plain = browser.new_context(viewport=VIEWPORT, base_url=stack.base,
+                                java_script_enabled=False,
+                                storage_state=page.context.storage_state())
+    nojs = errors.watch(plain.new_page())
+    nojs.goto(incident_url)
+    for kind in ("signal", "step", "note"):
+        nojs.uncheck(f"#show-{kind}")
+    nojs.click("#timeline-filter-apply")
+    nojs.wait_for_url(re.compile(r"show=audit"))
+    expect(nojs.locator("[data-testid=timeline] li[data-type=audit]").first).to_be_attached()
+    expect(nojs.locator("[data-testid=timeline] li[data-type=note]")).to_have_count(0)
+    plain.close()
 
     # The chart's time range is a choice; the page draws what it asks for.
     page.goto(incident_url)

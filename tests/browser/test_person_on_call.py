@@ -115,8 +115,28 @@ def test_dashboard_puts_what_needs_a_person_first(browser: Any, stack: Stack,
     expect(page.locator("[data-testid=node-health]")).to_have_text("failed")
     expect(page.locator("[data-testid=gpu-row-5]")).to_contain_text("XID 79")
     expect(page.locator("[data-testid=gpu-not-stored]")).to_contain_text("not kept")
+    # What dcgm-exporter says of its GPUs now: GPU 5 nothing at all (not zeros); the others
+    # their power against the limit, clocks and a Gen5 x16 link. Kubernetes is still down:
+    # the pods cannot be listed, and the page says so instead of failing.
+    expect(page.locator("[data-testid=readings-none-5]")).to_contain_text("no readings")
+    expect(page.locator("[data-testid=readings-power-0]")).to_contain_text("of 700 W")
+    expect(page.locator("[data-testid=readings-clocks-0]")).to_contain_text("2,619 MHz")
+    expect(page.locator("[data-testid=readings-pcie-0]")).to_have_text("Gen5 x16 of Gen5 x16")
+    expect(page.locator("[data-testid=pods-unavailable]")).to_contain_text(
+        "kubernetes unreachable")
 
     stack.manage("fleetwatch", "sim", "--source-up", "kubernetes")
+    # Kubernetes back: the node's pods, the one that forbids automatic replacement marked.
+    stack.manage("fleetwatch", "sim", "--node", "gpu-003", "--no-auto-replace", "on")
+    page.reload()
+    slurmd = page.locator("[data-testid=pod-row-slurm-slurmd-gpu-003]")
+    expect(slurmd).to_contain_text("StatefulSet")
+    expect(slurmd.locator("[data-testid=pod-no-auto-replace]")).to_be_visible()
+    expect(page.locator("[data-testid=pod-row-gpu-operator-dcgm-exporter-gpu-003]")).to_contain_text(
+        "DaemonSet")
+    page.locator("#readings-h").scroll_into_view_if_needed()
+    screenshot(page, "node-readings-pods", publish=True)
+    stack.manage("fleetwatch", "sim", "--node", "gpu-003", "--no-auto-replace", "off")
     page.goto("/")
     expect(page.locator("[data-testid=attention-source-kubernetes]")).to_have_count(
         0, timeout=LIVE)
@@ -179,6 +199,8 @@ def test_lists_sort_by_a_column_and_export_csv(browser: Any, stack: Stack,
         incidents = list(csv.DictReader(f))
     assert incidents[0]["#"] == str(shared["incident"])
     assert incidents[0]["Root cause"].startswith("gpu_hardware")
+    # An XID 79's default severity, and nobody has taken it yet.
+    assert (incidents[0]["Severity"], incidents[0]["Owner"]) == ("sev2", "")
     screenshot(page, "incidents-sorted")
     page.context.close()
     assert not errors.seen, errors.seen

@@ -219,6 +219,61 @@ def test_gpu_history_over_the_last_minute(stack: Stack) -> None:
         == set(range(8))
 
 
+def _readings_as(truth: dict[tuple[str, int], dict[str, float]], fields: set[str] | None = None,
+                 rename: dict[str, str] | None = None) -> dict[tuple[str, int], dict[str, float]]:
+    """The simulation's readings as an exporter printing only ``fields``, under its own names
+    (``rename``), reports them."""
+    out = {}
+    for key, values in truth.items():
+        kept = {(rename or {}).get(k, k): v for k, v in values.items()
+                if fields is None or k in fields}
+        if kept:
+            out[key] = kept
+    return out
+
+
+def test_gpu_readings_of_nodes_in_one_query(stack: Stack) -> None:
+    """The node page's read: the latest value of each field for the nodes' GPUs, the same
+    whichever host label the exporter prints; a field not exported is absent, never 0."""
+    with stack.fleet.transaction() as state:
+        sim.inject_xid(state, "gpu-003", 5, 79, time.time())  # as another test does
+    fields = dcgm.NODE_PAGE_FIELDS
+    sim_telemetry = SimTelemetry(stack.fleet)
+    nodes = ["gpu-003", "gpu-010"]
+
+    def matches(job: str, wanted: list[str], **how: Any) -> dict[tuple[str, int], Any]:
+        client = stack.client(job)
+        # Compared with the simulation now: a job that ends between the two reads is a
+        # "not yet", as in the other tests.
+        return wait_for(
+            lambda: (got := client.gpu_readings(wanted, fields)) == _readings_as(
+                sim_telemetry.gpu_readings(wanted, fields), **how) and got,
+            20, f"{job}'s readings to match the simulation")
+
+    readings = matches("dcgm", nodes)
+    assert ("gpu-003", 5) not in readings  # off the bus: no readings at all, not zeros
+    assert sorted(g for n, g in readings if n == "gpu-010") == list(range(8))
+    gpu = readings[("gpu-010", 0)]
+    assert (gpu[dcgm.PCIE_LINK_GEN], gpu[dcgm.PCIE_MAX_LINK_WIDTH]) == (5, 16)
+    assert gpu[dcgm.MEM_CLOCK] == 2619 and gpu[dcgm.POWER_MGMT_LIMIT] == 700
+    assert stack.client().last_warnings == []
+    # The lowercase host label and the pre-3.2 clock field; no host label at all (the
+    # instance names the node); one target per node.
+    matches("dcgm-lower", nodes, rename={dcgm.CLOCKS_EVENT_REASONS: CLOCK_THROTTLE_REASONS})
+    matches("dcgm-bare", nodes)
+    matches("per-node", ["gpu-001"])
+    # dcgm-exporter's stock counters: clocks and framebuffer, no PCIe link or power limit.
+    stock = matches("dcgm-default", nodes, fields=set(dcgm.EXPORTER_DEFAULT_FIELDS))
+    assert dcgm.SM_CLOCK in stock[("gpu-010", 1)]
+    assert dcgm.PCIE_LINK_GEN not in stock[("gpu-010", 1)]
+    # One field; a node no exporter knows; nothing asked.
+    one = stack.client().gpu_readings(["gpu-010"], [dcgm.PCIE_LINK_WIDTH])
+    assert one == {("gpu-010", g): {dcgm.PCIE_LINK_WIDTH: 16.0} for g in range(8)}
+    assert stack.client().gpu_readings(["gpu-0"], fields) == {}
+    assert stack.client().gpu_readings([], fields) == {}
+    assert stack.client().gpu_readings(["gpu-010"], []) == {}
+
+
 def test_collect_source_reads_prometheus(stack: Stack, db: None) -> None:
     from collectors.models import CollectorRun, Gpu, Signal
 
@@ -531,6 +586,8 @@ def test_hung_prometheus_times_out(stack: Stack) -> None:
             client.gpu_metrics()
         assert not info.value.permanent
         assert "timed out" in str(info.value)
+        with pytest.raises(ClientError, match="timed out"):
+            client.gpu_readings(["gpu-001"], dcgm.NODE_PAGE_FIELDS)
     finally:
         stack.prom.resume()
     # Back, it answers again; the first answers after a hang may still miss the scrapes it
@@ -549,6 +606,8 @@ def test_prometheus_down_is_transient_and_recovers(stack: Stack) -> None:
         with pytest.raises(ClientError) as info:
             client.nic_ports()
         assert not info.value.permanent
+        with pytest.raises(ClientError, match="unreachable"):
+            client.gpu_readings(["gpu-001"], dcgm.NODE_PAGE_FIELDS)
     finally:
         stack.prom.start()
     wait_for(lambda: len(client.gpu_metrics()) == GPUS, 30, "Prometheus answering again")

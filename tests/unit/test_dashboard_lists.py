@@ -8,6 +8,7 @@ import csv
 import io
 import re
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -129,7 +130,9 @@ def test_lists_sort_by_a_column_and_export_csv(ops: Client, fleet: Cluster) -> N
     assert bad.status_code == 400 and not bad["Content-Type"].startswith("text/csv")
 
 
-def test_node_page_shows_what_dcgm_and_kubernetes_reported(ops: Client, fleet: Cluster) -> None:
+def test_node_page_shows_what_dcgm_and_kubernetes_reported(ops: Client, fleet: Cluster,
+                                                           settings: Any, tmp_path: Path) -> None:
+    settings.FLEETWATCH_SIM_STATE = tmp_path / "sim-fleet.json"  # never seeded
     node = Node.objects.get(name="gpu-002")
     node.nic_ports = {"mlx5_0/1": {"state": "DOWN", "link_downed": 4, "link_error_recovery": 1}}
     node.k8s_annotations = {"fleetwatch.io/cordoned-by": "incident-7"}
@@ -163,4 +166,43 @@ def test_node_page_shows_what_dcgm_and_kubernetes_reported(ops: Client, fleet: C
     conditions = re.search(r'data-testid="node-conditions">(.*?)</dd>', page, re.S)
     assert conditions and "SysLogsXIDError=True" in conditions.group(1)
     assert "ErrorCode:79 PCI:0000:ef:00" in conditions.group(1)
-    assert "pods are not stored by the Kubernetes collector" in page
+    # Its pods and GPU readings are read as the page opens: here no source answers (the
+    # simulated fleet is not seeded), and the page says so.
+    assert 'data-testid="pods-unavailable">Pods unavailable: Kubernetes unavailable: ' \
+        "simulated fleet not seeded" in page
+    assert 'data-testid="readings-unavailable">Readings unavailable: ' in page
+
+
+def test_incident_list_shows_severity_and_owner_sorts_by_them_and_exports_them(
+        ops: Client, fleet: Cluster, operator: Any) -> None:
+    from collectors.roles import user_with_role
+
+    other = user_with_role("bea", "operator", "bea-pass-123")[0]
+    made = {}
+    for i, (severity, owner) in enumerate((("sev3", operator), ("sev1", None),
+                                           ("sev4", other), ("sev2", operator))):
+        made[severity] = Incident.objects.create(
+            cluster=fleet, root_cause="gpu_hardware", confidence=0.9, explanation="XID 79",
+            fingerprint=f"fp-{i}", nodes=["gpu-002"], detected_at=NOW, severity=severity,
+            owner=owner, opened_at=NOW - timedelta(minutes=i))
+
+    def ids(url: str) -> list[int]:
+        return [int(i) for i in re.findall(r'data-testid="incident-row-(\d+)"',
+                                           ops.get(url).content.decode())]
+
+    page = ops.get("/incidents/").content.decode()
+    row = page[page.index(f'data-testid="incident-row-{made["sev1"].pk}"'):]
+    row = row[:row.index("</tr>")]
+    assert '<span class="badge sev-sev1">SEV1 critical</span>' in row and ">-</td>" in row
+    assert 'data-sort="severity"' in page and 'data-sort="owner"' in page
+    # SEV1 first (the worst), then by owner's name (the unowned last).
+    assert ids("/incidents/?sort=severity") == [made[s].pk for s in ("sev1", "sev2", "sev3",
+                                                                     "sev4")]
+    by_owner = ids("/incidents/?sort=owner")
+    assert by_owner[0] == made["sev4"].pk and by_owner[-1] == made["sev1"].pk
+    assert set(by_owner[1:3]) == {made["sev3"].pk, made["sev2"].pk}
+
+    rows = list(csv.DictReader(io.StringIO(
+        ops.get("/incidents/?sort=severity&_export=csv").content.decode())))
+    assert [(r["Severity"], r["Owner"]) for r in rows] == [
+        ("sev1", ""), ("sev2", operator.username), ("sev3", operator.username), ("sev4", "bea")]

@@ -89,6 +89,9 @@ def test_blank_fields_are_left_out_like_dcgm_does() -> None:
     assert [(labels["gpu"], v) for labels, v in families["DCGM_FI_DEV_XID_ERRORS"]] == [
         ("0", "0"), ("1", "79")]
     assert "DCGM_FI_DEV_POWER_USAGE" not in families  # no GPU reported it
+    # Off the bus (neither utilisation nor temperature): its last XID alone, no quiet 0s.
+    assert [labels["gpu"] for labels, _ in families["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"]] == ["0"]
+    assert [labels["gpu"] for labels, _ in families["DCGM_FI_DEV_ROW_REMAP_FAILURE"]] == ["0"]
 
 
 def test_label_variants_old_field_name_and_pods() -> None:

@@ -166,10 +166,15 @@ def test_timeline_filters_folds_audit_and_says_the_explanation_once(
     assert 'data-type="note"' in notes_only and 'data-type="diagnosis"' in notes_only
     for hidden in ("signal", "audit", "step"):
         assert f'data-type="{hidden}"' not in notes_only, hidden
-    # The page keeps its filter: the boxes, and the URL the timeline polls.
+    # The page keeps its filter in its boxes; the timeline polls with them (hx-include), and a
+    # box ticked redraws it in place (htmx), while without JavaScript the form reloads the page.
     page = _page(ops, incident, "?show=signal&show=audit")
     assert 'id="show-signal" checked' in page and 'id="show-note" checked' not in page
-    assert f'/incidents/{incident.pk}/timeline?show=audit&amp;show=signal' in page
+    assert (f'id="incident-timeline" hx-get="/incidents/{incident.pk}/timeline" '
+            'hx-include="#timeline-filter" hx-trigger="every 3s"') in page
+    form = re.search(r'<form method="get" class="tl-filter" id="timeline-filter"[^>]*>', page)
+    assert form and f'hx-get="/incidents/{incident.pk}/timeline"' in form.group(0)
+    assert 'hx-target="#incident-timeline"' in form.group(0)
 
 
 def test_the_title_is_built_from_parts() -> None:

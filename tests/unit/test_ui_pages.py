@@ -4,8 +4,12 @@ control, what a viewer sees, and SQL query counts that do not grow with the flee
 from __future__ import annotations
 
 import re
+import socket
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +31,7 @@ from collectors.models import (
     Signal,
     SourceHealth,
 )
+from collectors.sim import fleet as sim
 from collectors.sim.fleet import SimFleet
 from incidents import lifecycle
 from incidents.audit import audit_record
@@ -222,6 +227,13 @@ def _count_queries(client: Client, url: str) -> int:
     return len(ctx.captured_queries)
 
 
+@pytest.fixture(autouse=True)
+def _own_sim_state(settings: Any, tmp_path: Path) -> None:
+    """A node's page reads the simulated fleet's file: a test's own (unseeded unless the test
+    asks for ``sim_fleet``), never the data dir's."""
+    settings.FLEETWATCH_SIM_STATE = tmp_path / "sim-fleet.json"
+
+
 @pytest.fixture
 def ops(client: Client, operator: Any) -> Client:
     client.force_login(operator)
@@ -361,6 +373,114 @@ def test_node_page_gpus_jobs_signals_incidents_repairs_and_telemetry(ops: Client
     assert set(data["utilization"]) == {f"GPU {g}" for g in range(8)}
     assert len(data["temperature"]["GPU 3"]["y"]) == 6 and data["temperature"]["GPU 3"]["y"][0] == 63.0
     assert ops.get("/nodes/nope/").status_code == 404
+
+
+def _section(page: str, testid: str) -> str:
+    """The HTML of the page's section with this data-testid."""
+    start = page.index(f'data-testid="{testid}"')
+    return page[start:page.index("</section>", start)]
+
+
+def _row(html: str, testid: str) -> str:
+    start = html.index(f'data-testid="{testid}"')
+    return html[start:html.index("</tr>", start)]
+
+
+def _collect() -> None:
+    for source in ("slurm", "kubernetes", "telemetry"):
+        collectors.collect_source(source)
+
+
+def test_node_page_shows_its_gpus_readings_and_pods_read_as_it_opens(
+        ops: Client, sim_fleet: SimFleet) -> None:
+    _collect()
+    # A node at work: boost clocks, power against its limit, NVLink traffic, a Gen5 x16 link.
+    readings = _section(ops.get("/nodes/gpu-001/").content.decode(), "gpu-readings")
+    assert 'data-testid="readings-unavailable"' not in readings
+    assert re.findall(r'data-testid="readings-row-(\d+)"', readings) == [str(g) for g in range(8)]
+    busy = _row(readings, "readings-row-0")
+    assert re.search(r'readings-power-0">\d{3} W <span class="muted">of 700 W</span>', busy)
+    assert "1,980 MHz · 2,619 MHz" in busy and "GB/s" in busy
+    assert 'readings-pcie-0">Gen5 x16 <span class="muted">of Gen5 x16</span></td>' in busy
+    assert "below its maximum" not in readings and 'readings-clock-events-0">none<' in busy
+    assert 'data-testid="readings-missing"' not in readings  # the sim exports them all
+
+    # GPU 5 falls off the bus: no readings at all (not zeros), and its node's job hangs, so
+    # the other GPUs idle and say so. Its pods: one blocks automatic replacement.
+    with sim_fleet.transaction() as state:
+        sim.inject_xid(state, "gpu-003", 5, 79, time.time())
+        sim.set_no_auto_replace(state, "gpu-003", True)
+    page = ops.get("/nodes/gpu-003/").content.decode()
+    readings = _section(page, "gpu-readings")
+    gone = _row(readings, "readings-row-5")
+    assert 'data-testid="readings-none-5"' in gone and "no readings" in gone
+    assert " W" not in gone and "MHz" not in gone
+    idle = _row(readings, "readings-row-0")
+    assert "345 MHz" in idle and 'readings-clock-events-0">gpu idle<' in idle
+    pods = _section(page, "node-pods")
+    slurmd = _row(pods, "pod-row-slurm-slurmd-gpu-003")
+    assert "StatefulSet" in slurmd and "Running" in slurmd and "<td>yes</td>" in slurmd
+    assert 'data-testid="pod-no-auto-replace"' in slurmd
+    assert "fleetwatch.io/no-auto-replace=true" in slurmd
+    exporter = _row(pods, "pod-row-gpu-operator-dcgm-exporter-gpu-003")
+    assert "DaemonSet" in exporter and "allowed" in exporter
+    assert 'data-testid="pods-unavailable"' not in page
+
+
+def test_node_page_lists_the_pods_of_its_kubernetes_name_under_slinky(
+        ops: Client, sim_fleet: SimFleet) -> None:
+    _collect()
+    # Under Slinky, Slurm calls the machine slinky-4; Kubernetes (and the page's URL) gpu-004.
+    Node.objects.filter(name="gpu-004").update(slurm_name="slinky-4")
+    page = ops.get("/nodes/gpu-004/").content.decode()
+    assert "<code>slinky-4</code> (Slurm's name for this machine)" in page
+    pods = _section(page, "node-pods")
+    assert 'data-testid="pod-row-slurm-slurmd-gpu-004"' in pods and "Pods unavailable" not in pods
+
+
+def test_node_page_says_why_when_telemetry_and_kubernetes_are_down(
+        ops: Client, sim_fleet: SimFleet) -> None:
+    _collect()
+    with sim_fleet.transaction() as state:
+        sim.set_source_down(state, "telemetry", True)
+        sim.set_source_down(state, "kubernetes", True)
+    response = ops.get("/nodes/gpu-002/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    readings = _section(page, "gpu-readings")
+    assert ('data-testid="readings-unavailable">Readings unavailable: Telemetry unavailable: '
+            "telemetry unreachable (simulated outage)") in readings
+    assert 'data-testid="readings-table"' not in readings and " W" not in readings
+    assert ('data-testid="pods-unavailable">Pods unavailable: Kubernetes unavailable: '
+            "kubernetes unreachable (simulated outage)") in _section(page, "node-pods")
+    # What FleetWatch stored still shows, and an unreachable source failed no GPU.
+    assert 'data-testid="gpu-row-0"' in page and 'data-testid="node-health">healthy' in page
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """An address that takes connections and never answers (a hung Prometheus)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_a_prometheus_that_does_not_answer_leaves_the_node_page_saying_so(
+        ops: Client, settings: Any, silent_server: str, tmp_path: Path) -> None:
+    build_fleet(4, incidents=0, audit=2)
+    settings.FLEETWATCH_FLEET, settings.FLEETWATCH_STORE_GPU_SAMPLES = "real", False
+    settings.FLEETWATCH_PROMETHEUS_URL = silent_server
+    settings.FLEETWATCH_HTTP_TIMEOUT = 0.5
+    settings.FLEETWATCH_KUBECONFIG = str(tmp_path / "no-kubeconfig")
+    response = ops.get("/nodes/gpu-00002/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    readings = _section(page, "gpu-readings")
+    assert "Readings unavailable: Telemetry unavailable: Prometheus at" in readings
+    assert "timed out after 0.5s" in readings and 'data-testid="readings-table"' not in readings
+    assert "Pods unavailable: Kubernetes unavailable: Kubernetes configuration:" in page
+    assert 'data-testid="node-health">failed' in page  # as stored, whatever the outage
 
 
 def test_job_list_and_job_page_with_checkpoint_and_incidents(ops: Client) -> None:
@@ -694,7 +814,10 @@ def test_node_chart_says_why_it_is_empty_when_prometheus_is_down(
     settings.FLEETWATCH_PROMETHEUS_URL = "http://127.0.0.1:9"  # nothing listens there
     data = ops.get("/nodes/gpu-00002/telemetry.json").json()
     assert data["error"].startswith("telemetry unavailable") and data["utilization"] == {}
-    assert ops.get("/nodes/gpu-00002/").status_code == 200
+    page = ops.get("/nodes/gpu-00002/")
+    assert page.status_code == 200
+    assert re.search(r"Readings unavailable: Telemetry unavailable: Prometheus at "
+                     r"http://127\.0\.0\.1:9 unreachable", page.content.decode())
 
 
 def test_a_long_incident_chart_is_bucketed(db: None) -> None:
