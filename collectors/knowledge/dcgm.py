@@ -79,6 +79,21 @@ FAULT_FIELDS: Final = (XID_ERRORS, ROW_REMAP_FAILURE, *CLOCK_REASONS, *TEMPERATU
                        *MEMORY_COUNTERS)
 assert not set(IDLE_FIELDS) & set(FAULT_FIELDS)
 
+# Fail-slow: what a GPU that is alive but slower than its job's peers shows, compared with the
+# job's other nodes (incidents.diagnosis.slow). Read as history (a range over minutes), never
+# by the telemetry poll, which keeps utilisation, temperatures and fault fields only.
+FAIL_SLOW_FIELDS: Final = (
+    SM_CLOCK, POWER_USAGE, GPU_UTIL, PROF_DRAM_ACTIVE, NVLINK_BANDWIDTH_TOTAL,
+    PROF_PCIE_TX_BYTES, PROF_PCIE_RX_BYTES, PCIE_LINK_GEN, PCIE_LINK_WIDTH, PCIE_MAX_LINK_GEN,
+    PCIE_MAX_LINK_WIDTH, *CLOCK_REASONS,
+)
+# Of those, the ones dcgm-exporter exports as counters (running totals): their rate is the
+# reading.
+COUNTER_FIELDS: Final = frozenset({NVLINK_BANDWIDTH_TOTAL})
+# A PCIe link's transfer rate per lane by generation, in GT/s (as the kernel prints it).
+PCIE_GT_PER_GEN: Final = MappingProxyType({1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0})
+
+
 # --- what FleetWatch relies on --------------------------------------------------------------
 
 # Each field FleetWatch reads, and what is lost when the exporter does not export it.
