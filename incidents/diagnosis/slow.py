@@ -645,7 +645,9 @@ class _Analysis:
             mine: list[float] = []
             theirs: list[float] = []
             for k in keys:
-                own = k[0] == node and (multi_node or k[1] in slow_gpus)
+                # The slow GPUs (all of the node's where the figure is the node's own) against
+                # the peers it is compared with; its other node-mates in neither.
+                own = k[0] == node and (not slow_gpus or k[1] in slow_gpus)
                 if k[0] == node and not own and multi_node:
                     continue
                 for b, (u, _) in util[k].items():
