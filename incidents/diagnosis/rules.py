@@ -986,7 +986,7 @@ class Engine:
             for gpu in [known if known is not None else (
                 f.pci_gpus.get((node, p.pci_address(line.pci))) if line.pci else None)]]
         result = slow.analyse(slow.Window(jobs, f.readings, f.paces, f.reports, downtrains,
-                                          spans, self.job_user))
+                                          spans))
         faulty = set(self.gpu_nodes) | set(self.nic_nodes) | {
             n for c in self.causes for n in c.nodes}
         for note in result.notes:

@@ -221,7 +221,6 @@ class Window:
     downtrains: Sequence[Downtrain] = ()
     # job -> (running since, ended at): None where not known
     spans: Mapping[str, tuple[float | None, float | None]] = field(default_factory=dict)
-    users: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -785,7 +784,7 @@ class _Analysis:
     def _explain(self, c: _NodeCase, deviations: list[Deviation], slowed: str,
                  gpus: list[int]) -> tuple[str, list[Deviation]]:
         job = sorted(c.jobs)[0]
-        user = self.w.users.get(job, "")
+        user = next((j.user for j in self.w.jobs if j.id == job), "")
         whose = f"job {job}" + (f" ({user})" if user else "")
         if c.one_node:
             head = f"{c.node} {_gpus(gpus)} is slower than its node-mates in {whose}" if gpus \
