@@ -80,6 +80,28 @@ def _fields(clock_field: str) -> list[Field]:
     ]
 
 
+# Fields printed from a GPU's figures (``render_dcgm``'s ``extra``) rather than from GpuMetric:
+# what the fail-slow analysis reads as history. Types and help texts as dcgm-exporter's
+# counters files have them.
+EXTRA_FIELDS: dict[str, tuple[str, str]] = {
+    dcgm.SM_CLOCK: ("gauge", "SM clock frequency (in MHz)."),
+    dcgm.PROF_DRAM_ACTIVE: ("gauge", "Ratio of cycles the device memory interface is active "
+                            "sending or receiving data."),
+    dcgm.NVLINK_BANDWIDTH_TOTAL: ("counter", "Total number of NVLink bandwidth counters for "
+                                  "all lanes."),
+    dcgm.PROF_PCIE_TX_BYTES: ("counter", "The rate of data transmitted over the PCIe bus - "
+                              "including both protocol headers and data payloads - in bytes "
+                              "per second."),
+    dcgm.PROF_PCIE_RX_BYTES: ("counter", "The rate of data received over the PCIe bus - "
+                              "including both protocol headers and data payloads - in bytes "
+                              "per second."),
+    dcgm.PCIE_LINK_GEN: ("gauge", "PCIe current link generation."),
+    dcgm.PCIE_LINK_WIDTH: ("gauge", "PCIe current link width."),
+    dcgm.PCIE_MAX_LINK_GEN: ("gauge", "PCIe max link generation."),
+    dcgm.PCIE_MAX_LINK_WIDTH: ("gauge", "PCIe max link width."),
+}
+
+
 def format_value(value: float | int) -> str:
     """A sample value as Go's client library prints it: integers without a decimal point,
     ``NaN``/``+Inf``/``-Inf`` spelled the Prometheus way, other floats in shortest form."""
@@ -155,6 +177,7 @@ def render_dcgm(
     pods: Mapping[tuple[str, int], Mapping[str, str]] | None = None,
     timestamps: Mapping[str, float] | None = None,
     fields: Collection[str] | None = None,
+    extra: Mapping[tuple[str, int], Mapping[str, float]] | None = None,
 ) -> str:
     """dcgm-exporter's ``/metrics`` page for these GPUs.
 
@@ -171,6 +194,8 @@ def render_dcgm(
     not move has no new sample, as between two scrapes 15 s apart.
     ``fields``: print only these fields, as an exporter whose counters file lists them does
     (None: every field FleetWatch reads).
+    ``extra``: (node, gpu) -> more fields of ``EXTRA_FIELDS`` and their values, printed after
+    the others (the simulated fleet's clocks, links and traffic).
     """
     labels = {
         (m.node, m.gpu): format_labels(gpu_labels(
@@ -193,6 +218,19 @@ def render_dcgm(
                          + ("" if stamp is None else f" {int(stamp * 1000)}"))
         if lines:
             out += _family(field.name, field.type, field.help, lines)
+    for name, (kind, help_) in EXTRA_FIELDS.items() if extra else ():
+        if fields is not None and name not in fields:
+            continue
+        lines = []
+        for m in metrics:
+            value = (extra or {}).get((m.node, m.gpu), {}).get(name)
+            if value is None:
+                continue
+            stamp = timestamps.get(m.node) if timestamps else None
+            lines.append(f"{name}{{{labels[(m.node, m.gpu)]}}} {format_value(value)}"
+                         + ("" if stamp is None else f" {int(stamp * 1000)}"))
+        if lines:
+            out += _family(name, kind, help_, lines)
     return "\n".join(out) + "\n" if out else ""
 
 

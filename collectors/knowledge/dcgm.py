@@ -115,6 +115,9 @@ RELIED_ON: Final = MappingProxyType({
     NVLINK_CRC_DATA_ERRORS: "NVLink data CRC errors will not be seen",
     NVLINK_REPLAY_ERRORS: "NVLink replays will not be seen",
     NVLINK_RECOVERY_ERRORS: "NVLink recovery errors will not be seen",
+    SM_CLOCK: "a GPU whose clocks are held below its job's peers' (fail-slow) will not be seen",
+    PCIE_LINK_GEN: "a PCIe link trained at a lower generation (fail-slow) will not be seen",
+    PCIE_LINK_WIDTH: "a PCIe link trained at a lower width (fail-slow) will not be seen",
 })
 # Another name that serves as a relied-on field: an exporter older than DCGM 3.2 prints the
 # clock-event reasons under their throttle name.

@@ -41,7 +41,7 @@ from collectors.clients.exposition import (
 )
 from collectors.knowledge import dcgm
 from collectors.knowledge.dcgm import CLOCK_THROTTLE_REASONS, CLOCKS_EVENT_REASONS, GPU_IDLE
-from collectors.sim.fleet import SimFleet, SimTelemetry
+from collectors.sim.fleet import SimFleet, SimTelemetry, gpu_figures
 
 log = logging.getLogger(__name__)
 
@@ -132,12 +132,17 @@ class SimExporter:
         node = node or self.node
         gpus = [_realistic(m) for m in self.telemetry.gpu_metrics()
                 if (node is None or m.node == node) and (m.node, m.gpu) not in self.hidden]
+        # Clocks, PCIe links and traffic: what the fail-slow analysis reads as history.
+        state = self.fleet.snapshot()
+        figures = gpu_figures(state, None if node is None else [node],
+                              self.fleet.clock.now())
         ports = [p for p in self.telemetry.nic_ports() if node is None or p.node == node]
         combined = node is None and self.instance_labels
         pods = self._pods(gpus) if self.kubernetes else None
         return (render_dcgm(gpus, self.hostname_label, clock_field=self.clock_field,
                             instance_port=DCGM_PORT if combined else None, pods=pods,
-                            timestamps=dict(self.sample_times), fields=self.counters)
+                            timestamps=dict(self.sample_times), fields=self.counters,
+                            extra=figures)
                 + render_node_infiniband(ports,
                                          instance_port=NODE_EXPORTER_PORT if combined else None))
 
