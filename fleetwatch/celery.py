@@ -130,6 +130,12 @@ def _beat_schedule(sender: Celery, **_: object) -> None:
     schedule["diagnosis-rescue"] = {"task": queueing.DIAGNOSIS_RESCUE,
                                     "schedule": settings.FLEETWATCH_WATCHDOG_SECONDS,
                                     "options": {"expires": settings.FLEETWATCH_WATCHDOG_SECONDS}}
+    if settings.FLEETWATCH_FAIL_SLOW_INTERVAL_SECONDS > 0:
+        # Stragglers among the running jobs (fail-slow), from their nodes' history.
+        schedule["fail-slow-scan"] = {
+            "task": queueing.FAIL_SLOW_SCAN,
+            "schedule": settings.FLEETWATCH_FAIL_SLOW_INTERVAL_SECONDS,
+            "options": {"expires": settings.FLEETWATCH_FAIL_SLOW_INTERVAL_SECONDS}}
     if settings.FLEETWATCH_AUDIT_CHECKPOINT_MINUTES > 0:
         # The audit trail's signed head, into the log (see incidents/audit.py).
         schedule["audit-checkpoint"] = {

@@ -244,6 +244,7 @@ CELERY_TASK_ROUTES = {
     "incidents.tasks.diagnose_signals": {"queue": "diagnose"},
     "incidents.tasks.diagnose_cluster": {"queue": "diagnose"},
     "incidents.tasks.diagnosis_rescue": {"queue": "diagnose"},
+    "incidents.tasks.fail_slow_scan": {"queue": "diagnose"},
     # A slow webhook receiver must not hold up remediation steps, and a page asking a person
     # for an approval must not wait behind them (in a storm, the repairs' steps fill them).
     "incidents.tasks.webhook*": {"queue": "default"},

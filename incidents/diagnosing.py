@@ -61,6 +61,14 @@ def _diagnose_from(cluster_id: int, earliest: datetime) -> tuple[list[Incident],
     window = timedelta(minutes=settings.FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES)
     observations = selectors.observations_between(cluster, earliest - window, timezone.now())
     diagnoses = diagnose(observations, selectors.topology(cluster), selectors.jobs_info(cluster))
+    return diagnoses_record(cluster, diagnoses)
+
+
+def diagnoses_record(cluster: Cluster, diagnoses: list[Diagnosis]) -> tuple[list[Incident], bool]:
+    """Open or extend the incidents of a run's diagnoses (those of the window above, or of
+    the fail-slow scan: incidents.slowness), storms grouped, the rarest kind first. Returns the
+    incidents recorded or found, and whether every diagnosis was recorded (False: the run's
+    budget ran out; the next run goes on)."""
     recorded = _recorded_already(cluster.pk, diagnoses)
     new = [d for d in diagnoses if d.fingerprint not in recorded]
     # The rarest kind first: in a storm of one fault on hundreds of nodes, a different fault

@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any
@@ -260,8 +260,7 @@ class Facts:
     paces: dict[tuple[str, str], list[tuple[float, progress.Pace, int | None]]] = field(
         default_factory=dict)
     reports: list[slow.Report] = field(default_factory=list)
-    downtrains: list[tuple[float, str, int | None, slow.DowntrainLine, str, int | None]] = field(
-        default_factory=list)
+    downtrains: list[slow.Downtrain] = field(default_factory=list)
     # job -> the straggler report section its last header line opened ("relative", ...)
     report_sections: dict[str, str] = field(default_factory=dict)
     first: datetime | None = None
@@ -540,6 +539,12 @@ def _extract(observations: Sequence[Observation]) -> Facts:
         _gpus_read(observations, facts)
     if facts.slow_seen:
         _slow_readings(observations, facts)
+        # The GPU a kernel line's PCI address is, now that the exporter's labels are read.
+        facts.downtrains = [
+            d if d.gpu is not None or not d.device.startswith("GPU ") else replace(
+                d, gpu=(gpu := facts.pci_gpus.get((d.node, p.pci_address(d.device[4:])))),
+                device=f"GPU {gpu}" if gpu is not None else d.device)
+            for d in facts.downtrains]
     return facts
 
 
@@ -621,10 +626,12 @@ def _kernel(obs: Observation, facts: Facts, ports: dict[tuple[str, str], str],
             headers: dict[str, tuple[float, str]]) -> None:
     parsed = p.parse_kernel(obs.message)
     if parsed is None:
-        downtrain = slow.parse_downtrain(obs.message)
-        if downtrain is not None:
-            facts.downtrains.append((obs.at.timestamp(), obs.node, obs.gpu, downtrain,
-                                     obs.message, obs.id))
+        line = slow.parse_downtrain(obs.message)
+        if line is not None:
+            facts.downtrains.append(slow.Downtrain(
+                obs.at.timestamp(), obs.node, slow.device_name(line.driver, line.pci, obs.gpu),
+                obs.gpu, line.gen, line.width, line.cap_gen, line.cap_width, obs.message,
+                obs.id))
             facts.slow_seen = True
         return
     node, at = obs.node, obs.at

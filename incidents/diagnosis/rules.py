@@ -979,13 +979,7 @@ class Engine:
                         self.job_gpus.get(j, {}))
                 for j, nodes in sorted(self.job_nodes.items())]
         spans = {j: (s.first_running, s.ended) for j, s in f.job_spans.items()}
-        downtrains = [
-            slow.Downtrain(t, node, slow.device_name(line.driver, line.pci, gpu), gpu,
-                           line.gen, line.width, line.cap_gen, line.cap_width, text, ident)
-            for t, node, known, line, text, ident in f.downtrains
-            for gpu in [known if known is not None else (
-                f.pci_gpus.get((node, p.pci_address(line.pci))) if line.pci else None)]]
-        result = slow.analyse(slow.Window(jobs, f.readings, f.paces, f.reports, downtrains,
+        result = slow.analyse(slow.Window(jobs, f.readings, f.paces, f.reports, f.downtrains,
                                           spans))
         faulty = set(self.gpu_nodes) | set(self.nic_nodes) | {
             n for c in self.causes for n in c.nodes}

@@ -187,6 +187,8 @@ def _gen(speed: str) -> int | None:
 
 
 def device_name(driver: str, pci: str, gpu: int | None) -> str:
+    """"GPU 3" (its index known), "GPU 0000:5d:00.0" (a GPU's driver printed it), "NIC ...",
+    "PCI ..." (another device)."""
     if gpu is not None:
         return f"GPU {gpu}"
     if driver in _NIC_DRIVERS:
@@ -641,11 +643,13 @@ class _Analysis:
                 b0 = self.buckets.index(c.link_at) if c.link_at is not None else -math.inf
                 b1 = math.inf
             slow_gpus = {g for d in c.deviations for g in d.gpus} | c.link_gpus
+            if not any(util[(node, g)] for g in slow_gpus if (node, g) in util):
+                slow_gpus = set()  # their utilisation not read: the node's as a whole
             mine: list[float] = []
             theirs: list[float] = []
             for k in keys:
-                # The slow GPUs (all of the node's where the figure is the node's own) against
-                # the peers it is compared with; its other node-mates in neither.
+                # The slow GPUs (all of the node's where none is known or read) against the
+                # peers they are compared with; the node's other GPUs in neither.
                 own = k[0] == node and (not slow_gpus or k[1] in slow_gpus)
                 if k[0] == node and not own and multi_node:
                     continue
