@@ -72,7 +72,8 @@ def fail_slow_scan(cluster_id: int, *, now: datetime | None = None) -> list[Inci
     readings = {key: {name: [(t, v, None) for t, v in points] for name, points in fields.items()}
                 for key, fields in history.items()}
     own = diagnosis_facts.extract(_job_output(cluster, jobs, nodes, start, now))
-    limits = slow.Thresholds(bucket_s=max(60.0, step),
+    # Two points a bucket: with the default 30 s step, a minute (as the replay engine's).
+    limits = slow.Thresholds(bucket_s=max(2 * step, 10.0),
                              sustain_s=settings.FLEETWATCH_FAIL_SLOW_SUSTAIN_MINUTES * 60.0)
     spans = {j.id: (started, None) for j, started in _starts(cluster, jobs)}
     result = slow.analyse(slow.Window(jobs, readings, own.paces, own.reports, own.downtrains,

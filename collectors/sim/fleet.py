@@ -581,40 +581,50 @@ def slow_effect(slow: Mapping[str, Any]) -> dict[str, float]:
 
 
 class _GpuLife:
-    """One GPU's job (when it started, when it hung) and the slowness of it and its job's
-    other GPUs: read from the state once, then asked at many times."""
+    """One GPU's working life (the runs of the jobs that held it, from their history) and the
+    slowness of it and of its current job's other GPUs: read from the state once, then asked
+    at many times."""
 
     def __init__(self, state: State, name: str, gpu: State) -> None:
         self.uuid = str(gpu["uuid"])
         self.slow = gpu.get("slow")
-        self.started: float | None = None
-        self.stalled: float | None = None
         self.peers: list[Mapping[str, Any]] = []
+        # (start, end) of each run of a job on this GPU; end None: still running.
+        self.runs: list[tuple[float, float | None]] = []
         for job in state["jobs"].values():
             held = (job.get("gpus") or {}).get(name)
-            if job["state"] != "RUNNING" or name not in job["nodes"] or (
-                    held is not None and gpu["index"] not in held):
-                continue
-            self.started, self.stalled = job["started_at"], job["stalled_at"]
-            for other in job["nodes"]:
-                mine = (job.get("gpus") or {}).get(other)
-                self.peers += [g["slow"] for g in state["nodes"][other]["gpus"]
-                               if g.get("slow") and g is not gpu
-                               and (mine is None or g["index"] in mine)]
-            break
+            current = job["state"] == "RUNNING" and name in job["nodes"] and (
+                held is None or gpu["index"] in held)
+            start: float | None = None
+            for event in job["history"]:
+                if event["event"] == "RUNNING":
+                    start = event["at"] if name in event.get("nodes", ()) else None
+                elif start is not None and "checkpoint" in event:  # the run ended
+                    self.runs.append((start, event["at"]))
+                    start = None
+            if current and start is not None:
+                # A job hung on a fault stops working at it (as NCCL does).
+                self.runs.append((start, job["stalled_at"]))
+                for other in job["nodes"]:
+                    mine = (job.get("gpus") or {}).get(other)
+                    self.peers += [g["slow"] for g in state["nodes"][other]["gpus"]
+                                   if g.get("slow") and g is not gpu
+                                   and (mine is None or g["index"] in mine)]
+        self.runs.sort(key=lambda r: r[0])
         rng = random.Random(self.uuid)
         self.nvlink_base = rng.uniform(1e12, 9e12)
 
     def busy(self, t: float) -> bool:
-        return self.started is not None and self.started <= t and (
-            self.stalled is None or t < self.stalled)
+        return any(start <= t and (end is None or t < end) for start, end in self.runs)
 
     def busy_seconds(self, t: float, since: float | None = None) -> float:
-        if self.started is None:
-            return 0.0
-        begin = max(self.started, since or self.started)
-        end = min(t, self.stalled) if self.stalled is not None else t
-        return max(0.0, end - begin)
+        """Seconds it worked up to ``t`` (from ``since`` on)."""
+        total = 0.0
+        for start, end in self.runs:
+            begin = max(start, since) if since is not None else start
+            stop = t if end is None else min(t, end)
+            total += max(0.0, stop - begin)
+        return total
 
     def at(self, t: float) -> dict[str, float]:
         rng = random.Random(f"{self.uuid}/{int(t // SCRAPE_SLOT_S)}")

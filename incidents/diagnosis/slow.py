@@ -76,7 +76,7 @@ class Figure:
 SM_CLOCK = Figure(dcgm.SM_CLOCK, "SM clock", "MHz", 0.08)
 POWER = Figure(dcgm.POWER_USAGE, "power", "W", 0.20)
 DRAM = Figure(dcgm.PROF_DRAM_ACTIVE, "memory bandwidth (DRAM active)", "%", 0.20, scale=100.0)
-NVLINK = Figure(dcgm.NVLINK_BANDWIDTH_TOTAL, "NVLink traffic", "GB/s", 0.30, scale=1e-9,
+NVLINK = Figure(dcgm.NVLINK_BANDWIDTH_TOTAL, "NVLink traffic", "GB/s", 0.20, scale=1e-9,
                 digits=1)
 PCIE_TX = Figure(dcgm.PROF_PCIE_TX_BYTES, "PCIe TX", "GB/s", 0.40, trigger=False, scale=1e-9,
                  digits=1)
@@ -422,6 +422,7 @@ class _NodeCase:
     link_gpus: set[int] = field(default_factory=set)
     link_ids: list[int] = field(default_factory=list)
     link_at: float | None = None
+    link_sustained: bool = False
     reports: list[str] = field(default_factory=list)
     reported: bool = False  # the job's own report calls it a straggler (see Thresholds)
     report_ids: list[int] = field(default_factory=list)
@@ -572,9 +573,9 @@ class _Analysis:
                 for sample in readings[k].get(name, ()):
                     b = self.buckets.index(sample[0])
                     near = [util[k][x][0] for x in (b - 1, b, b + 1) if x in util[k]]
-                    # GPUs lower their link speed when idle: only a working GPU's reading says
-                    # what its link can do (no utilisation read: taken as working).
-                    if not near or max(near) >= self.limits.idle_util:
+                    # GPUs lower their link speed when idle or lightly loaded: only a busy
+                    # GPU's reading says what its link can do (no utilisation: taken as busy).
+                    if not near or max(near) >= self.limits.active_util:
                         kept.append(sample)
                 if kept:
                     got[name] = kept
@@ -616,11 +617,17 @@ class _Analysis:
             c.link_ids += ids[:10]
             first = min(s[0] for series in got.values() for s in series)
             c.link_at = first if c.link_at is None else min(c.link_at, first)
+            # Read narrow twice, a minute apart or more: a link trained that way, not a
+            # reading caught while it changed speed.
+            below_at = sorted(t for series in got.values() for t, _, _ in series)
+            c.link_sustained = c.link_sustained or (
+                len(below_at) >= 2 and below_at[-1] - below_at[0] >= 60)
         for d in self.w.downtrains:
             if d.node not in job.nodes:
                 continue
             c = self.case(d.node, job, one_node=not multi_node, peers=peer_count)
             c.links.append(d.shown)
+            c.link_sustained = True  # trained so at the driver's probe: it stays so
             if d.gpu is not None:
                 c.link_gpus.add(d.gpu)
             if d.id is not None:
@@ -720,11 +727,13 @@ class _Analysis:
         support = [d for d in c.deviations if not d.trigger]
         link = bool(c.links)
         held_back = link and (c.busy or c.reports or self._job_slowed(c, c.link_at))
-        if not triggers and not c.reported and not held_back:
+        # A link trained below its speed or width while the GPU works is direct evidence: the
+        # GPU can move less than its peers, whatever the window shows of its job.
+        if not triggers and not c.reported and not held_back and not c.link_sustained:
             if link:
                 self.notes.append(SlowNote(c.link_at or 0.0, c.node, (
-                    f"{c.node}: {'; '.join(dict.fromkeys(c.links))}; nothing shows it holding "
-                    f"back job {', '.join(sorted(c.jobs))}: noted, not an incident")))
+                    f"{c.node}: {'; '.join(dict.fromkeys(c.links))}, read once: noted, not "
+                    "an incident")))
             return None
         # The slow stretch: the trigger figures' (else the link's, or the reports').
         spans = triggers or support
@@ -747,11 +756,14 @@ class _Analysis:
                     slowed: str) -> float:
         """Below automatic repair (0.8) on one figure alone; strong evidence (figures that
         agree, a narrow link, the job's own report naming it) reaches it."""
-        confidence = 0.6 if triggers else 0.55
-        if len({d.field for d in triggers}) >= 2:
-            confidence += 0.1
-        if link:
-            confidence += 0.1
+        if triggers:
+            confidence = 0.6
+            if len({d.field for d in triggers}) >= 2:
+                confidence += 0.1
+            if link:
+                confidence += 0.1
+        else:  # a narrow link and/or the job's own report: how much it costs the job is less sure
+            confidence = 0.5 + (0.05 if link else 0.0) + (0.1 if c.busy else 0.0)
         if c.reports:
             confidence += 0.1
         if slowed:
@@ -805,6 +817,9 @@ class _Analysis:
         extra = c.busy[:1] + ([slowed] if slowed else []) + c.reports[:1]
         if extra:
             text += ". " + ". ".join(x[0].upper() + x[1:] for x in extra)
+        elif not deviations:
+            text += (". Nothing else in the window shows how much it holds the job back (its "
+                     "traffic over that link decides)")
         text += (". Alive, with no XID or other fault: the whole job runs at its pace; replace "
                  "it at the job's next checkpoint.")
         return text, merged

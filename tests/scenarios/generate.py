@@ -1992,17 +1992,18 @@ def thermal_not_fail_slow() -> Scenario:
 
 
 @scenario
-def narrow_link_no_slowdown() -> Scenario:
-    s = Scenario("healthy-narrow-link-no-slowdown", "One GPU's link reads x8 (max x16) while it "
-                 "works, but nothing else differs: its utilisation, clocks and power are its "
-                 "peers', and the job's iteration time is steady (the job hardly uses PCIe). "
-                 "Noted, not an incident.", seed=217)
+def narrow_link_alone() -> Scenario:
+    s = Scenario("fail-slow-narrow-link-alone", "One GPU's link reads x8 (max x16) all along "
+                 "while it works, and nothing else differs: its utilisation, clocks and power "
+                 "are its peers', the job's iteration time is steady (it hardly uses PCIe). A "
+                 "link trained below its width is direct evidence: fail_slow, at a confidence "
+                 "that waits for a person.", seed=217)
     j = s.job("91017", "uma", s.nodes[:4])
     s.noise()
     _training(s, s.nodes[:4], effect=_gpu(s.nodes[3], 2, 0, width=8),
               fields=(SM, POWER, UTIL, LINK_WIDTH, MAX_WIDTH))
     _iterations(s, j, s.nodes[0])
-    return s
+    return s.expects("fail_slow", [s.nodes[3]])
 
 
 @scenario

@@ -107,9 +107,22 @@ def test_a_pcie_link_below_its_maximum_while_working_is_direct_evidence() -> Non
     assert "while its peers wait for it" in finding.explanation
 
 
-def test_a_narrow_link_with_nothing_held_back_is_a_note_not_a_finding() -> None:
+def test_a_narrow_link_alone_is_a_finding_that_waits_for_a_person() -> None:
     fields = (dcgm.SM_CLOCK, dcgm.GPU_UTIL, dcgm.PCIE_LINK_WIDTH, dcgm.PCIE_MAX_LINK_WIDTH)
     result = analyse(Window([JOB], _window(_slow("gpu-004", 2, 0, width=8), fields=fields)))
+    (finding,) = result.findings
+    assert finding.node == "gpu-004" and finding.confidence == 0.55
+    assert "GPU 2: PCIe x16 while working" not in finding.explanation
+    assert "GPU 2: PCIe x8 while working (max x16)" in finding.explanation
+    assert "Nothing else in the window shows how much it holds the job back" in \
+        finding.explanation
+
+
+def test_a_narrow_link_read_once_is_only_noted() -> None:
+    readings = _window(fields=(dcgm.SM_CLOCK, dcgm.GPU_UTIL))
+    readings[("gpu-004", 2)][dcgm.PCIE_LINK_WIDTH] = [(T0 + 307, 8.0, None)]
+    readings[("gpu-004", 2)][dcgm.PCIE_MAX_LINK_WIDTH] = [(T0 + 307, 16.0, None)]
+    result = analyse(Window([JOB], readings))
     assert result.findings == []
     (note,) = result.notes
     assert note.node == "gpu-004" and "PCIe x8 while working (max x16)" in note.text
