@@ -47,6 +47,10 @@ class Pace:
     cost: float
     value: float   # seconds per iteration, or the rate
     step: int | None = None
+    # Which form of line said it: readings of one form compare with each other; another form
+    # on the same node may measure something else (rank 0's whole iteration beside its own
+    # step's compute, say).
+    form: str = ""
 
     @property
     def shown(self) -> str:
@@ -110,42 +114,45 @@ def parse_pace(message: str) -> Pace | None:
     line = _RANK_PREFIX.sub("", message.strip().rsplit("\r", 1)[-1], count=1)
     step_match = _STEP.search(line)
     step = int(step_match.group("step")) if step_match else None
-    seconds = _seconds(line)
-    if seconds is not None:
+    timed = _seconds(line)
+    if timed is not None:
+        seconds, form = timed
         if seconds <= 0:
             return None
-        return Pace("time", seconds, seconds, step)
+        return Pace("time", seconds, seconds, step, form)
     m = _RATE_NAMED.search(line)
     if m:
         rate = _number(m.group(3))
         name = (m.group("tps") or m.group("name") or "").lower()
         kind = ("tokens/s" if name in ("tps", "wps") or "token" in name else
                 "steps/s" if "step" in name or name.startswith(("it", "currit")) else "samples/s")
-        return Pace(kind, 1.0 / rate, rate, step) if rate > 0 else None
+        return Pace(kind, 1.0 / rate, rate, step, "named rate") if rate > 0 else None
     found = list(_RATE.finditer(line))
     if found:
         m = found[-1]  # tqdm rewrites its bar: the last reading is the current one
         rate = _number(m.group(1))
-        return Pace(_RATE_UNITS.get(m.group("what").lower(), "it/s"), 1.0 / rate, rate, step) \
-            if rate > 0 else None
+        return Pace(_RATE_UNITS.get(m.group("what").lower(), "it/s"), 1.0 / rate, rate, step,
+                    "rate") if rate > 0 else None
     return None
 
 
-def _seconds(line: str) -> float | None:
+def _seconds(line: str) -> tuple[float, str] | None:
+    """Seconds per iteration, and the form of line that said it."""
     m = _TIME_PER.search(line)
     if m:
         unit = m.group("u1") or m.group("u3") or m.group("u2") or "s"
-        return _number(m.group(3)) * _TIME_UNITS.get(unit.lower(), 1.0)
+        return _number(m.group(3)) * _TIME_UNITS.get(unit.lower(), 1.0), "time per iteration"
     m = _STEP_TIMING.search(line)
     if m:
-        return _number(m.group(2)) * _TIME_UNITS.get((m.group("u") or "s").lower(), 1.0)
+        return (_number(m.group(2)) * _TIME_UNITS.get((m.group("u") or "s").lower(), 1.0),
+                "step timing")
     m = _TOOK.search(line)
     if m:
-        return _number(m.group(2)) * _TIME_UNITS.get(m.group("u").lower(), 1.0)
+        return _number(m.group(2)) * _TIME_UNITS.get(m.group("u").lower(), 1.0), "took"
     found = list(_PER_ITER.finditer(line))
     if found:
         m = found[-1]
-        return _number(m.group(1)) * _TIME_UNITS.get(m.group("u").lower(), 1.0)
+        return _number(m.group(1)) * _TIME_UNITS.get(m.group("u").lower(), 1.0), "per iteration"
     return None
 
 

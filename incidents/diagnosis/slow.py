@@ -442,7 +442,8 @@ class _Analysis:
         self.w, self.limits = window, limits
         self.cases: dict[str, _NodeCase] = {}
         self.notes: list[SlowNote] = []
-        self.job_pace: dict[str, list[tuple[float, Pace, int | None]]] = {}
+        # job -> its pace readings, one list per form of line (see node_paces)
+        self.job_pace: dict[str, list[list[tuple[float, Pace, int | None]]]] = {}
         times = [samples[0][0] for series in window.readings.values()
                  for samples in series.values() if samples]
         times += [series[0][0] for series in window.paces.values() if series]
@@ -671,19 +672,23 @@ class _Analysis:
 
     def node_paces(self, job: JobInfo, nodes: list[str]) -> None:
         """The job's iteration time: per node where several nodes report it (a figure like the
-        others), and how much the job as a whole slowed (said with any finding)."""
-        series = {n: list(self.w.paces.get((job.id, n), ())) for n in nodes}
-        kinds: dict[str, int] = defaultdict(int)
-        for readings in series.values():
-            for _, pace, _ in readings:
-                kinds[pace.kind] += 1
-        if not kinds:
+        others), and how much the job as a whole slowed (said with any finding). Readings
+        compare within one form of line: rank 0 often prints the whole iteration's time
+        beside its own step's, and the two are not the same figure."""
+        groups: dict[tuple[str, str], dict[str, list[tuple[float, Pace, int | None]]]] = {}
+        for n in nodes:
+            for reading in self.w.paces.get((job.id, n), ()):
+                pace = reading[1]
+                groups.setdefault((pace.kind, pace.form), {}).setdefault(n, []).append(reading)
+        if not groups:
             return
-        kind = max(kinds, key=lambda k: kinds[k])
-        series = {n: [x for x in s if x[1].kind == kind] for n, s in series.items()}
-        series = {n: s for n, s in series.items() if s}
-        self.job_pace[job.id] = sorted((x for s in series.values() for x in s),
-                                       key=lambda x: x[0])
+        # The job's own pace: a form one node prints (rank 0's) first, then the most read.
+        self.job_pace[job.id] = [
+            sorted((x for s in by_node.values() for x in s), key=lambda x: x[0])
+            for _, by_node in sorted(groups.items(), key=lambda kv: (
+                len(kv[1]), -sum(len(s) for s in kv[1].values())))]
+        (kind, _), series = max(groups.items(), key=lambda kv: (len(kv[1]), sum(
+            len(s) for s in kv[1].values())))
         if len(series) <= self.limits.min_peers - 1:
             return
         values = {(n, -1): self.buckets.means([(t, p.cost, i) for t, p, i in s])
@@ -778,8 +783,7 @@ class _Analysis:
         it reports none, or did not slow)."""
         if start is None:
             return ""
-        for job in sorted(c.jobs):
-            readings = self.job_pace.get(job, [])
+        for job, readings in ((j, r) for j in sorted(c.jobs) for r in self.job_pace.get(j, [])):
             before = [p for t, p, _ in readings if t < start]
             after = [p for t, p, _ in readings if t >= start + 30]
             if not before or not after:
