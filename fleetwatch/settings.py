@@ -314,11 +314,9 @@ _MODES = ["auto", "approve", "observe"]
 FLEETWATCH_PLAYBOOK_MODES = env_map(
     "FLEETWATCH_PLAYBOOK_MODES",
     [cause.value for cause in _causes.INCIDENT_CAUSES], _MODES)
-# A risk class the variable does not name keeps its default: auto, but replacing a node that
-# still works (fail-slow, replace_working) waits for a person's approval.
-FLEETWATCH_STEP_MODES = {
-    **{str(risk): mode for risk, mode in _causes.RISK_DEFAULT_MODES.items()},
-    **env_map("FLEETWATCH_STEP_MODES", [risk.value for risk in _causes.RISKS], _MODES)}
+# A risk class the variable does not name keeps its default (policy.step_mode): auto, but
+# replacing a node that still works (fail-slow, replace_working) waits for a person's approval.
+FLEETWATCH_STEP_MODES = env_map("FLEETWATCH_STEP_MODES", [risk.value for risk in _causes.RISKS], _MODES)
 # The fleet budget: at most this many nodes, and this share of a pool, partition or leaf
 # switch, in remediation at once; beyond it a new remediation waits for a person.
 FLEETWATCH_BUDGET_MAX_NODES = env_int("FLEETWATCH_BUDGET_MAX_NODES", 8, minimum=1)

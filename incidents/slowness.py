@@ -42,7 +42,7 @@ from incidents.models import Incident
 log = logging.getLogger(__name__)
 
 FAIL_SLOW = RootCause.FAIL_SLOW
-EVIDENCE_KIND = "fail_slow"
+EVIDENCE_KIND = FAIL_SLOW.value  # the kind of the signals that keep a finding's figures
 
 
 def fail_slow_scan_all() -> dict[str, int]:

@@ -57,4 +57,5 @@ def test_every_subcommand_is_there() -> None:
     parser = Command().create_parser("manage.py", "fleetwatch")
     [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     assert sorted(sub.choices) == sorted(["seed", "inject", "sim", "agent", "steps-resume",
-                                          "agent-token", "api-token", "diagnose", "audit", "why"])
+                                          "agent-token", "api-token", "diagnose", "audit", "why",
+                                          "fail-slow"])
