@@ -59,37 +59,63 @@ def fail_slow_scan(cluster_id: int, *, now: datetime | None = None) -> list[Inci
     jobs = _jobs_to_compare(cluster)
     if not jobs:
         return []
-    nodes = sorted({n for j in jobs for n in j.nodes})
     step = settings.FLEETWATCH_FAIL_SLOW_STEP_SECONDS
-    try:
-        history = get_telemetry(cluster.name).gpu_field_history(
-            nodes, dcgm.FAIL_SLOW_FIELDS, start, now, step)
-    except ClientError as exc:
-        # Nothing is known of the nodes' pace this time: no finding, and no node blamed.
-        log.warning("fail-slow scan of %s: telemetry unreadable, nothing compared: %s",
-                    cluster.name, exc)
-        return []
-    readings = {key: {name: [(t, v, None) for t, v in points] for name, points in fields.items()}
-                for key, fields in history.items()}
-    own = diagnosis_facts.extract(_job_output(cluster, jobs, nodes, start, now))
+    own = diagnosis_facts.extract(_job_output(cluster, jobs, sorted(
+        {n for j in jobs for n in j.nodes}), start, now))
     # Two points a bucket: with the default 30 s step, a minute (as the replay engine's).
     limits = slow.Thresholds(bucket_s=max(2 * step, 10.0),
                              sustain_s=settings.FLEETWATCH_FAIL_SLOW_SUSTAIN_MINUTES * 60.0)
     spans = {j.id: (started, None) for j, started in _starts(cluster, jobs)}
-    result = slow.analyse(slow.Window(jobs, readings, own.paces, own.reports, own.downtrains,
-                                      spans), limits)
+    telemetry = get_telemetry(cluster.name)
+    found: dict[str, slow.Finding] = {}
+    # Whole jobs at a time, a few hundred nodes each: a fleet's history is never held at once.
+    for chunk in _chunks(jobs, SCAN_NODES):
+        nodes = sorted({n for j in chunk for n in j.nodes})
+        try:
+            history = telemetry.gpu_field_history(nodes, dcgm.FAIL_SLOW_FIELDS, start, now, step)
+        except ClientError as exc:
+            # Nothing is known of these nodes' pace this time: no finding, no node blamed.
+            log.warning("fail-slow scan of %s: telemetry unreadable, %d nodes not compared: "
+                        "%s", cluster.name, len(nodes), exc)
+            continue
+        readings = {key: {name: [(t, v, None) for t, v in points]
+                          for name, points in fields.items()}
+                    for key, fields in history.items()}
+        result = slow.analyse(slow.Window(chunk, readings, own.paces, own.reports,
+                                          own.downtrains, spans), limits)
+        for finding in result.findings:
+            kept = found.get(finding.node)
+            if kept is None or finding.confidence > kept.confidence:
+                found[finding.node] = finding
     explained = _nodes_with_other_faults(cluster)
     diagnoses = []
-    for found in result.findings:
-        if found.node in explained:
+    for finding in sorted(found.values(), key=lambda f: (f.start, f.node)):
+        if finding.node in explained:
             log.info("fail-slow scan of %s: %s is slower than its job's peers; its open %s "
-                     "incident explains it", cluster.name, found.node, explained[found.node])
+                     "incident explains it", cluster.name, finding.node, explained[finding.node])
             continue
-        diagnoses.append(_diagnosis(cluster, found))
+        diagnoses.append(_diagnosis(cluster, finding))
     if not diagnoses:
         return []
     incidents, _ = diagnoses_record(cluster, diagnoses)
     return incidents
+
+
+# Nodes whose history one scan reads at a time (whole jobs; a larger job alone).
+SCAN_NODES = 256
+
+
+def _chunks(jobs: list[JobInfo], size: int) -> Iterable[list[JobInfo]]:
+    chunk: list[JobInfo] = []
+    nodes: set[str] = set()
+    for job in sorted(jobs, key=lambda j: sorted(j.nodes)):
+        if chunk and len(nodes | set(job.nodes)) > size:
+            yield chunk
+            chunk, nodes = [], set()
+        chunk.append(job)
+        nodes |= set(job.nodes)
+    if chunk:
+        yield chunk
 
 
 def _jobs_to_compare(cluster: Cluster) -> list[JobInfo]:

@@ -73,6 +73,12 @@ class Figure:
     digits: int = 0
 
 
+# The thresholds. Busy GPUs of one model hold their boost clocks within a few percent of each
+# other, so 8 % below the peers is a GPU held back (a 10 % straggler must be caught). Power and
+# memory traffic follow the work, and the nodes of a pipeline-parallel job do different work
+# (10-15 % apart for good): 20 %. NVLink traffic is evened out by the collectives themselves (a
+# rank that moves its bytes slowly makes its peers wait and move theirs as slowly): 20 %, and it
+# mostly confirms. PCIe traffic comes in bursts (data loading, checkpoints): support only.
 SM_CLOCK = Figure(dcgm.SM_CLOCK, "SM clock", "MHz", 0.08)
 POWER = Figure(dcgm.POWER_USAGE, "power", "W", 0.20)
 DRAM = Figure(dcgm.PROF_DRAM_ACTIVE, "memory bandwidth (DRAM active)", "%", 0.20, scale=100.0)

@@ -69,7 +69,30 @@ def test_the_scan_opens_a_fail_slow_incident_that_explains_the_slowness(fleet: S
     assert incident.signals.count() == len(figures)
 
 
-def test_the_beat_scans_every_cluster(fleet: SimFleet) -> None:
+def test_the_beat_scans_every_cluster(fleet: SimFleet, settings: Any) -> None:
+    from celery import current_app
+
+    from collectors import queueing
+    from fleetwatch.celery import _beat_schedule, app
+
+    def scan_entry() -> dict[str, Any] | None:
+        before = dict(app.conf.beat_schedule or {})
+        try:
+            _beat_schedule(app)
+            return app.conf.beat_schedule.get("fail-slow-scan")
+        finally:
+            app.conf.beat_schedule = before
+
+    settings.FLEETWATCH_FAIL_SLOW_INTERVAL_SECONDS = 120
+    entry = scan_entry()
+    assert entry is not None and entry["task"] == queueing.FAIL_SLOW_SCAN
+    assert entry["schedule"] == 120
+    settings.FLEETWATCH_FAIL_SLOW_INTERVAL_SECONDS = 0
+    assert scan_entry() is None  # turned off
+    # The task the entry names runs the scan of every cluster.
+    current_app.loader.import_default_modules()
+    current_app.tasks[queueing.FAIL_SLOW_SCAN].apply()
+    assert Incident.objects.filter(root_cause=RootCause.FAIL_SLOW, nodes=["gpu-003"]).count() == 1
     assert slowness.fail_slow_scan_all() == {collectors.cluster_default().name: 1}
 
 
@@ -174,3 +197,15 @@ def test_a_checkpoint_line_in_the_jobs_output_ends_the_wait() -> None:
     assert isinstance(outcome, Done)
     assert outcome.detail == ("job 77 wrote a checkpoint (step 1200), as its output says: "
                               "taking gpu-003 out now")
+
+
+def test_a_scan_in_small_groups_of_jobs_finds_the_same(fleet: SimFleet, monkeypatch: Any) -> None:
+    from incidents.diagnosis import JobInfo
+
+    monkeypatch.setattr(slowness, "SCAN_NODES", 4)  # each job read on its own
+    jobs = [JobInfo(str(i), "u", tuple(f"n{i}-{k}" for k in range(n))) for i, n in
+            enumerate((8, 2, 2, 3, 1))]
+    assert [[j.id for j in c] for c in slowness._chunks(jobs, 4)] == [
+        ["0"], ["1", "2"], ["3", "4"]]
+    (incident,) = slowness.fail_slow_scan(collectors.cluster_default().pk)
+    assert incident.nodes == ["gpu-003"] and "GPUs 0-7: SM clock" in incident.explanation
