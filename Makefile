@@ -39,10 +39,13 @@ test: install
 # Benchmarks: figures in reports/, never timed assertions in tests (the machines are shared).
 # tests.bench.quality: precision, recall and a confusion matrix per root cause on the replay
 # scenarios, no services; it fails on a wrong scenario or a healthy node blamed.
+# tests.bench.fail_slow: fail-slow precision and recall per straggler kind and magnitude, and
+# healthy nodes flagged per look-alike, on simulated fleets; no services.
 # BURST_ARGS: e.g. --batches 500 for a shorter burst (the default is 2,000 batches of 100).
 bench: install
 	$(BIN)/python -m tests.bench.diagnosis --out reports
 	$(BIN)/python -m tests.bench.quality --out reports
+	$(BIN)/python -m tests.bench.fail_slow --out reports
 	deploy/bootstrap.sh test
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.collectors --out reports
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.pages --out reports

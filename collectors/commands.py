@@ -20,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from collectors.clients.base import ClientError
 from collectors.sim import faults
+from collectors.sim.fleet import SLOW_KINDS
 
 Handler = Callable[[BaseCommand, dict[str, Any]], None]
 
@@ -50,6 +51,21 @@ def subcommands(sub: _SubParsersAction[ArgumentParser]) -> dict[str, Handler]:
     flap.add_argument("--count", type=int, default=1)
     switch = kinds.add_parser("switch-down", help="a leaf switch losing all its links")
     switch.add_argument("--switch", required=True)
+    slow = kinds.add_parser("slow", help="a GPU alive but slower than its job's peers "
+                            "(fail-slow): its SM clock, a power cap, its PCIe link, NVLink")
+    slow.add_argument("--node", required=True)
+    slow.add_argument("--gpu", type=int, default=-1, help="one GPU (default: every GPU of the "
+                      "node)")
+    slow.add_argument("--how", choices=SLOW_KINDS, default="clock",
+                      help="clock: SM clock lower; power-cap: power capped lower (clocks "
+                           "follow); pcie-gen: link at Gen3; pcie-width: link at x8; "
+                           "nvlink-bandwidth: NVLink traffic lower")
+    slow.add_argument("--percent", type=float, default=30.0,
+                      help="how much lower, for clock, power-cap and nvlink-bandwidth "
+                           "(default 30)")
+    slow.add_argument("--minutes-ago", type=float, default=0.0,
+                      help="it began this long ago (a demo need not wait for it to count "
+                           "as sustained)")
 
     sim = sub.add_parser("sim", help="change the simulated fleet's surroundings")
     sim.add_argument("--cluster", default=None,
@@ -129,7 +145,9 @@ def _inject(command: BaseCommand, opts: dict[str, Any]) -> None:
     what = faults.fault_inject(
         fault, node=opts.get("node", ""), gpu=opts.get("gpu", 0),
         code=opts.get("code", 79), count=opts.get("count", 1),
-        switch=opts.get("switch", ""), cluster=opts.get("cluster"),
+        switch=opts.get("switch", ""), how=opts.get("how", "clock"),
+        percent=opts.get("percent", 30.0), minutes_ago=opts.get("minutes_ago", 0.0),
+        cluster=opts.get("cluster"),
     )
     command.stdout.write(f"injected: {what}")
 

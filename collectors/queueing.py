@@ -27,6 +27,7 @@ PRUNE_TELEMETRY = "collectors.tasks.prune_telemetry"
 # incidents/tasks.py
 DIAGNOSE_CLUSTER = "incidents.tasks.diagnose_cluster"
 DIAGNOSIS_RESCUE = "incidents.tasks.diagnosis_rescue"
+FAIL_SLOW_SCAN = "incidents.tasks.fail_slow_scan"
 DIAGNOSE_SIGNALS = "incidents.tasks.diagnose_signals"  # messages of older versions only
 RUN_STEP = "incidents.tasks.run_step"
 PAGE_PERSON = "incidents.tasks.page_person"

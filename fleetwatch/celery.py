@@ -147,6 +147,12 @@ def _beat_schedule(sender: Celery, **_: object) -> None:
             "schedule": when,
             # A drill the beat could not send on time is not worth sending late in a burst.
             "options": {"expires": settings.FLEETWATCH_DRILL_BUDGET_SECONDS}}
+    if settings.FLEETWATCH_FAIL_SLOW_INTERVAL_SECONDS > 0:
+        # Stragglers among the running jobs (fail-slow), from their nodes' history.
+        schedule["fail-slow-scan"] = {
+            "task": queueing.FAIL_SLOW_SCAN,
+            "schedule": settings.FLEETWATCH_FAIL_SLOW_INTERVAL_SECONDS,
+            "options": {"expires": settings.FLEETWATCH_FAIL_SLOW_INTERVAL_SECONDS}}
     if settings.FLEETWATCH_AUDIT_CHECKPOINT_MINUTES > 0:
         # The audit trail's signed head, into the log (see incidents/audit.py).
         schedule["audit-checkpoint"] = {

@@ -245,6 +245,7 @@ CELERY_TASK_ROUTES = {
     "incidents.tasks.diagnose_signals": {"queue": "diagnose"},
     "incidents.tasks.diagnose_cluster": {"queue": "diagnose"},
     "incidents.tasks.diagnosis_rescue": {"queue": "diagnose"},
+    "incidents.tasks.fail_slow_scan": {"queue": "diagnose"},
     # A slow webhook receiver must not hold up remediation steps, and a page asking a person
     # for an approval must not wait behind them (in a storm, the repairs' steps fill them).
     "incidents.tasks.webhook*": {"queue": "default"},
@@ -316,6 +317,8 @@ _MODES = ["auto", "approve", "observe"]
 FLEETWATCH_PLAYBOOK_MODES = env_map(
     "FLEETWATCH_PLAYBOOK_MODES",
     [cause.value for cause in _causes.INCIDENT_CAUSES], _MODES)
+# A risk class the variable does not name keeps its default (policy.step_mode): auto, but
+# replacing a node that still works (fail-slow, replace_working) waits for a person's approval.
 FLEETWATCH_STEP_MODES = env_map("FLEETWATCH_STEP_MODES", [risk.value for risk in _causes.RISKS], _MODES)
 # The fleet budget: at most this many nodes, and this share of a pool, partition or leaf
 # switch, in remediation at once; beyond it a new remediation waits for a person.
@@ -348,6 +351,24 @@ FLEETWATCH_RECOVERY_STABLE_MINUTES = env_float("FLEETWATCH_RECOVERY_STABLE_MINUT
                                                minimum=0)
 FLEETWATCH_NODE_BACK_MINUTES = env_float("FLEETWATCH_NODE_BACK_MINUTES", 15.0, minimum=0)
 FLEETWATCH_FLAPS_BEFORE_REPLACE = env_int("FLEETWATCH_FLAPS_BEFORE_REPLACE", 3, minimum=1)
+# Fail-slow (a node alive but slower than its job's peers): how often the beat looks (0: never),
+# how much history it reads from the telemetry source and at what step, how long a node must
+# stay slower than its peers, and how long its repair waits for the job's next checkpoint
+# before it takes the node out anyway (at most a day: a step's longest wait).
+FLEETWATCH_FAIL_SLOW_INTERVAL_SECONDS = env_float("FLEETWATCH_FAIL_SLOW_INTERVAL_SECONDS", 300.0,
+                                                  minimum=0)
+FLEETWATCH_FAIL_SLOW_WINDOW_MINUTES = env_float("FLEETWATCH_FAIL_SLOW_WINDOW_MINUTES", 30.0,
+                                                minimum=1)
+FLEETWATCH_FAIL_SLOW_STEP_SECONDS = env_float("FLEETWATCH_FAIL_SLOW_STEP_SECONDS", 30.0,
+                                              minimum=1)
+FLEETWATCH_FAIL_SLOW_SUSTAIN_MINUTES = env_float("FLEETWATCH_FAIL_SLOW_SUSTAIN_MINUTES", 5.0,
+                                                 minimum=1)
+FLEETWATCH_FAIL_SLOW_CHECKPOINT_MINUTES = env_float("FLEETWATCH_FAIL_SLOW_CHECKPOINT_MINUTES",
+                                                    60.0, minimum=0)
+if FLEETWATCH_FAIL_SLOW_CHECKPOINT_MINUTES > 24 * 60:
+    raise ImproperlyConfigured("FLEETWATCH_FAIL_SLOW_CHECKPOINT_MINUTES="
+                               f"{FLEETWATCH_FAIL_SLOW_CHECKPOINT_MINUTES:g} is more than a day "
+                               "(1440), the longest a remediation step may wait")
 # Where replacement, reboot and GPU reset come from: the simulation, Slurm's own reboot, a
 # Kubernetes node pool (delete the node, wait for a new one), or a site's program.
 FLEETWATCH_PROVIDER = _sources.provider

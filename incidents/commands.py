@@ -1,7 +1,7 @@
 """What incidents adds to ``manage.py fleetwatch``: resuming remediation steps at start-up
 (``steps-resume``), API and agent tokens (``api-token``, ``agent-token``), replay diagnosis
-(``diagnose``), the audit trail (``audit verify``, ``audit checkpoint``) and fire drills
-(``drill run``, ``drill show``).
+(``diagnose``), the audit trail (``audit verify``, ``audit checkpoint``), fire drills
+(``drill run``, ``drill show``) and a fail-slow scan now (``fail-slow``).
 
 The project's command (fleetwatch/management/commands/fleetwatch.py) finds ``subcommands`` here
 through the app registry, as it does in every installed app; it imports no app by name.
@@ -75,9 +75,14 @@ def subcommands(sub: _SubParsersAction[ArgumentParser]) -> dict[str, Handler]:
     show = drill_actions.add_parser("show", help="a drill's report (the latest without an id)")
     show.add_argument("id", nargs="?", type=int)
     show.add_argument("--json", action="store_true", help="the API's JSON instead of words")
+    slow = sub.add_parser("fail-slow", help="look for nodes slower than their jobs' peers now "
+                          "(what the beat does every FLEETWATCH_FAIL_SLOW_INTERVAL_SECONDS); "
+                          "prints the incidents recorded or found")
+    slow.add_argument("--cluster", help="one cluster (default: every cluster)")
     handlers: dict[str, Handler] = {
         "steps-resume": _steps_resume, "agent-token": _agent_token, "api-token": _api_token,
-        "diagnose": _diagnose, "audit": _audit, "why": _why, "drill": _drill}
+        "diagnose": _diagnose, "audit": _audit, "why": _why, "drill": _drill,
+        "fail-slow": _fail_slow}
     return {name: clients_fail_as_command(handler) for name, handler in handlers.items()}
 
 
@@ -97,6 +102,22 @@ def _steps_resume(command: BaseCommand, opts: dict[str, Any]) -> None:
     resumed = steps_resume_all()
     if resumed:
         command.stdout.write(f"remediation steps queued again after the last stop: {resumed}")
+
+
+def _fail_slow(command: BaseCommand, opts: dict[str, Any]) -> None:
+    from collectors.services import cluster_get
+    from collectors.sources import cluster_names
+    from incidents.slowness import fail_slow_scan
+
+    names = [opts["cluster"]] if opts.get("cluster") else cluster_names()
+    for name in names:
+        incidents = fail_slow_scan(cluster_get(name).pk)
+        which = f"{name}: " if len(names) > 1 else ""
+        if not incidents:
+            command.stdout.write(f"{which}no node slower than its job's peers")
+        for incident in incidents:
+            command.stdout.write(f"{which}incident {incident.pk} ({incident.confidence:.2f}): "
+                                 f"{incident.explanation}")
 
 
 def _why(command: BaseCommand, opts: dict[str, Any]) -> None:

@@ -64,7 +64,15 @@ def _diagnose_from(cluster_id: int, earliest: datetime) -> tuple[list[Incident],
     observations, drills = _drill_split(cluster.pk, observations)
     topology, jobs = selectors.topology(cluster), selectors.jobs_info(cluster)
     drilled = _drills_record(cluster.pk, drills, topology, jobs)
-    diagnoses = diagnose(observations, topology, jobs)
+    incidents, complete = diagnoses_record(cluster, diagnose(observations, topology, jobs))
+    return incidents + drilled, complete  # the fire drills' after the real ones
+
+
+def diagnoses_record(cluster: Cluster, diagnoses: list[Diagnosis]) -> tuple[list[Incident], bool]:
+    """Open or extend the incidents of a run's diagnoses (those of the window above, or of
+    the fail-slow scan: incidents.slowness), storms grouped, the rarest kind first. Returns the
+    incidents recorded or found, and whether every diagnosis was recorded (False: the run's
+    budget ran out; the next run goes on)."""
     recorded = _recorded_already(cluster.pk, diagnoses)
     new = [d for d in diagnoses if d.fingerprint not in recorded]
     # The rarest kind first: in a storm of one fault on hundreds of nodes, a different fault
@@ -86,10 +94,8 @@ def _diagnose_from(cluster_id: int, earliest: datetime) -> tuple[list[Incident],
             complete = False
             break
         recorded[diagnosis.fingerprint], _ = incident_record(cluster.pk, diagnosis)
-    # In the diagnoses' order (the engine's: by time), whatever order they were recorded in;
-    # the fire drills' after them.
-    return [recorded[d.fingerprint] for d in diagnoses if d.fingerprint in recorded] + drilled, \
-        complete
+    # In the diagnoses' order (the engine's: by time), whatever order they were recorded in.
+    return [recorded[d.fingerprint] for d in diagnoses if d.fingerprint in recorded], complete
 
 
 def _drill_split(cluster_id: int, observations: list[Observation]

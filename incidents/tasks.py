@@ -15,7 +15,7 @@ from celery import Task, shared_task
 from django.db import DatabaseError
 
 from collectors import queueing
-from incidents import audit, deliveries, diagnosing, drills, webhooks
+from incidents import audit, deliveries, diagnosing, drills, slowness, webhooks
 from incidents.remediation import engine
 
 
@@ -32,6 +32,14 @@ def diagnose_cluster(cluster_id: int) -> None:
 @shared_task(name=queueing.DIAGNOSIS_RESCUE, ignore_result=True)
 def diagnosis_rescue() -> None:
     diagnosing.diagnosis_rescue()
+
+
+# The beat's, every FLEETWATCH_FAIL_SLOW_INTERVAL_SECONDS: stragglers among the running jobs,
+# from their nodes' telemetry history (incidents.slowness). A scan that waited past the next
+# one is dropped by its expiry; nothing is lost (each scan reads the whole window again).
+@shared_task(name=queueing.FAIL_SLOW_SCAN, ignore_result=True)
+def fail_slow_scan() -> None:
+    slowness.fail_slow_scan_all()
 
 
 # Messages queued by a version that sent one diagnosis per batch: their signals are marked

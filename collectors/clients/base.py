@@ -192,6 +192,8 @@ class HistoryPoint(NamedTuple):
 GpuHistory = dict[str, dict[int, list[HistoryPoint]]]
 
 GpuKey = tuple[str, int]  # (node, GPU index)
+# (node, GPU index) -> DCGM field -> [(epoch seconds, value), ...] in time order
+GpuFieldHistory = dict[GpuKey, dict[str, list[tuple[float, float]]]]
 
 
 @dataclass
@@ -308,6 +310,15 @@ class TelemetryClient(Protocol):
         names) for the nodes' GPUs: ``{(node, gpu): {field: value}}``, for a node's page.
         A field the source does not report for a GPU is absent, never 0; a GPU with none of
         them is absent. Not for polls: it reads whatever it is asked, uncached."""
+        ...
+
+    def gpu_field_history(self, nodes: Sequence[str], fields: Sequence[str], start: datetime,
+                          end: datetime, step_seconds: float) -> GpuFieldHistory:
+        """The named DCGM fields (``collectors.knowledge.dcgm`` names) of the nodes' GPUs from
+        ``start`` to ``end``, one point per ``step_seconds``: what the fail-slow analysis
+        compares, read as history because the telemetry poll keeps none of it. A counter is
+        its running total, as exported. A field or GPU with no samples in the range is
+        absent; a source that keeps no history answers ``{}``."""
         ...
 
 

@@ -81,8 +81,9 @@ def _fields(clock_field: str) -> list[Field]:
     ]
 
 
-# The node page's readings (dcgm.NODE_PAGE_FIELDS) that GpuMetric does not carry: type and
-# help as in dcgm-exporter's counters files. ``render_dcgm(readings=...)`` prints them.
+# The fields GpuMetric does not carry: the node page's readings (dcgm.NODE_PAGE_FIELDS) and
+# what the fail-slow analysis reads as history (dcgm.FAIL_SLOW_FIELDS). Type and help as in
+# dcgm-exporter's counters files. ``render_dcgm(readings=...)`` prints them.
 READING_FAMILIES: dict[str, tuple[str, str]] = {
     dcgm.POWER_MGMT_LIMIT: ("gauge", "Power management limit (in W)."),
     dcgm.SM_CLOCK: ("gauge", "SM clock frequency (in MHz)."),
@@ -102,6 +103,14 @@ READING_FAMILIES: dict[str, tuple[str, str]] = {
     dcgm.PCIE_MAX_LINK_GEN: ("gauge", "Maximum PCIe link generation."),
     dcgm.PCIE_LINK_WIDTH: ("gauge", "PCIe link width (lanes)."),
     dcgm.PCIE_MAX_LINK_WIDTH: ("gauge", "Maximum PCIe link width (lanes)."),
+    dcgm.PROF_DRAM_ACTIVE: ("gauge", "Ratio of cycles the device memory interface is active "
+                            "sending or receiving data."),
+    dcgm.PROF_PCIE_TX_BYTES: ("counter", "The rate of data transmitted over the PCIe bus - "
+                              "including both protocol headers and data payloads - in bytes "
+                              "per second."),
+    dcgm.PROF_PCIE_RX_BYTES: ("counter", "The rate of data received over the PCIe bus - "
+                              "including both protocol headers and data payloads - in bytes "
+                              "per second."),
 }
 
 

@@ -102,6 +102,7 @@ from urllib3.util.retry import Retry
 
 from collectors.clients.base import (
     ClientError,
+    GpuFieldHistory,
     GpuHistory,
     GpuKey,
     GpuMetric,
@@ -181,6 +182,7 @@ DCGM_INT32_BLANK = 0x7FFFFFF0
 DCGM_FP64_BLANK = 140737488355328.0
 
 MAX_POINTS = 11_000  # Prometheus refuses a range query with more points per series
+FIELD_HISTORY_NODES = 200  # nodes per range query of gpu_field_history
 MAX_WARNINGS_PER_QUERY = 20
 
 # Incremental polls (see the module docstring).
@@ -817,13 +819,7 @@ class PrometheusTelemetry:
         warnings = _Warnings()
         points: dict[tuple[str, int], dict[float, list[float | None]]] = {}
         for slot, name in enumerate((dcgm.GPU_UTIL, dcgm.GPU_TEMP)):
-            # The node under whichever label the exporter uses; `or` drops a series the
-            # earlier selectors already matched (same labels), so no GPU is counted twice.
-            alternatives = [self._selector([name], f"{label}=~{promql_string(node_re)}")
-                            for label in NODE_LABELS]
-            alternatives.append(self._selector(
-                [name], f"instance=~{promql_string(f'({node_re})([.:].*)?')}"))
-            expr = f"max by (Hostname, hostname, instance, gpu) ({' or '.join(alternatives)})"
+            expr = self._nodes_expr(name, node_re)
             for s in self._query_range(expr, start, end, step):
                 labels = s.get("metric", {}) if isinstance(s, dict) else {}
                 node = self.node_of(labels)
@@ -902,6 +898,65 @@ class PrometheusTelemetry:
                 gpu[name] = max(value, gpu.get(name, value))
         self._warnings["gpu_readings"] = warnings.finish()
         return readings
+
+
+    def _nodes_expr(self, name: str, node_re: str) -> str:
+        """One field of the nodes matching ``node_re`` (an alternation of escaped names), a
+        series per GPU. The node under whichever label the exporter uses; `or` drops a series
+        the earlier selectors already matched (same labels), so no GPU is counted twice."""
+        alternatives = [self._selector([name], f"{label}=~{promql_string(node_re)}")
+                        for label in NODE_LABELS]
+        alternatives.append(self._selector(
+            [name], f"instance=~{promql_string(f'({node_re})([.:].*)?')}"))
+        return f"max by (Hostname, hostname, instance, gpu) ({' or '.join(alternatives)})"
+
+    def gpu_field_history(self, nodes: Sequence[str], fields: Sequence[str], start: datetime,
+                          end: datetime, step_seconds: float) -> GpuFieldHistory:
+        """The fields of the nodes' GPUs from ``start`` to ``end``: one range query per field
+        and group of FIELD_HISTORY_NODES nodes (a job of a thousand nodes is a few queries, not
+        a regular expression of a thousand names). Values as the exporter gives them (a
+        counter is its running total); DCGM's blank values and unreadable points are left
+        out, and a series without a GPU index or node is a warning."""
+        if not nodes or not fields:
+            return {}
+        if end <= start:
+            raise ClientError(f"empty time range {start} .. {end}", permanent=True)
+        span = (end - start).total_seconds()
+        step = max(float(step_seconds), math.ceil(span / MAX_POINTS), 1.0)
+        wanted = sorted(set(nodes))
+        warnings = _Warnings()
+        history: GpuFieldHistory = {}
+        for i in range(0, len(wanted), FIELD_HISTORY_NODES):
+            group = set(wanted[i:i + FIELD_HISTORY_NODES])
+            node_re = "|".join(re.escape(n) for n in sorted(group))
+            for name in dict.fromkeys(fields):
+                expr = self._nodes_expr(name, node_re)
+                for s in self._query_range(expr, start, end, step):
+                    labels = s.get("metric", {}) if isinstance(s, dict) else {}
+                    node = self.node_of(labels)
+                    try:
+                        index = int(labels["gpu"])
+                        values = s["values"]
+                    except (KeyError, ValueError, TypeError):
+                        warnings.add(expr, f"{expr}: series skipped: {_excerpt(s)}")
+                        continue
+                    if node not in group:
+                        continue
+                    points = history.setdefault((node, index), {}).setdefault(name, [])
+                    for at, raw in values:
+                        try:
+                            value = float(raw)
+                        except (TypeError, ValueError):
+                            continue
+                        if math.isnan(value) or math.isinf(value) or _is_dcgm_blank(value):
+                            continue
+                        points.append((float(at), value))
+        self._warnings["gpu_field_history"] = warnings.finish()
+        for series in history.values():
+            for points in series.values():
+                points.sort()
+        return {k: {f: p for f, p in v.items() if p} for k, v in sorted(history.items())
+                if any(v.values())}
 
 
 def _root_cause(exc: requests.exceptions.ConnectionError) -> str:

@@ -2,9 +2,8 @@
 
 The labels are a contract (``../shared/DESIGN.md``): the API, the replay format, the incident
 model's choices and the UI all use these strings, so they are written here once and nowhere
-else. ``fail_slow`` is named by the contract but no rule emits it yet; it has no playbook, so
-it is not an incident choice either (adding it there is a migration, made by the issue that
-diagnoses it).
+else. Every cause has a playbook, so every cause is an incident choice (adding one there is a
+migration).
 """
 
 from __future__ import annotations
@@ -51,9 +50,14 @@ class Risk(StrEnum):
     REPLACE = "replace"
     REBOOT = "reboot"
     RESET_GPU = "reset_gpu"
+    # Replacing a node that still works (fail-slow): its job runs on, only slower, so taking
+    # the node out costs the job a restart from its checkpoint; a person decides by default.
+    REPLACE_WORKING = "replace_working"
 
 
 RISKS: Final[tuple[Risk, ...]] = tuple(Risk)
+# A risk class's mode where FLEETWATCH_STEP_MODES does not name it ("auto" for the rest).
+RISK_DEFAULT_MODES: Final = MappingProxyType({Risk.REPLACE_WORKING: "approve"})
 
 
 class PlaybookName(StrEnum):
@@ -68,6 +72,7 @@ class PlaybookName(StrEnum):
     COOL_DOWN = "cool_down"
     RECOVER_NODE = "recover_node"
     NOTIFY_OWNER = "notify_owner"
+    REPLACE_AT_CHECKPOINT = "replace_at_checkpoint"  # fail-slow: out at the job's checkpoint
 
 
 # What each root cause runs first; diagnosis recommends these names too.
@@ -80,6 +85,7 @@ PLAYBOOK_FOR: Final = MappingProxyType({
     RootCause.THERMAL: PlaybookName.COOL_DOWN,
     RootCause.NODE_UNREACHABLE: PlaybookName.RECOVER_NODE,
     RootCause.APPLICATION_ERROR: PlaybookName.NOTIFY_OWNER,
+    RootCause.FAIL_SLOW: PlaybookName.REPLACE_AT_CHECKPOINT,
 })
 
 # The causes an incident can have: those with a playbook, in the contract's order.

@@ -94,6 +94,20 @@ NODE_PAGE_FIELDS: Final = (
     PCIE_LINK_GEN, PCIE_MAX_LINK_GEN, PCIE_LINK_WIDTH, PCIE_MAX_LINK_WIDTH, PCIE_REPLAY_COUNTER,
     *CLOCK_REASONS,
 )
+# Fail-slow: what a GPU that is alive but slower than its job's peers shows, compared with the
+# job's other nodes (incidents.diagnosis.slow). Read as history (a range over minutes), never
+# by the telemetry poll, which keeps utilisation, temperatures and fault fields only.
+FAIL_SLOW_FIELDS: Final = (
+    SM_CLOCK, POWER_USAGE, GPU_UTIL, PROF_DRAM_ACTIVE, NVLINK_BANDWIDTH_TOTAL,
+    PROF_PCIE_TX_BYTES, PROF_PCIE_RX_BYTES, PCIE_LINK_GEN, PCIE_LINK_WIDTH, PCIE_MAX_LINK_GEN,
+    PCIE_MAX_LINK_WIDTH, *CLOCK_REASONS,
+)
+# Of those, the ones dcgm-exporter exports as counters (running totals): their rate is the
+# reading.
+COUNTER_FIELDS: Final = frozenset({NVLINK_BANDWIDTH_TOTAL})
+# A PCIe link's transfer rate per lane by generation, in GT/s (as the kernel prints it).
+PCIE_GT_PER_GEN: Final = MappingProxyType({1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0})
+
 
 # --- what FleetWatch relies on --------------------------------------------------------------
 
@@ -116,6 +130,9 @@ RELIED_ON: Final = MappingProxyType({
     NVLINK_CRC_DATA_ERRORS: "NVLink data CRC errors will not be seen",
     NVLINK_REPLAY_ERRORS: "NVLink replays will not be seen",
     NVLINK_RECOVERY_ERRORS: "NVLink recovery errors will not be seen",
+    SM_CLOCK: "a GPU whose clocks are held below its job's peers' (fail-slow) will not be seen",
+    PCIE_LINK_GEN: "a PCIe link trained at a lower generation (fail-slow) will not be seen",
+    PCIE_LINK_WIDTH: "a PCIe link trained at a lower width (fail-slow) will not be seen",
 })
 # Another name that serves as a relied-on field: an exporter older than DCGM 3.2 prints the
 # clock-event reasons under their throttle name.

@@ -135,9 +135,11 @@ class SimExporter:
         node = node or self.node
         metrics = [m for m in self.telemetry.gpu_metrics()
                    if (node is None or m.node == node) and (m.node, m.gpu) not in self.hidden]
-        # Clocks, memory, PCIe link and the rest of what a node's page reads.
-        readings = self.telemetry.gpu_readings(sorted({m.node for m in metrics}),
-                                               dcgm.NODE_PAGE_FIELDS)
+        # Clocks, memory, PCIe link and traffic: what a node's page and the fail-slow
+        # analysis read.
+        readings = self.telemetry.gpu_readings(
+            sorted({m.node for m in metrics}),
+            tuple(dict.fromkeys((*dcgm.NODE_PAGE_FIELDS, *dcgm.FAIL_SLOW_FIELDS))))
         gpus = [_realistic(m, readings.get((m.node, m.gpu))) for m in metrics]
         ports = [p for p in self.telemetry.nic_ports() if node is None or p.node == node]
         combined = node is None and self.instance_labels

@@ -24,7 +24,8 @@ def fleet_seed(*, reset: bool = False, nodes: int = 16, spares: int = 3,
 
 
 def fault_inject(kind: str, *, node: str = "", gpu: int = 0, code: int = 79, count: int = 1,
-                 switch: str = "", cluster: str | None = None) -> str:
+                 switch: str = "", how: str = "clock", percent: float = 30.0,
+                 minutes_ago: float = 0.0, cluster: str | None = None) -> str:
     """Inject a fault; returns a one-line description. Raises ClientError on a bad target."""
     fleet = _fleet(cluster)
     with fleet.transaction() as state:
@@ -35,6 +36,8 @@ def fault_inject(kind: str, *, node: str = "", gpu: int = 0, code: int = 79, cou
             return simulator.inject_link_flap(state, node, count, now, fleet.speed)
         if kind == "switch-down":
             return simulator.inject_switch_down(state, switch, now, fleet.speed)
+        if kind == "slow":
+            return simulator.inject_slow(state, node, gpu, how, percent, now, minutes_ago)
         raise ValueError(f"unknown fault {kind!r}")
 
 

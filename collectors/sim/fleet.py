@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import random
 import shlex
@@ -47,6 +48,7 @@ from collectors.clients.base import (
     ActionResult,
     ClientError,
     EventChanges,
+    GpuFieldHistory,
     GpuHistory,
     GpuMetric,
     K8sNode,
@@ -444,6 +446,34 @@ def finish_job(state: State, job_id: str, now: float) -> str:
     return f"job {job_id} finished; {', '.join(job['nodes'])} idle"
 
 
+def inject_slow(state: State, node: str, gpu: int, how: str, percent: float, now: float,
+                minutes_ago: float = 0.0) -> str:
+    """A GPU (``gpu`` -1: every GPU of the node) alive but slower than its peers from now on
+    (or from ``minutes_ago`` minutes ago, so a demo need not wait for the slowness to count
+    as sustained): see ``SLOW_KINDS``."""
+    target = _node(state, node)
+    if how not in SLOW_KINDS:
+        raise ClientError(f"unknown slowness {how!r} (one of {', '.join(SLOW_KINDS)})",
+                          permanent=True)
+    if how in ("clock", "power-cap", "nvlink-bandwidth") and not 0 < percent < 100:
+        raise ClientError(f"--percent must be between 0 and 100, not {percent:g}",
+                          permanent=True)
+    if gpu >= len(target["gpus"]):
+        raise ClientError(f"{node} has no GPU {gpu}", permanent=True)
+    gpus = target["gpus"] if gpu < 0 else [target["gpus"][gpu]]
+    for g in gpus:
+        g["slow"] = {"kind": how, "percent": percent, "since": now - minutes_ago * 60.0}
+    where = f"{node} GPU {gpu}" if gpu >= 0 else f"every GPU of {node}"
+    return f"{where} slow: {_slow_words(how, percent)}" + (
+        f", since {minutes_ago:g} min ago" if minutes_ago else "")
+
+
+def _slow_words(how: str, percent: float) -> str:
+    return {"clock": f"SM clock {percent:g}% lower", "power-cap": f"power capped {percent:g}% "
+            "lower", "pcie-gen": "PCIe link trained at Gen3", "pcie-width":
+            "PCIe link trained at x8", "nvlink-bandwidth": f"NVLink traffic {percent:g}% lower"}[how]
+
+
 def set_no_auto_replace(state: State, node: str, enabled: bool) -> str:
     _node(state, node)
     for pod in state["pods"]:
@@ -512,6 +542,161 @@ def _reboot(state: State, node: str, reason: str, now: float, speed: float) -> A
     return ActionResult(call, True, f"{node} rebooting" if started else
                         f"{node} reboot requested: waiting for its jobs to end",
                         {"reboot_seconds": REBOOT_SECONDS})
+
+
+# --- every GPU's figures, and stragglers (fail-slow) -------------------------------------------
+#
+# What dcgm-exporter would report of each GPU at a time: clocks, power, utilisation, memory
+# and NVLink traffic, the PCIe link. Derived from the state (which job ran there since when,
+# an injected slowness since when), so any time in the past has its reading, the same at every
+# call: a scrape's values are seeded by the GPU and the 15 s slot. A slow GPU holds its whole
+# job back: its peers wait for it at every collective, so their utilisation and traffic drop
+# while it stays busy. An idle GPU runs its clocks down and its PCIe link at Gen1 (power
+# saving), as real ones do.
+
+NOMINAL_SM_CLOCK = 1980.0   # an H100 SXM's SM clock under load, MHz
+IDLE_SM_CLOCK = 345.0
+NOMINAL_POWER_W = 690.0
+IDLE_POWER_W = 70.0
+NVLINK_BYTES_PER_S = 180e9
+PCIE_BYTES_PER_S = 12e9
+DRAM_ACTIVE = 0.58
+PCIE_MAX_GEN, PCIE_MAX_WIDTH = 5, 16
+SCRAPE_SLOT_S = 15.0
+# What ``inject slow --how`` can make a GPU: its SM clock held lower, a power cap (clocks
+# follow, and the GPU says so in its clock-event reasons), a PCIe link trained at Gen3 or x8,
+# NVLink traffic lower (links down, say).
+SLOW_KINDS = ("clock", "power-cap", "pcie-gen", "pcie-width", "nvlink-bandwidth")
+FIGURE_FIELDS = (dcgm.SM_CLOCK, dcgm.POWER_USAGE, dcgm.GPU_UTIL, dcgm.PROF_DRAM_ACTIVE,
+                 dcgm.NVLINK_BANDWIDTH_TOTAL, dcgm.PROF_PCIE_TX_BYTES, dcgm.PROF_PCIE_RX_BYTES,
+                 dcgm.PCIE_LINK_GEN, dcgm.PCIE_LINK_WIDTH, dcgm.PCIE_MAX_LINK_GEN,
+                 dcgm.PCIE_MAX_LINK_WIDTH, dcgm.CLOCKS_EVENT_REASONS)
+
+
+def slow_effect(slow: Mapping[str, Any]) -> dict[str, float]:
+    """How an injected slowness changes its GPU's readings (factors and levels), and how much
+    it slows the GPU's job (``pace``: the share of time its peers spend waiting for it)."""
+    p = float(slow.get("percent", 30.0)) / 100.0
+    kind = slow.get("kind")
+    if kind == "clock":
+        return {"clock": 1 - p, "power": 1 - 0.6 * p, "pace": 0.8 * p}
+    if kind == "power-cap":
+        return {"power": 1 - p, "clock": 1 - 0.55 * p, "reasons": dcgm.SW_POWER_CAP,
+                "pace": 0.45 * p}
+    if kind == "pcie-gen":
+        return {"gen": 3, "pace": 0.15}
+    if kind == "pcie-width":
+        return {"width": 8, "pace": 0.15}
+    if kind == "nvlink-bandwidth":
+        return {"nvlink_rate": 1 - p, "pace": 0.5 * p}
+    return {}
+
+
+class _GpuLife:
+    """One GPU's working life (the runs of the jobs that held it, from their history) and the
+    slowness of it and of its current job's other GPUs: read from the state once, then asked
+    at many times."""
+
+    def __init__(self, state: State, name: str, gpu: State) -> None:
+        self.uuid = str(gpu["uuid"])
+        self.slow = gpu.get("slow")
+        self.peers: list[Mapping[str, Any]] = []
+        # (start, end) of each run of a job on this GPU; end None: still running.
+        self.runs: list[tuple[float, float | None]] = []
+        for job in state["jobs"].values():
+            held = (job.get("gpus") or {}).get(name)
+            current = job["state"] == "RUNNING" and name in job["nodes"] and (
+                held is None or gpu["index"] in held)
+            start: float | None = None
+            for event in job["history"]:
+                if event["event"] == "RUNNING":
+                    start = event["at"] if name in event.get("nodes", ()) else None
+                elif start is not None and "checkpoint" in event:  # the run ended
+                    self.runs.append((start, event["at"]))
+                    start = None
+            if current and start is not None:
+                # A job hung on a fault stops working at it (as NCCL does).
+                self.runs.append((start, job["stalled_at"]))
+                for other in job["nodes"]:
+                    mine = (job.get("gpus") or {}).get(other)
+                    self.peers += [g["slow"] for g in state["nodes"][other]["gpus"]
+                                   if g.get("slow") and g is not gpu
+                                   and (mine is None or g["index"] in mine)]
+        self.runs.sort(key=lambda r: r[0])
+        rng = random.Random(self.uuid)
+        self.nvlink_base = rng.uniform(1e12, 9e12)
+
+    def busy(self, t: float) -> bool:
+        return any(start <= t and (end is None or t < end) for start, end in self.runs)
+
+    def busy_seconds(self, t: float, since: float | None = None) -> float:
+        """Seconds it worked up to ``t`` (from ``since`` on)."""
+        total = 0.0
+        for start, end in self.runs:
+            begin = max(start, since) if since is not None else start
+            stop = t if end is None else min(t, end)
+            total += max(0.0, stop - begin)
+        return total
+
+    def at(self, t: float) -> dict[str, float]:
+        rng = random.Random(f"{self.uuid}/{int(t // SCRAPE_SLOT_S)}")
+        slow = self.slow if self.slow and self.slow["since"] <= t else None
+        if not self.busy(t):
+            return {dcgm.SM_CLOCK: IDLE_SM_CLOCK, dcgm.POWER_USAGE: round(
+                IDLE_POWER_W + rng.uniform(-3, 3), 1), dcgm.GPU_UTIL: 0.0,
+                dcgm.PROF_DRAM_ACTIVE: 0.0, dcgm.PROF_PCIE_TX_BYTES: 0.0,
+                dcgm.PROF_PCIE_RX_BYTES: 0.0, dcgm.NVLINK_BANDWIDTH_TOTAL: self._nvlink(t),
+                dcgm.PCIE_LINK_GEN: 1.0, dcgm.PCIE_LINK_WIDTH: float(PCIE_MAX_WIDTH),
+                dcgm.PCIE_MAX_LINK_GEN: float(PCIE_MAX_GEN),
+                dcgm.PCIE_MAX_LINK_WIDTH: float(PCIE_MAX_WIDTH),
+                dcgm.CLOCKS_EVENT_REASONS: float(dcgm.GPU_IDLE)}
+        fx = slow_effect(slow) if slow else {}
+        # The peers of a straggler wait for it: the slowest one active sets the pace.
+        wait = 0.0 if fx else max((slow_effect(s)["pace"] for s in self.peers
+                                   if s["since"] <= t), default=0.0)
+        clock = rng.choice((1950.0, 1965.0, 1980.0, 1980.0)) * fx.get("clock", 1.0)
+        return {
+            dcgm.SM_CLOCK: round(clock / 15) * 15.0,
+            dcgm.POWER_USAGE: round(NOMINAL_POWER_W * rng.uniform(0.96, 1.03)
+                                    * fx.get("power", 1.0) * (1 - 0.5 * wait), 1),
+            dcgm.GPU_UTIL: float(round(min(100.0, rng.uniform(93, 99) + (3 if fx else 0))
+                                       - 40 * wait)),
+            dcgm.PROF_DRAM_ACTIVE: round(DRAM_ACTIVE * rng.uniform(0.96, 1.04) * (1 - wait), 3),
+            dcgm.PROF_PCIE_TX_BYTES: round(PCIE_BYTES_PER_S * rng.uniform(0.9, 1.1)
+                                           * (1 - wait)),
+            dcgm.PROF_PCIE_RX_BYTES: round(PCIE_BYTES_PER_S * rng.uniform(0.9, 1.1)
+                                           * (1 - wait)),
+            dcgm.NVLINK_BANDWIDTH_TOTAL: self._nvlink(t),
+            dcgm.PCIE_LINK_GEN: float(fx.get("gen", PCIE_MAX_GEN)),
+            dcgm.PCIE_LINK_WIDTH: float(fx.get("width", PCIE_MAX_WIDTH)),
+            dcgm.PCIE_MAX_LINK_GEN: float(PCIE_MAX_GEN),
+            dcgm.PCIE_MAX_LINK_WIDTH: float(PCIE_MAX_WIDTH),
+            dcgm.CLOCKS_EVENT_REASONS: float(fx.get("reasons", 0)),
+        }
+
+    def _nvlink(self, t: float) -> float:
+        """The running total of NVLink traffic: its rate over the time the GPU worked, less
+        what a slowness of its own took away since it began."""
+        total = self.nvlink_base + NVLINK_BYTES_PER_S * self.busy_seconds(t)
+        if self.slow and self.slow.get("kind") == "nvlink-bandwidth" and self.slow["since"] <= t:
+            lost = 1.0 - slow_effect(self.slow).get("nvlink_rate", 1.0)
+            total -= lost * NVLINK_BYTES_PER_S * self.busy_seconds(t, self.slow["since"])
+        return float(round(total))
+
+
+def gpu_figures(state: State, nodes: Iterable[str] | None, t: float
+                ) -> dict[tuple[str, int], dict[str, float]]:
+    """Every in-service GPU's figures at ``t`` (of ``nodes``, or all): what the simulated
+    exporter prints beside the fields ``gpu_metrics`` has."""
+    wanted = None if nodes is None else set(nodes)
+    out = {}
+    for name, node in sorted(state["nodes"].items()):
+        if not node["in_service"] or (wanted is not None and name not in wanted):
+            continue
+        for g in node["gpus"]:
+            if not g["fallen_off"]:
+                out[(name, g["index"])] = _GpuLife(state, name, g).at(t)
+    return out
 
 
 # --- the clients ----------------------------------------------------------------------------
@@ -800,8 +985,14 @@ class SimTelemetry(_SimClient):
                     else:
                         util = round(rng.uniform(88, 100), 1) if working else 0.0
                         temp = round(34 + (util or 0) * 0.35 + rng.uniform(-2, 2), 1)
-                    metrics.append(GpuMetric(name, g["index"], g["uuid"], util, temp,
-                                             int(g["last_xid"])))
+                    metric = GpuMetric(name, g["index"], g["uuid"], util, temp,
+                                       int(g["last_xid"]))
+                    if g.get("slow") and working and not g["fallen_off"]:
+                        # A straggler's power and clock-event reasons, as its history says.
+                        figures = _GpuLife(state, name, g).at(now)
+                        metric.power_w = figures[dcgm.POWER_USAGE]
+                        metric.clock_event_reasons = int(figures[dcgm.CLOCKS_EVENT_REASONS])
+                    metrics.append(metric)
             return metrics
 
     def nic_ports(self) -> list[NicPort]:
@@ -823,10 +1014,12 @@ class SimTelemetry(_SimClient):
 
     def gpu_readings(self, nodes: Sequence[str],
                      fields: Sequence[str]) -> dict[tuple[str, int], dict[str, float]]:
-        """What dcgm-exporter would report now of these fields for the nodes' GPUs
-        (``gpu_readings_of``). Unknown and out-of-service nodes, and GPUs off the bus, have
-        none."""
+        """What dcgm-exporter would report now of these fields for the nodes' GPUs: the
+        figures the GPU's history gives now (``_GpuLife``: clocks, power, PCIe link and
+        traffic, a straggler's included), the rest as ``gpu_readings_of`` has them. Unknown
+        and out-of-service nodes, and GPUs off the bus, have none."""
         wanted = set(nodes)
+        now = self.fleet.clock.now()
         with self._state() as state:
             running = {n: job for job in state["jobs"].values() if job["state"] == "RUNNING"
                        for n in job["nodes"]}
@@ -839,10 +1032,46 @@ class SimTelemetry(_SimClient):
                 for g in node["gpus"]:
                     values = gpu_readings_of(g, job is not None, job is not None
                                              and job["stalled_at"] is None)
+                    if values:
+                        values.update(_GpuLife(state, name, g).at(now))
                     picked = {f: values[f] for f in fields if f in values}
                     if picked:
                         readings[(name, g["index"])] = picked
             return readings
+
+    def gpu_field_history(self, nodes: Sequence[str], fields: Sequence[str], start: datetime,
+                          end: datetime, step_seconds: float) -> GpuFieldHistory:
+        """Derived from the state (see ``_GpuLife``), one point per step from ``start`` to
+        ``end`` but never past now or before the fleet was made; a GPU off the bus and a node
+        out of service (a spare) have none."""
+        t0, t1 = start.timestamp(), end.timestamp()
+        if t1 <= t0:
+            raise ClientError(f"empty time range {start} .. {end}", permanent=True)
+        step = max(float(step_seconds), (t1 - t0) / 11_000, 1.0)
+        wanted = [f for f in dict.fromkeys(fields) if f in FIGURE_FIELDS]
+        now = self.fleet.clock.now()
+        history: GpuFieldHistory = {}
+        with self._state() as state:
+            first = max(t0, float(state["created_at"]))
+            last = min(t1, now)
+            for name in dict.fromkeys(nodes):
+                node = state["nodes"].get(name)
+                if node is None or not node["in_service"]:
+                    continue
+                for g in node["gpus"]:
+                    if g["fallen_off"]:
+                        continue
+                    life = _GpuLife(state, name, g)
+                    series: dict[str, list[tuple[float, float]]] = {f: [] for f in wanted}
+                    t = math.ceil(first / step) * step
+                    while t <= last:
+                        values = life.at(t)
+                        for f in wanted:
+                            series[f].append((t, values[f]))
+                        t += step
+                    if any(series.values()):
+                        history[(name, g["index"])] = {f: v for f, v in series.items() if v}
+        return history
 
 
 class SimProvider(_SimClient):
@@ -1052,6 +1281,9 @@ def fleet_summary(state: State, now: float, speed: float) -> State:
             if g["last_xid"]:
                 faults.append(f"XID {g['last_xid']} on {name} GPU {g['index']}"
                               + (" (off the bus)" if g["fallen_off"] else ""))
+            if g.get("slow") and node["pool"] != "rma":
+                faults.append(f"{name} GPU {g['index']} slow: "
+                              f"{_slow_words(g['slow']['kind'], g['slow']['percent'])}")
         if node["nic"]["state"] != "ACTIVE":
             faults.append(f"{name} {node['nic']['device']} link down ({node['leaf']})")
     jobs = [{"id": job["id"], "name": job["name"], "user": job["user"], "state": job["state"],

@@ -15,12 +15,14 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any
 
 import incidents.diagnosis.parsers as p
+import incidents.diagnosis.progress as progress
+import incidents.diagnosis.slow as slow
 from collectors.knowledge import dcgm
 from collectors.knowledge import health_tools as ht
 from incidents.diagnosis.types import Observation
@@ -250,6 +252,17 @@ class Facts:
     intervals: dict[str, float] = field(default_factory=dict)
     # (node, tool check) -> the (XID, PCI) pairs already read from it (see tool_verdict).
     tool_xids_seen: dict[tuple[str, str], set[tuple[int, str]]] = field(default_factory=dict)
+    # Fail-slow (incidents.diagnosis.slow): whether the window holds anything of the kind (a
+    # figure it compares, a job's pace or straggler report, a kernel PCIe downtrain line);
+    # only then are the GPUs' readings gathered, in a second pass (_slow_readings).
+    slow_seen: bool = False
+    readings: dict[tuple[str, int], dict[str, list[slow.Sample]]] = field(default_factory=dict)
+    paces: dict[tuple[str, str], list[tuple[float, progress.Pace, int | None]]] = field(
+        default_factory=dict)
+    reports: list[slow.Report] = field(default_factory=list)
+    downtrains: list[slow.Downtrain] = field(default_factory=list)
+    # job -> the straggler report section its last header line opened ("relative", ...)
+    report_sections: dict[str, str] = field(default_factory=dict)
     first: datetime | None = None
     last: datetime | None = None
 
@@ -287,8 +300,10 @@ class _OutOfOrder(Exception):
 
 # What extract does with each dcgm field; a field not here (utilisation, clocks, power, memory
 # use) only says that its node is alive, and is passed over after one dictionary look-up.
-_XID, _CLOCKS, _TEMP, _MEMORY = 1, 2, 3, 4
+_XID, _CLOCKS, _TEMP, _MEMORY, _SLOW = 1, 2, 3, 4, 5
 _DCGM_KIND: dict[str, int] = {
+    # The fail-slow figures (utilisation aside: every window has it) only flag the window.
+    **dict.fromkeys(set(dcgm.FAIL_SLOW_FIELDS) - {dcgm.GPU_UTIL, *dcgm.CLOCK_REASONS}, _SLOW),
     dcgm.XID_ERRORS: _XID, **dict.fromkeys(dcgm.CLOCK_REASONS, _CLOCKS),
     **dict.fromkeys(dcgm.TEMPERATURES, _TEMP),
     **dict.fromkeys((dcgm.ROW_REMAP_FAILURE, *dcgm.MEMORY_COUNTERS), _MEMORY),
@@ -423,6 +438,8 @@ def _extract(observations: Sequence[Observation]) -> Facts:
                     run = runs.get((node, obs.gpu if obs.gpu is not None else -1))
                     if run is not None and not run.closed:
                         run.t_end, run.closed = at.timestamp(), True
+            elif kind == _SLOW:
+                facts.slow_seen = True
             elif kind == _XID:
                 code = int(value)
                 if not code and node not in xid_nodes:
@@ -492,6 +509,8 @@ def _extract(observations: Sequence[Observation]) -> Facts:
             if line is not None:
                 facts.job_lines.append(JobFact(obs.at, obs.at.timestamp(), obs.job, node,
                                                line.kind, obs.message, obs.id))
+            else:
+                _job_pace(obs, facts)
             continue
         if source == "slurm":
             _slurm(obs, facts)
@@ -518,7 +537,65 @@ def _extract(observations: Sequence[Observation]) -> Facts:
         _drop_tool_xid_twins(facts)
     if facts.gpus_lost:
         _gpus_read(observations, facts)
+    if facts.slow_seen:
+        _slow_readings(observations, facts)
+        # The GPU a kernel line's PCI address is, now that the exporter's labels are read.
+        facts.downtrains = [
+            d if d.gpu is not None or not d.device.startswith("GPU ") else replace(
+                d, gpu=(gpu := facts.pci_gpus.get((d.node, p.pci_address(d.device[4:])))),
+                device=f"GPU {gpu}" if gpu is not None else d.device)
+            for d in facts.downtrains]
     return facts
+
+
+# Lines of one straggler report printed one rank per line, this close together, are one report.
+REPORT_LINES_S = 5.0
+
+
+def _job_pace(obs: Observation, facts: Facts) -> None:
+    """A job's output line that is no failure: its pace (an iteration time or a rate) or a
+    straggler report, for the fail-slow analysis."""
+    message = obs.message
+    pace = progress.parse_pace(message)
+    t = obs.at.timestamp()
+    if pace is not None:
+        facts.paces.setdefault((obs.job, obs.node), []).append((t, pace, obs.id))
+        facts.slow_seen = True
+        return
+    report = progress.parse_straggler_report(message)
+    if report is None:
+        return
+    header = progress.straggler_header(message)
+    if header and not report.scores:
+        facts.report_sections[obs.job] = header  # the rank lines that follow are its
+        return
+    section = report.section or facts.report_sections.get(obs.job, "")
+    if section == progress.INDIVIDUAL:
+        return  # each rank against its own best: a whole job slowing looks the same
+    facts.slow_seen = True
+    last = facts.reports[-1] if facts.reports else None
+    if (not report.section and last is not None and last.job == obs.job
+            and t - last.at <= REPORT_LINES_S):
+        facts.reports[-1] = slow.Report(last.at, last.job, last.scores + report.scores, last.id)
+        return
+    facts.reports.append(slow.Report(t, obs.job, report.scores, obs.id))
+
+
+def _slow_readings(observations: Sequence[Observation], facts: Facts) -> None:
+    """The GPUs' fail-slow figures, for the analysis: a second look at the window, made only
+    when the first found something of the kind (most windows have none, and gathering every
+    utilisation sample of 100,000 GPUs would cost every cycle)."""
+    wanted = frozenset(dcgm.FAIL_SLOW_FIELDS)
+    readings = facts.readings
+    pci = facts.pci_gpus
+    for obs in observations:
+        if obs.source != "dcgm" or obs.gpu is None or obs.value is None \
+                or obs.metric not in wanted:
+            continue
+        readings.setdefault((obs.node, obs.gpu), {}).setdefault(obs.metric, []).append(
+            (obs.at.timestamp(), obs.value, obs.id))
+        if (bus := obs.fields.get("pci_bus_id")) and (obs.node, p.pci_address(str(bus))) not in pci:
+            pci[(obs.node, p.pci_address(str(bus)))] = obs.gpu
 
 
 def _gpus_read(observations: Sequence[Observation], facts: Facts) -> None:
@@ -549,6 +626,13 @@ def _kernel(obs: Observation, facts: Facts, ports: dict[tuple[str, str], str],
             headers: dict[str, tuple[float, str]]) -> None:
     parsed = p.parse_kernel(obs.message)
     if parsed is None:
+        line = slow.parse_downtrain(obs.message)
+        if line is not None:
+            facts.downtrains.append(slow.Downtrain(
+                obs.at.timestamp(), obs.node, slow.device_name(line.driver, line.pci, obs.gpu),
+                obs.gpu, line.gen, line.width, line.cap_gen, line.cap_width, obs.message,
+                obs.id))
+            facts.slow_seen = True
         return
     node, at = obs.node, obs.at
     if isinstance(parsed, p.KernelXid):

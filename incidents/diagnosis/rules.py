@@ -12,7 +12,9 @@ Rules run in causal order, and each later rule sees what the earlier ones explai
    link going down and up is that node;
 4. thermal: sustained thermal clock slowdown at high temperature;
 5. reachability: a node that stops answering with no GPU or NIC evidence of its own;
-6. jobs: application failures (CUDA OOM, exceptions, non-zero exits) of jobs that no fault
+6. fail-slow: a node alive but slower than its job's peers (``slow``), where no fault above
+   explains it;
+7. jobs: application failures (CUDA OOM, exceptions, non-zero exits) of jobs that no fault
    above explains. NCCL timeouts and IB errors never blame the node that prints them.
 
 Every diagnosis cites its evidence (lines, nodes, times) in plain words.
@@ -29,6 +31,7 @@ from datetime import UTC, datetime
 
 import incidents.diagnosis.clocks as clocks
 import incidents.diagnosis.parsers as p
+import incidents.diagnosis.slow as slow
 from collectors.knowledge import dcgm
 from collectors.knowledge import xid as x
 from collectors.knowledge.causes import PLAYBOOK_FOR, RootCause
@@ -53,6 +56,7 @@ NVLINK_FAULT = RootCause.NVLINK
 NETWORK_FLAP, SWITCH_FAILURE = RootCause.NETWORK_FLAP, RootCause.SWITCH_FAILURE
 THERMAL, NODE_UNREACHABLE = RootCause.THERMAL, RootCause.NODE_UNREACHABLE
 APPLICATION_ERROR = RootCause.APPLICATION_ERROR
+FAIL_SLOW = RootCause.FAIL_SLOW
 
 # Thresholds, in seconds unless named otherwise. Each is the smallest value that still tells
 # the fault from the noise around it in the scenario suite; see the comments where used.
@@ -962,7 +966,43 @@ class Engine:
                 "cause; no node is blamed.", burst[0].at, switch=leaf, jobs=jobs,
                 evidence=tuple(_ids(burst))), b0, burst[0].source)
 
-    # --- 6. jobs ---------------------------------------------------------------------------
+    # --- 6. fail-slow ----------------------------------------------------------------------
+
+    def fail_slow(self) -> None:
+        """Nodes slower than their jobs' peers (incidents.diagnosis.slow), unless a fault
+        found above explains it: a GPU fault, a link, heat, a node gone (a harder fault
+        slows a node too, and its own repair comes first)."""
+        f = self.facts
+        if not f.slow_seen:
+            return
+        jobs = [JobInfo(j, self.job_user.get(j, ""), tuple(sorted(nodes)),
+                        self.job_gpus.get(j, {}))
+                for j, nodes in sorted(self.job_nodes.items())]
+        spans = {j: (s.first_running, s.ended) for j, s in f.job_spans.items()}
+        result = slow.analyse(slow.Window(jobs, f.readings, f.paces, f.reports, f.downtrains,
+                                          spans))
+        faulty = set(self.gpu_nodes) | set(self.nic_nodes) | {
+            n for c in self.causes for n in c.nodes}
+        for note in result.notes:
+            self.note("symptom", note.text, datetime.fromtimestamp(note.at, UTC),
+                      nodes=(note.node,))
+        for found in result.findings:
+            at = datetime.fromtimestamp(found.start, UTC)
+            if found.node in faulty:
+                self.note("symptom", f"{found.node} was also slower than its job's peers; the "
+                          "fault found on it explains that", at, nodes=(found.node,))
+                continue
+            drained = self.admin_drained.get(found.node)
+            if drained is not None:
+                self.note("suppressed", f"{found.node} is slower than its job's peers, and "
+                          f"{drained_by(drained[1])} drained it ({drained[1]}): theirs to "
+                          "handle", at, nodes=(found.node,))
+                continue
+            self.add(Diagnosis(FAIL_SLOW, (found.node,), found.confidence,
+                               PLAYBOOK_FOR[FAIL_SLOW], found.explanation, at, jobs=found.jobs,
+                               evidence=found.evidence), found.start, "dcgm")
+
+    # --- 7. jobs ---------------------------------------------------------------------------
 
     def job_failures(self) -> None:
         per_job: dict[str, list[JobFact]] = defaultdict(list)
@@ -975,7 +1015,9 @@ class Engine:
         causes_at: dict[str, list[_Cause]] = defaultdict(list)
         causes_of: dict[str, list[_Cause]] = defaultdict(list)
         for c in self.causes:
-            if c.diagnosis.root_cause == APPLICATION_ERROR:
+            # A slow node holds its job back, it does not kill it: a job that fails while a
+            # node of it is slow failed of its own (or of another fault's) doing.
+            if c.diagnosis.root_cause in (APPLICATION_ERROR, FAIL_SLOW):
                 continue
             for node in c.nodes:
                 causes_at[node].append(c)
@@ -1059,6 +1101,7 @@ def run(facts: Facts, topology: Mapping[str, Sequence[str]],
     engine.thermal_faults()
     tool_verdicts(engine)  # other health tools' verdicts with no XID: incidents.diagnosis.tools
     engine.unreachable_nodes(reach)
+    engine.fail_slow()
     engine.job_failures()
     for at, node, reason in facts.admin_drains:
         engine.note("suppressed", f"{node} drained by {drained_by(reason)} ({reason}): not a "

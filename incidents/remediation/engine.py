@@ -28,6 +28,7 @@ from collectors.clients import get_clients
 from collectors.clients.base import ActionResult, ClientError
 from collectors.models import Job, Node, Signal
 from incidents.audit import audit_lock, audit_record
+from incidents.diagnosis.progress import parse_checkpoint
 from incidents.models import Drill, Incident, Remediation, Step
 from incidents.remediation.steps import (
     EXECUTORS,
@@ -362,7 +363,8 @@ def _step_context(step: Step) -> StepContext:
         fault=fault_summary(incident).text,
         job_link=lambda job_id: job_link(incident.cluster.name, job_id),
         facts=Facts(last_link_change=lambda node: _last_link_change(incident, node),
-                    mark_rma=lambda node, why: node_mark_rma(node, why, rem, rehearsal)),
+                    mark_rma=lambda node, why: node_mark_rma(node, why, rem, rehearsal),
+                    last_checkpoint=lambda job_id: _last_checkpoint(incident, job_id)),
         rehearsal=rehearsal,
     )
 
@@ -392,6 +394,20 @@ def _last_link_change(incident: Incident, node: str) -> float | None:
     at = (Signal.objects.filter(cluster=incident.cluster, node_name=node, source="nic")
           .order_by("-observed_at").values_list("observed_at", flat=True).first())
     return at.timestamp() if at else None
+
+
+def _last_checkpoint(incident: Incident, job_id: str) -> tuple[float, int | None] | None:
+    """When the job last said it wrote a checkpoint (its output, stored as job_log signals),
+    and at which step where it says: (epoch seconds, step)."""
+    lines = (Signal.objects.filter(cluster=incident.cluster, source=Signal.Source.JOB_LOG,
+                                   job_id=job_id)
+             .filter(Q(message__icontains="checkpoint") | Q(message__icontains="saving model"))
+             .order_by("-observed_at").values_list("observed_at", "message")[:50])
+    for at, message in lines:
+        saved = parse_checkpoint(message)
+        if saved is not None:
+            return at.timestamp(), saved.step
+    return None
 
 
 def _step_apply(step: Step, outcome: Outcome | ClientError) -> str:

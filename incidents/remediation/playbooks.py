@@ -17,6 +17,7 @@ from collectors.knowledge.causes import PLAYBOOK_FOR, RISKS, PlaybookName, Risk,
 __all__ = ["FOR_ROOT_CAUSE", "PLAYBOOKS", "RISKS", "Playbook", "StepSpec", "playbook_get"]
 
 REPLACE, REBOOT, RESET_GPU = Risk.REPLACE, Risk.REBOOT, Risk.RESET_GPU
+REPLACE_WORKING = Risk.REPLACE_WORKING
 
 
 @dataclass(frozen=True)
@@ -157,9 +158,29 @@ NOTIFY_OWNER = Playbook(
     touches_nodes=False,
 )
 
+# A node alive but slower than its job's peers: the job still makes progress, so nothing is
+# stopped at once. The on-call channel is told; then a person approves the replacement (the
+# replace_working risk class waits for approval unless FLEETWATCH_STEP_MODES says otherwise),
+# asked before the wait so that the job is stopped right after a checkpoint and not whenever
+# the click comes; then the node goes as in replace_node.
+REPLACE_AT_CHECKPOINT = Playbook(
+    name=PlaybookName.REPLACE_AT_CHECKPOINT,
+    root_cause=RootCause.FAIL_SLOW,
+    description="Tell the on-call channel; once a person approves, wait for the job's next "
+                "checkpoint (bounded), then take the node out, requeue the job and bring in a "
+                "spare.",
+    steps=(
+        NOTIFY,
+        StepSpec("wait_checkpoint", "Replace the node at its job's next checkpoint: wait for "
+                 "the checkpoint (bounded by FLEETWATCH_FAIL_SLOW_CHECKPOINT_MINUTES)",
+                 REPLACE_WORKING),
+        *REPLACE_NODE.steps[1:],
+    ),
+)
+
 PLAYBOOKS: dict[str, Playbook] = {p.name: p for p in (
     REPLACE_NODE, REPLACE_AND_RMA, RESET_GPU_PLAYBOOK, REBOOT_NODE, HOLD_FLAPPING_LINK,
-    HOLD_SWITCH, COOL_DOWN, RECOVER_NODE, NOTIFY_OWNER)}
+    HOLD_SWITCH, COOL_DOWN, RECOVER_NODE, NOTIFY_OWNER, REPLACE_AT_CHECKPOINT)}
 
 # What each root cause runs first (the map is collectors.knowledge.causes.PLAYBOOK_FOR), as
 # plain strings for the pages and the API; every playbook it names is defined above for that cause.

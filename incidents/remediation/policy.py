@@ -30,7 +30,7 @@ from django.db import connection
 from django.db.models import Avg, Count, DurationField, Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from collectors.knowledge.causes import RISKS, RootCause
+from collectors.knowledge.causes import RISK_DEFAULT_MODES, RISKS, Risk, RootCause
 from collectors.models import Node
 from collectors.selectors import json_list_has
 from incidents.audit import audit_lock
@@ -90,7 +90,8 @@ def step_mode(risk: str, playbook_mode: str) -> str:
     class's own setting, which can be stricter (or, explicitly, looser) than the playbook's."""
     if playbook_mode == Remediation.Mode.OBSERVE:
         return Remediation.Mode.OBSERVE
-    return settings.FLEETWATCH_STEP_MODES.get(risk, Remediation.Mode.AUTO)
+    return settings.FLEETWATCH_STEP_MODES.get(risk, RISK_DEFAULT_MODES.get(
+        Risk(risk), Remediation.Mode.AUTO))
 
 
 def _node_history(cluster_id: int, nodes: Iterable[str], since: timedelta,

@@ -80,6 +80,8 @@ class Facts:
 
     last_link_change: Callable[[str], float | None]  # epoch seconds of the node's last NIC signal
     mark_rma: Callable[[str, str], None]  # node, why
+    # job -> (epoch seconds, step or None) of the last checkpoint its output says it wrote
+    last_checkpoint: Callable[[str], tuple[float, int | None] | None] = lambda job_id: None
 
 
 @dataclass
@@ -753,6 +755,62 @@ def mark_rma(ctx: StepContext) -> Outcome:
     return Done(f"{ctx.node} marked for RMA ({why})", {"marked": True})
 
 
+def wait_checkpoint(ctx: StepContext) -> Outcome:
+    """Wait for the next checkpoint of the jobs on the node (fail-slow: the job still makes
+    progress, so the node is taken out right after it saved its work, not in the middle of an
+    interval). A checkpoint is known from the job's own report (the training step of its last
+    checkpoint, where the scheduler's client reads one) or from its output (a checkpoint line
+    in the job log). The wait is bounded (FLEETWATCH_FAIL_SLOW_CHECKPOINT_MINUTES): past it,
+    or when no job runs there, the repair goes on and says why."""
+    state = dict(ctx.state)
+    now = ctx.clock.now()
+    state.setdefault("since", now)
+    jobs = {j.job_id: j for j in ctx.clients.slurm.jobs()}
+    if "jobs" not in state:
+        running = [j for j in jobs.values()
+                   if j.state == "RUNNING" and ctx.node in j.nodes and _holds(j, ctx.node, ctx.gpus)]
+        state["jobs"] = sorted(j.job_id for j in running)
+        state["checkpoint_before"] = {j.job_id: j.checkpoint_step for j in running}
+    if not state["jobs"]:
+        return Done(f"no job runs on {ctx.node}: nothing to wait for", state)
+    facts = ctx.facts
+    saved = dict(state.get("saved", {}))
+    for job_id in state["jobs"]:
+        if job_id in saved:
+            continue
+        job = jobs.get(job_id)
+        before = state["checkpoint_before"].get(job_id)
+        logged = facts.last_checkpoint(job_id) if facts is not None else None
+        if job is None or job.state != "RUNNING":
+            saved[job_id] = f"job {job_id} is no longer running"
+        elif job.checkpoint_step is not None and before is not None \
+                and job.checkpoint_step > before:
+            saved[job_id] = f"job {job_id} saved its checkpoint at step {job.checkpoint_step}"
+        elif logged is not None and logged[0] >= state["since"]:
+            step = f" (step {logged[1]})" if logged[1] is not None else ""
+            saved[job_id] = f"job {job_id} wrote a checkpoint{step}, as its output says"
+    state["saved"] = saved
+    left = [j for j in state["jobs"] if j not in saved]
+    if not left:
+        return Done("; ".join(saved[j] for j in state["jobs"]) + f": taking {ctx.node} out now",
+                    state)
+    limit = float(settings.FLEETWATCH_FAIL_SLOW_CHECKPOINT_MINUTES) * 60.0
+    waited = now - state["since"]
+    if waited >= limit:
+        state["timed_out"] = True
+        return Done(f"no checkpoint from job {', '.join(left)} in {waited / 60:.0f} min "
+                    "(FLEETWATCH_FAIL_SLOW_CHECKPOINT_MINUTES): taking "
+                    f"{ctx.node} out now; the job resumes from its last checkpoint and repeats "
+                    "the steps since", state)
+    known = [j for j in left if (jobs[j].checkpoint_step is not None if j in jobs else False)]
+    how = ("the scheduler reports the step of its last checkpoint" if known else
+           "watching its output for a checkpoint line")
+    last = ", ".join(f"job {j} last at step {state['checkpoint_before'].get(j)}" for j in known)
+    return Wait(f"waiting for the next checkpoint of job {', '.join(left)} ({how}"
+                f"{'; ' + last if last else ''}); {max(0.0, limit - waited) / 60:.0f} min left "
+                "before it goes on without one", state)
+
+
 @dataclass(frozen=True)
 class StepKindSpec:
     """Everything about a step kind, in one place: adding a kind is one entry here.
@@ -801,6 +859,8 @@ STEP_KINDS: dict[str, StepKindSpec] = {
     "replace_if_not_back": StepKindSpec(replace_if_not_back, REPLACE),
     "notify_owner": StepKindSpec(notify_owner),
     "mark_rma": StepKindSpec(mark_rma, REPLACE),
+    # Bounded by FLEETWATCH_FAIL_SLOW_CHECKPOINT_MINUTES itself (at most a day).
+    "wait_checkpoint": StepKindSpec(wait_checkpoint, longest_wait=DAY_S),
 }
 assert all(spec.phase in (None, *PHASES) for spec in STEP_KINDS.values())
 

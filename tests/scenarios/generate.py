@@ -1640,6 +1640,410 @@ def gpud_xid79_source_outage_elsewhere() -> Scenario:
     return s.expects("gpu_hardware", [n])
 
 
+# --- fail-slow: a node alive but slower than its job's peers (issue 21) -----------------------
+# Every GPU of the job scraped (SM clock, power, utilisation, and what a case needs), with the
+# jitter of a healthy job; the straggler's effect on its peers too (they wait for it at every
+# collective, so their utilisation drops while its stays high), and rank 0's iteration time.
+
+SM, POWER, UTIL = "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_UTIL"
+REASONS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
+LINK_GEN, LINK_WIDTH = "DCGM_FI_DEV_PCIE_LINK_GEN", "DCGM_FI_DEV_PCIE_LINK_WIDTH"
+MAX_GEN, MAX_WIDTH = "DCGM_FI_DEV_PCIE_MAX_LINK_GEN", "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH"
+NVLINK_TOTAL, DRAM = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_PROF_DRAM_ACTIVE"
+MEGATRON = (" iteration {it:8d}/  500000 | consumed samples: {samples:12d} | elapsed time per "
+            "iteration (ms): {ms:.1f} | learning rate: 1.500E-04 | global batch size:  1024 | "
+            "lm loss: {loss:.6E} | loss scale: 1.0 |")
+# What a straggler does to one GPU at time t: multipliers and overrides of its readings.
+Effect = Callable[[str, int, float], dict[str, float]]
+
+
+def _training(s: Scenario, nodes: list[str], *, gpus: int = 4, every: float = 60.0,
+              start: float = 0.0, end: float | None = None, effect: Effect | None = None,
+              fields: Iterable[str] = (SM, POWER, UTIL), wait: float = 0.0,
+              slow_from: float = 0.0) -> None:
+    """A job's GPUs as dcgm-exporter reports them. ``effect`` changes a GPU's readings
+    (``clock``/``power``/``dram``/``nvlink`` multipliers, ``util`` points, ``reasons`` bits,
+    ``gen``/``width`` link); ``wait``: utilisation points the other GPUs lose from
+    ``slow_from`` on (they wait for the straggler)."""
+    end = s.minutes * 60 if end is None else end
+    wanted = set(fields)
+    nvlink_total: dict[tuple[str, int], float] = {}
+    for node in nodes:
+        t = start + s.rng.uniform(0, every)
+        while t < end:
+            for g in range(gpus):
+                fx = effect(node, g, t) if effect is not None else {}
+                mine = bool(fx)
+                clock = s.rng.choice((1935, 1950, 1965, 1980, 1980, 1980)) * fx.get("clock", 1.0)
+                power = s.rng.uniform(655, 715) * fx.get("power", 1.0)
+                util = s.rng.uniform(93, 99.5) + fx.get("util", 0.0)
+                if not mine and t >= slow_from:
+                    util -= wait
+                values = {SM: round(clock / 15) * 15, POWER: round(power, 1),
+                          UTIL: max(0, min(100, round(util))),
+                          REASONS: int(fx.get("reasons", 0)),
+                          LINK_GEN: int(fx.get("gen", 5)), LINK_WIDTH: int(fx.get("width", 16)),
+                          MAX_GEN: 5, MAX_WIDTH: 16,
+                          DRAM: round(s.rng.uniform(0.55, 0.62) * fx.get("dram", 1.0), 3)}
+                rate = s.rng.uniform(0.95, 1.05) * 180e9 * fx.get("nvlink", 1.0)
+                total = nvlink_total.get((node, g), s.rng.uniform(1e12, 9e12)) + rate * every
+                nvlink_total[(node, g)] = total
+                values[NVLINK_TOTAL] = round(total)
+                for metric in (SM, POWER, UTIL, REASONS, LINK_GEN, LINK_WIDTH, MAX_GEN,
+                               MAX_WIDTH, DRAM, NVLINK_TOTAL):
+                    if metric in wanted:
+                        s.dcgm(t, node, g, metric, values[metric])
+            t += every
+
+
+def _iterations(s: Scenario, job: str, node: str, *, ms: float = 1020.0, every: float = 40.0,
+                slower: Callable[[float], float] = lambda t: 1.0, start: float = 5.0) -> None:
+    """Rank 0's Megatron-LM iteration lines (the job's own pace, for the whole job)."""
+    it = 40000 + s.rng.randrange(0, 5000)
+    t = start
+    while t < s.minutes * 60:
+        it += 40
+        s.log(t, job, node, MEGATRON.format(it=it, samples=it * 1024, ms=ms * slower(t)
+                                            * s.rng.uniform(0.99, 1.01),
+                                            loss=2.1 + s.rng.uniform(-0.05, 0.05)))
+        t += every
+
+
+def _gpu(node: str, gpu: int, since: float, **fx: float) -> Effect:
+    def effect(n: str, g: int, t: float) -> dict[str, float]:
+        return dict(fx) if n == node and (gpu < 0 or g == gpu) and t >= since else {}
+    return effect
+
+
+@scenario
+def fail_slow_sm_clock_one_gpu() -> Scenario:
+    s = Scenario("fail-slow-sm-clock-one-gpu", "One GPU of one node of an 8-node job runs its SM "
+                 "clock 30% below its peers' from minute 2, with no clock-event reason (clocks "
+                 "held by a setting or a failing GPU). The job's other ranks wait for it (their "
+                 "utilisation drops) and rank 0's iteration time rises 25%. No XID, nothing "
+                 "fails: fail_slow on that node alone.", seed=201)
+    j = s.job("91001", "erin", s.nodes[:8])
+    n = s.nodes[3]
+    s.noise()
+    _training(s, s.nodes[:8], effect=_gpu(n, 2, 120, clock=0.7, power=0.8, util=2),
+              fields=(SM, POWER, UTIL, REASONS), wait=12, slow_from=120)
+    _iterations(s, j, s.nodes[0], slower=lambda t: 1.25 if t >= 120 else 1.0)
+    return s.expects("fail_slow", [n])
+
+
+@scenario
+def fail_slow_power_capped_node() -> Scenario:
+    s = Scenario("fail-slow-power-capped-node", "Every GPU of one node held at a power cap (clock-"
+                 "event reason sw power cap): power 40% and SM clock 22% below the other nodes' "
+                 "from minute 3. The job runs at that node's pace.", seed=202)
+    j = s.job("91002", "frank", s.nodes[:6])
+    n = s.nodes[5]
+    s.noise()
+    _training(s, s.nodes[:6], effect=_gpu(n, -1, 180, clock=0.78, power=0.6, util=3,
+                                          reasons=0x4),
+              fields=(SM, POWER, UTIL, REASONS), wait=10, slow_from=180)
+    _iterations(s, j, s.nodes[0], slower=lambda t: 1.2 if t >= 180 else 1.0)
+    return s.expects("fail_slow", [n])
+
+
+@scenario
+def fail_slow_pcie_gen3() -> Scenario:
+    s = Scenario("fail-slow-pcie-gen3", "One GPU's PCIe link trained at Gen3 x16 (max Gen5 x16) "
+                 "and stays there while it works; its rank holds the job back: it is the busiest "
+                 "GPU while the others wait, and rank 0's iteration time rises 18%. Clocks and "
+                 "power look normal.", seed=203)
+    j = s.job("91003", "gina", s.nodes[:8])
+    n = s.nodes[6]
+    s.noise()
+    _training(s, s.nodes[:8], effect=_gpu(n, 1, 0, gen=3, util=4),
+              fields=(SM, POWER, UTIL, LINK_GEN, LINK_WIDTH, MAX_GEN, MAX_WIDTH), wait=15)
+    _iterations(s, j, s.nodes[0], slower=lambda t: 1.18 if t >= 60 else 1.0)
+    return s.expects("fail_slow", [n])
+
+
+@scenario
+def fail_slow_pcie_x8_kernel_line() -> Scenario:
+    s = Scenario("fail-slow-pcie-x8-kernel-line", "A node rejoins after maintenance; the kernel "
+                 "says its GPU 0's link is 'limited by 32.0 GT/s PCIe x8 link (capable of ... x16)' "
+                 "and DCGM reads width 8 on it while the others read 16. Its GPU works at full "
+                 "utilisation while its peers wait; the job's throughput (torchtitan's tps) drops "
+                 "15%.", seed=204)
+    j = s.job("91004", "hank", s.nodes[:4])
+    n = s.nodes[2]
+    s.noise()
+    s.kernel(30, n, "[   12.345678] nvidia 0000:1b:00.0: 252.048 Gb/s available PCIe bandwidth, "
+             "limited by 32.0 GT/s PCIe x8 link at 0000:1a:01.0 (capable of 504.112 Gb/s with "
+             "32.0 GT/s PCIe x16 link)")
+    _training(s, s.nodes[:4], effect=_gpu(n, 0, 0, width=8, util=5),
+              fields=(SM, POWER, UTIL, LINK_WIDTH), wait=16)
+    t = 15.0
+    step = 1200
+    while t < s.minutes * 60:
+        step += 10
+        tps = 5213 * (0.85 if t >= 40 else 1.0) * s.rng.uniform(0.99, 1.01)
+        s.log(t, j, s.nodes[0], f"[rank0]:[titan] step: {step:5d}  loss:  3.1{s.rng.randrange(10)}"
+              f"  memory: 61.2GiB(77.3%)  tps: {tps:,.0f}  tflops: 402.1  mfu: 40.6%")
+        t += 30
+    return s.expects("fail_slow", [n])
+
+
+@scenario
+def fail_slow_nvlink_low() -> Scenario:
+    s = Scenario("fail-slow-nvlink-low", "Two GPUs of one node move 45% less over NVLink than "
+                 "every other GPU of the job (DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL, a counter: its "
+                 "rate), from minute 2.", seed=205)
+    j = s.job("91005", "ivy", s.nodes[:6])
+    n = s.nodes[1]
+    s.noise()
+
+    def effect(node: str, g: int, t: float) -> dict[str, float]:
+        return {"nvlink": 0.55, "util": 2} if node == n and g in (0, 1) and t >= 120 else {}
+    _training(s, s.nodes[:6], effect=effect, fields=(SM, UTIL, NVLINK_TOTAL), wait=8,
+              slow_from=120)
+    _iterations(s, j, s.nodes[0], slower=lambda t: 1.15 if t >= 120 else 1.0)
+    return s.expects("fail_slow", [n])
+
+
+@scenario
+def fail_slow_node_step_times() -> Scenario:
+    s = Scenario("fail-slow-node-step-times", "A job that logs each node's own compute time per "
+                 "step (a one-line log per node: 'step 120 took 1.18 s'): one node takes 15% "
+                 "longer than the others for the whole window; no GPU figure is read.", seed=206)
+    j = s.job("91006", "jack", s.nodes[:6])
+    n = s.nodes[4]
+    s.noise()
+    for node in s.nodes[:6]:
+        t, step = s.rng.uniform(0, 10), 300
+        while t < s.minutes * 60:
+            step += 20
+            took = 1.02 * (1.15 if node == n else 1.0) * s.rng.uniform(0.98, 1.02)
+            s.log(t, j, node, f"[rank{s.nodes.index(node) * 8}] step {step} took {took:.3f} s")
+            t += 30
+    return s.expects("fail_slow", [n])
+
+
+@scenario
+def fail_slow_one_node_job_gpu() -> Scenario:
+    s = Scenario("fail-slow-one-node-job-gpu", "An 8-GPU job on one node: GPU 5 runs its SM "
+                 "clock 25% below its seven node-mates (clock-event reason: hw slowdown, at a "
+                 "normal 61 C: not heat).", seed=207, leaves=1, per_leaf=4)
+    j = s.job("91007", "kate", [s.nodes[1]])
+    n = s.nodes[1]
+    s.noise()
+    _training(s, [n], gpus=8, effect=_gpu(n, 5, 90, clock=0.75, power=0.85, reasons=0x8),
+              fields=(SM, POWER, UTIL, REASONS), wait=10, slow_from=90)
+    del j
+    return s.expects("fail_slow", [n])
+
+
+@scenario
+def fail_slow_straggler_report() -> Scenario:
+    s = Scenario("fail-slow-straggler-report", "The job prints nvidia-resiliency-ext's straggler "
+                 "report every 2 minutes, one rank per line: the worst five ranks are all on "
+                 "one node (scores 0.62-0.66). Its GPUs' SM clocks read 12% below the others'.",
+                 seed=208)
+    j = s.job("91008", "liam", s.nodes[:8])
+    n = s.nodes[7]
+    s.noise()
+    _training(s, s.nodes[:8], effect=_gpu(n, -1, 60, clock=0.88, util=2),
+              fields=(SM, UTIL), wait=6, slow_from=60)
+    base = s.nodes.index(n) * 8
+    for t in (150, 270, 390, 510):
+        s.log(t, j, s.nodes[0], "GPU relative performance:")
+        s.log(t, j, s.nodes[0], " Worst performing 5/64 ranks:")
+        for k in range(5):
+            s.log(t + 0.01 * k, j, s.nodes[0], f"  Rank={base + k} Node={n} "
+                  f"Score={0.62 + 0.01 * k:.2f}")
+        s.log(t + 0.1, j, s.nodes[0], " Best performing 5/64 ranks:")
+        for k in range(5):
+            s.log(t + 0.1 + 0.01 * k, j, s.nodes[0], f"  Rank={k} Node={s.nodes[0]} "
+                  f"Score={0.99 - 0.01 * k:.2f}")
+    return s.expects("fail_slow", [n])
+
+
+@scenario
+def whole_job_power_capped() -> Scenario:
+    s = Scenario("healthy-whole-job-power-capped", "The data centre caps a rack's power: every "
+                 "GPU of the job drops its SM clock 25% and its power 35% at once, and the job's "
+                 "iteration time rises. Slow, but nobody is slower than the job's peers: no "
+                 "straggler, no incident.", seed=209)
+    j = s.job("91009", "mona", s.nodes[:8])
+    s.noise()
+
+    def effect(node: str, g: int, t: float) -> dict[str, float]:
+        return {"clock": 0.75, "power": 0.65, "reasons": 0x4} if t >= 200 else {}
+    _training(s, s.nodes[:8], effect=effect, fields=(SM, POWER, UTIL, REASONS))
+    _iterations(s, j, s.nodes[0], slower=lambda t: 1.3 if t >= 200 else 1.0)
+    return s
+
+
+@scenario
+def job_phases_eval_and_checkpoint() -> Scenario:
+    s = Scenario("healthy-job-phases-eval-checkpoint", "A job evaluates every 4 minutes (every "
+                 "GPU's utilisation falls to about 30% and clocks vary for a minute) and saves a "
+                 "checkpoint (GPUs idle, clocks at idle for a minute), with ordinary jitter. "
+                 "Phases every rank goes through together: no straggler.", seed=210)
+    j = s.job("91010", "nina", s.nodes[:6])
+    s.noise()
+
+    def effect(node: str, g: int, t: float) -> dict[str, float]:
+        phase = t % 240
+        if 180 <= phase < 240:  # eval: less to compute, clocks wander
+            return {"util": -65, "clock": s.rng.uniform(0.7, 1.0), "power": 0.5}
+        if 150 <= phase < 180:  # checkpoint save: idle
+            return {"util": -95, "clock": 0.18, "power": 0.12}
+        return {}
+    _training(s, s.nodes[:6], effect=effect, fields=(SM, POWER, UTIL))
+    _iterations(s, j, s.nodes[0])
+    s.log(160, j, s.nodes[0], " successfully saved checkpoint from iteration   41000 to /ckpt")
+    return s
+
+
+@scenario
+def job_ending_ranks_finish_unevenly() -> Scenario:
+    s = Scenario("healthy-job-ending-unevenly", "A job finishes: its nodes go idle one after the "
+                 "other over two minutes (clocks and power at idle on the ones done) and Slurm "
+                 "says COMPLETED. Idle is not slow.", seed=211)
+    j = s.job("91011", "omar", s.nodes[:6])
+    s.noise()
+    ends = {n: 300 + 25 * i for i, n in enumerate(s.nodes[:6])}
+
+    def effect(node: str, g: int, t: float) -> dict[str, float]:
+        return {"util": -97, "clock": 0.17, "power": 0.11} if t >= ends[node] else {}
+    _training(s, s.nodes[:6], effect=effect, fields=(SM, POWER, UTIL))
+    s.job_dies(450, j, "COMPLETED", exit_code=0)
+    return s
+
+
+@scenario
+def pcie_gen1_while_idle() -> Scenario:
+    s = Scenario("healthy-pcie-gen1-idle", "GPUs lower their PCIe link to Gen1 when idle (power "
+                 "saving): two nodes of a job read Gen1 between phases of work, at 0% "
+                 "utilisation, and Gen5 while working. Not a narrow link.", seed=212)
+    s.job("91012", "pia", s.nodes[:4])
+    s.noise()
+    idle = {s.nodes[0], s.nodes[3]}
+
+    def effect(node: str, g: int, t: float) -> dict[str, float]:
+        return {"util": -97, "gen": 1, "clock": 0.17} if node in idle and 200 <= t < 320 else {}
+    _training(s, s.nodes[:4], effect=effect, fields=(SM, UTIL, LINK_GEN, MAX_GEN))
+    return s
+
+
+@scenario
+def clock_blip_two_minutes() -> Scenario:
+    s = Scenario("healthy-clock-blip", "One GPU dips 30% in SM clock for two minutes (a brief "
+                 "power excursion) and recovers: not sustained, not a straggler.", seed=213)
+    s.job("91013", "quinn", s.nodes[:8])
+    s.noise()
+    _training(s, s.nodes[:8], effect=lambda n, g, t: {"clock": 0.7}
+              if n == s.nodes[2] and g == 0 and 200 <= t < 320 else {},
+              fields=(SM, POWER, UTIL))
+    return s
+
+
+@scenario
+def pipeline_stages_differ() -> Scenario:
+    s = Scenario("healthy-pipeline-stages", "A pipeline-parallel job: each node holds one stage, "
+                 "and stages do different work, so their power and memory traffic differ by up "
+                 "to 12% all the time (the first and last stages most). Same clocks. Different "
+                 "work, not slower.", seed=214)
+    s.job("91014", "rosa", s.nodes[:8])
+    s.noise()
+    stage = {n: (0.88, 0.86) if i in (0, 7) else (1.0 + 0.02 * (i % 3), 1.0)
+             for i, n in enumerate(s.nodes[:8])}
+
+    def effect(node: str, g: int, t: float) -> dict[str, float]:
+        power, dram = stage[node]
+        return {"power": power, "dram": dram}
+    _training(s, s.nodes[:8], effect=effect, fields=(SM, POWER, UTIL, DRAM))
+    return s
+
+
+@scenario
+def slow_node_with_xid79() -> Scenario:
+    s = Scenario("fail-slow-explained-by-xid", "One node's GPU reads 40% lower SM clock than its "
+                 "peers for four minutes, then falls off the bus (XID 79). The XID is the fault; "
+                 "the slowness before it is a symptom of the dying GPU, not a second incident.",
+                 seed=215)
+    j = s.job("91015", "sam", s.nodes[:6])
+    n = s.nodes[4]
+    s.noise()
+    _training(s, s.nodes[:6], effect=_gpu(n, 3, 60, clock=0.6), fields=(SM, UTIL), end=360)
+    s.kernel(360, n, XID79.format(bus="9d"))
+    s.peers_time_out(400, j, n)
+    return s.expects("gpu_hardware", [n])
+
+
+@scenario
+def thermal_not_fail_slow() -> Scenario:
+    s = Scenario("thermal-slowdown-not-fail-slow", "One node's GPUs slow down for heat (hw "
+                 "thermal slowdown at 91 C) and run 30% below their peers' clocks: heat is the "
+                 "cause (thermal), not a second fail_slow incident.", seed=216)
+    s.job("91016", "tara", s.nodes[:4])
+    n = s.nodes[1]
+    s.noise()
+    _training(s, s.nodes[:4], effect=_gpu(n, -1, 60, clock=0.7, reasons=0x40 | 0x8),
+              fields=(SM, UTIL, REASONS), every=15)
+    for t in range(60, 600, 15):
+        for g in range(4):
+            s.dcgm(t + 0.3, n, g, "DCGM_FI_DEV_GPU_TEMP", 91 + s.rng.uniform(-1, 1))
+    return s.expects("thermal", [n])
+
+
+@scenario
+def narrow_link_alone() -> Scenario:
+    s = Scenario("fail-slow-narrow-link-alone", "One GPU's link reads x8 (max x16) all along "
+                 "while it works, and nothing else differs: its utilisation, clocks and power "
+                 "are its peers', the job's iteration time is steady (it hardly uses PCIe). A "
+                 "link trained below its width is direct evidence: fail_slow, at a confidence "
+                 "that waits for a person.", seed=217)
+    j = s.job("91017", "uma", s.nodes[:4])
+    s.noise()
+    _training(s, s.nodes[:4], effect=_gpu(s.nodes[3], 2, 0, width=8),
+              fields=(SM, POWER, UTIL, LINK_WIDTH, MAX_WIDTH))
+    _iterations(s, j, s.nodes[0])
+    return s.expects("fail_slow", [s.nodes[3]])
+
+
+@scenario
+def individual_scores_low_everywhere() -> Scenario:
+    s = Scenario("healthy-individual-scores-low", "nvidia-resiliency-ext's 'GPU individual "
+                 "performance' (each rank against its own best) falls to 0.6-0.7 on ranks of "
+                 "every node as the whole job slows (a data-loading stall); its relative scores "
+                 "stay near 1. Nobody is a straggler.", seed=218)
+    j = s.job("91018", "vera", s.nodes[:4])
+    s.noise()
+    _training(s, s.nodes[:4], fields=(SM, UTIL))
+    for t in (200, 400):
+        s.log(t, j, s.nodes[0], "GPU individual performance:")
+        s.log(t, j, s.nodes[0], " Worst performing 4/32 ranks:")
+        for k, node in enumerate(s.nodes[:4]):
+            s.log(t + 0.01 * k, j, s.nodes[0], f"  Rank={k * 8} Node={node} "
+                  f"Score={0.6 + 0.03 * k:.2f}")
+        s.log(t + 1, j, s.nodes[0], "GPU relative performance:")
+        s.log(t + 1, j, s.nodes[0], " Worst performing 2/32 ranks:")
+        for k, node in enumerate(s.nodes[:2]):
+            s.log(t + 1.01 + 0.01 * k, j, s.nodes[0], f"  Rank={k * 8 + 3} Node={node} "
+                  f"Score={0.96 + 0.01 * k:.2f}")
+    return s
+
+
+@scenario
+def single_gpu_jobs_differ() -> Scenario:
+    s = Scenario("healthy-single-gpu-jobs", "Eight one-GPU jobs on one node, each its own work: "
+                 "clocks and power differ by up to 30% between them. Different jobs are not "
+                 "peers.", seed=219, leaves=1, per_leaf=4)
+    n = s.nodes[0]
+    s.noise()
+    for g in range(8):
+        s.jobs.append({"id": f"9102{g}", "user": "wen", "nodes": [n], "gpus": {n: [g]}})
+    _training(s, [n], gpus=8, effect=lambda node, g, t: {"clock": 1.0 - 0.04 * g,
+                                                         "power": 1.0 - 0.04 * g},
+              fields=(SM, POWER, UTIL))
+    return s
+
+
 def dump(doc: dict[str, Any]) -> str:
     """Readable and diff-friendly: the header indented, one signal per line."""
     head = {k: v for k, v in doc.items() if k != "signals"}

@@ -58,4 +58,4 @@ def test_every_subcommand_is_there() -> None:
     [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     assert sorted(sub.choices) == sorted(["seed", "inject", "sim", "agent", "steps-resume",
                                           "agent-token", "api-token", "diagnose", "audit", "why",
-                                          "drill"])
+                                          "drill", "fail-slow"])

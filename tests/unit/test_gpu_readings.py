@@ -42,7 +42,8 @@ def test_a_busy_h100_reports_boost_clocks_power_under_its_limit_and_a_gen5_x16_l
     readings = SimTelemetry(fleet).gpu_readings([node], FIELDS)
     assert sorted(readings) == [(node, g) for g in range(8)]
     gpu = readings[(node, 0)]
-    assert gpu[dcgm.SM_CLOCK] == 1980 and gpu[dcgm.MEM_CLOCK] == 2619
+    # Boost clocks, a little below the 1,980 MHz top from one scrape to the next.
+    assert 1900 <= gpu[dcgm.SM_CLOCK] <= 1980 and gpu[dcgm.MEM_CLOCK] == 2619
     assert 500 < gpu[dcgm.POWER_USAGE] < gpu[dcgm.POWER_MGMT_LIMIT] == 700
     assert (gpu[dcgm.PCIE_LINK_GEN], gpu[dcgm.PCIE_LINK_WIDTH]) == (5, 16)
     assert (gpu[dcgm.PCIE_MAX_LINK_GEN], gpu[dcgm.PCIE_MAX_LINK_WIDTH]) == (5, 16)
@@ -50,7 +51,9 @@ def test_a_busy_h100_reports_boost_clocks_power_under_its_limit_and_a_gen5_x16_l
     assert gpu[dcgm.PROF_NVLINK_TX_BYTES] > 1e11 and gpu[dcgm.CLOCKS_EVENT_REASONS] == 0
     assert gpu[dcgm.ECC_DBE_VOL_TOTAL] == gpu[dcgm.PCIE_REPLAY_COUNTER] == 0
     # Only the fields asked for, and no field the simulated exporter does not print.
-    assert dcgm.CLOCK_THROTTLE_REASONS not in gpu and dcgm.NVLINK_BANDWIDTH_TOTAL not in gpu
+    assert dcgm.CLOCK_THROTTLE_REASONS not in gpu
+    # The NVLink traffic's running total (what the fail-slow analysis reads as a rate).
+    assert gpu[dcgm.NVLINK_BANDWIDTH_TOTAL] > 0
     assert SimTelemetry(fleet).gpu_readings([node], [dcgm.SM_CLOCK])[(node, 3)] == {
         dcgm.SM_CLOCK: 1980.0}
     # A quiet fleet reads the same twice: the page does not flicker between reloads.

@@ -105,7 +105,7 @@ def test_every_root_cause_has_a_playbook_of_known_steps() -> None:
     risky = {s.kind: s.risk for p in PLAYBOOKS.values() for s in p.steps if s.risk}
     assert risky == {"replace_node": "replace", "reset_or_reboot": "reset_gpu",
                      "reboot": "reboot", "reboot_request": "reboot",
-                     "replace_if_not_back": "replace"}
+                     "replace_if_not_back": "replace", "wait_checkpoint": "replace_working"}
 
 
 # --- playbooks on the simulated fleet ----------------------------------------------------------

@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parents[1] / "scenarios"
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "scenarios"
 FILES = sorted(HERE.glob("*.json")) + (sorted(SHARED.glob("*.json")) if SHARED.is_dir() else [])
 LABELS = {"gpu_hardware", "gpu_memory", "nvlink", "network_flap", "switch_failure", "thermal",
-          "node_unreachable", "application_error"}
+          "node_unreachable", "application_error", "fail_slow"}
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.parent.name}/{p.stem}")

@@ -728,8 +728,10 @@ def test_policy_page_playbooks_modes_rails_and_no_secrets(ops: Client, settings:
     assert "mode-approve" in thermal
     hardware = page[page.index('data-testid="mode-gpu_hardware"'):]
     hardware = hardware[:hardware.index("</tr>")]
+    # The playbook's mode, then each risk class's: replacing a node that still works
+    # (replace_working) waits for approval unless FLEETWATCH_STEP_MODES names it.
     assert re.findall(r">(auto|approve|observe)</span>", hardware) == ["auto", "approve", "auto",
-                                                                        "auto"]
+                                                                        "auto", "approve"]
     assert "FLEETWATCH_BUDGET_MAX_NODES" in page and "FLEETWATCH_STORM_INCIDENTS" in page
     assert "FLEETWATCH_COOLDOWN_MINUTES" in page and "FLEETWATCH_RMA_AFTER" in page
     assert "https://hooks.slack.com/services/…" in page
