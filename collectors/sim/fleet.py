@@ -556,7 +556,7 @@ def _reboot(state: State, node: str, reason: str, now: float, speed: float) -> A
 
 NOMINAL_SM_CLOCK = 1980.0   # an H100 SXM's SM clock under load, MHz
 IDLE_SM_CLOCK = 345.0
-NOMINAL_POWER_W = 690.0
+NOMINAL_POWER_W = 660.0  # under load; never above the 700 W limit (H100_POWER_LIMIT_W)
 IDLE_POWER_W = 70.0
 NVLINK_BYTES_PER_S = 180e9
 PCIE_BYTES_PER_S = 12e9
@@ -657,7 +657,7 @@ class _GpuLife:
         clock = rng.choice((1950.0, 1965.0, 1980.0, 1980.0)) * fx.get("clock", 1.0)
         return {
             dcgm.SM_CLOCK: round(clock / 15) * 15.0,
-            dcgm.POWER_USAGE: round(NOMINAL_POWER_W * rng.uniform(0.96, 1.03)
+            dcgm.POWER_USAGE: round(NOMINAL_POWER_W * rng.uniform(0.96, 1.05)
                                     * fx.get("power", 1.0) * (1 - 0.5 * wait), 1),
             dcgm.GPU_UTIL: float(round(min(100.0, rng.uniform(93, 99) + (3 if fx else 0))
                                        - 40 * wait)),
