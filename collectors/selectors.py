@@ -528,12 +528,29 @@ class GpuReadings:
         return self._get(dcgm.PCIE_MAX_LINK_WIDTH)
 
     @property
+    def idle(self) -> bool:
+        """The GPU says its clocks are down because it has nothing to do."""
+        for name in dcgm.CLOCK_REASONS:
+            if name in self.values:
+                return bool(int(self.values[name]) & dcgm.GPU_IDLE)
+        return False
+
+    @property
+    def pcie_idle_gen(self) -> bool:
+        """A generation below the maximum on an idle GPU: the link steps down to save power
+        and back up under load, as NVIDIA's GPUs do; not a fault."""
+        gen, top = self.pcie_gen, self.pcie_gen_max
+        return self.idle and gen is not None and top is not None and gen < top
+
+    @property
     def pcie_below_max(self) -> bool:
-        """The link trained below what the GPU and slot support (a generation or lanes
-        short): the GPU's transfers are slower, and nothing else says so."""
-        return any(now is not None and top is not None and now < top
-                   for now, top in ((self.pcie_gen, self.pcie_gen_max),
-                                    (self.pcie_width, self.pcie_width_max)))
+        """The link trained below what the GPU and slot support (lanes short, or a
+        generation short while the GPU works): its transfers are slower, and nothing else
+        says so."""
+        gen, top = self.pcie_gen, self.pcie_gen_max
+        width, widest = self.pcie_width, self.pcie_width_max
+        return (width is not None and widest is not None and width < widest) or (
+            gen is not None and top is not None and gen < top and not self.idle)
 
     @property
     def pcie_replays(self) -> float | None:

@@ -121,7 +121,11 @@ def test_dashboard_puts_what_needs_a_person_first(browser: Any, stack: Stack,
     expect(page.locator("[data-testid=readings-none-5]")).to_contain_text("no readings")
     expect(page.locator("[data-testid=readings-power-0]")).to_contain_text("of 700 W")
     expect(page.locator("[data-testid=readings-clocks-0]")).to_contain_text("2,619 MHz")
-    expect(page.locator("[data-testid=readings-pcie-0]")).to_have_text("Gen5 x16 of Gen5 x16")
+    # gpu-003's job hangs, so its GPUs idle: the link steps down a generation to save power,
+    # which the page says without calling it a fault.
+    expect(page.locator("[data-testid=readings-pcie-0]")).to_have_text(
+        re.compile(r"^Gen\d x16 of Gen5 x16( \(idle: a lower generation saves power\))?$"))
+    expect(page.locator("[data-testid=readings-pcie-0]")).not_to_contain_text("below")
     expect(page.locator("[data-testid=pods-unavailable]")).to_contain_text(
         "kubernetes unreachable")
 

@@ -114,7 +114,8 @@ def test_a_gpu_row_says_what_was_not_reported_instead_of_zero() -> None:
                           dcgm.ROW_REMAP_PENDING: 1, dcgm.ROW_REMAP_FAILURE: 0})
     assert row.reported and row.power == 612.5
     assert row.power_limit is None and row.sm_clock is None and row.ecc_dbe is None
-    assert row.pcie_below_max  # Gen3 on a Gen5 link
+    # Gen3 on a Gen5 link while the GPU says it idles: power saving, not a slow link.
+    assert row.pcie_idle_gen and not row.pcie_below_max
     # The clock-event reasons under their pre-3.2 name, in words.
     assert row.clock_events == ["gpu idle", "hw thermal slowdown"]
     assert row.nvlink_counter == 123456 and row.nvlink_gbs == (None, None)
@@ -138,3 +139,24 @@ def test_fields_no_gpu_reported_are_named_once_an_exporter_answers() -> None:
                   if name not in (dcgm.CLOCKS_EVENT_REASONS, dcgm.NVLINK_BANDWIDTH_TOTAL)}
     assert _not_exported([GpuReadings(0, everything)]) == []  # the old name and the rates do
     assert _not_exported([GpuReadings(0, {})]) == []  # a silent exporter, not a short one
+
+
+def test_a_pcie_link_below_its_maximum_is_marked_unless_an_idle_gpu_saves_power() -> None:
+    """An idle GPU steps its link down a generation (and back under load): not a fault. Fewer
+    lanes, or a lower generation while it works, is a slow link nothing else reports."""
+    link = {dcgm.PCIE_MAX_LINK_GEN: 5.0, dcgm.PCIE_MAX_LINK_WIDTH: 16.0}
+    idle = {dcgm.CLOCKS_EVENT_REASONS: float(dcgm.GPU_IDLE)}
+    busy = {dcgm.CLOCKS_EVENT_REASONS: 0.0}
+
+    def gpu(gen: float, width: float, clocks: dict[str, float]) -> GpuReadings:
+        return GpuReadings(0, {**link, dcgm.PCIE_LINK_GEN: gen, dcgm.PCIE_LINK_WIDTH: width,
+                               **clocks})
+
+    assert not gpu(5, 16, busy).pcie_below_max and not gpu(5, 16, busy).pcie_idle_gen
+    assert gpu(3, 16, busy).pcie_below_max
+    assert not gpu(1, 16, idle).pcie_below_max and gpu(1, 16, idle).pcie_idle_gen
+    assert gpu(1, 8, idle).pcie_below_max  # lanes missing: idle or not
+    assert gpu(5, 8, busy).pcie_below_max
+    # No clock-event field exported: a lower generation cannot be put down to idling.
+    assert GpuReadings(0, {**link, dcgm.PCIE_LINK_GEN: 1.0,
+                           dcgm.PCIE_LINK_WIDTH: 16.0}).pcie_below_max
