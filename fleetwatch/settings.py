@@ -24,6 +24,7 @@ from collectors.env import (
     env_map,
     env_str,
 )
+from collectors.knowledge import acceptance as _acceptance  # lower case: not a setting
 from collectors.knowledge import causes as _causes  # lower case: not a setting itself
 from collectors.sources import FLEETS, SourceSettings, cluster_default_name, clusters_load
 from fleetwatch.datadir import broker_dir, data_dir, secret_key_saved
@@ -331,6 +332,34 @@ FLEETWATCH_RECOVERY_STABLE_MINUTES = env_float("FLEETWATCH_RECOVERY_STABLE_MINUT
                                                minimum=0)
 FLEETWATCH_NODE_BACK_MINUTES = env_float("FLEETWATCH_NODE_BACK_MINUTES", 15.0, minimum=0)
 FLEETWATCH_FLAPS_BEFORE_REPLACE = env_int("FLEETWATCH_FLAPS_BEFORE_REPLACE", 3, minimum=1)
+# The return-to-service gate (incidents/remediation/gate.py): acceptance checks a node passes
+# before it goes back to Slurm service. The catalogue of checks and per-GPU-model thresholds
+# ships in collectors/knowledge/acceptance.py; FLEETWATCH_GATE_FILE lays a site's own over it
+# (JSON or YAML). FLEETWATCH_GATE_CHECKS chooses, per node pool and per repair, which run:
+# "[POOL:]REPAIR=CHECK+CHECK,..." ("*" any, "none" no check). The check programs live on the
+# nodes in FLEETWATCH_GATE_CHECK_DIR; a check job writes its output under
+# FLEETWATCH_GATE_OUTPUT_DIR (read back where FleetWatch can read that path: a shared file
+# system). A check job queued (or Slurm unreachable) longer than FLEETWATCH_GATE_START_MINUTES:
+# the gate gives up and holds the node. FLEETWATCH_GATE_RMA_AFTER failed gates of one node in a
+# week mark it for RMA. FLEETWATCH_GATE_ENV: more KEY=VALUE for every check job's environment.
+try:
+    FLEETWATCH_GATE_FILE = env_str("FLEETWATCH_GATE_FILE", "")
+    FLEETWATCH_GATE_CATALOGUE = _acceptance.catalogue_load(FLEETWATCH_GATE_FILE)
+    FLEETWATCH_GATE_CHECKS = _acceptance.selection_parse(
+        env_str("FLEETWATCH_GATE_CHECKS", _acceptance.DEFAULT_SELECTION),
+        FLEETWATCH_GATE_CATALOGUE.checks)
+except _acceptance.CatalogueError as _exc:
+    raise ImproperlyConfigured(str(_exc)) from _exc
+FLEETWATCH_GATE_CHECK_DIR = env_str("FLEETWATCH_GATE_CHECK_DIR", "/opt/fleetwatch/checks")
+FLEETWATCH_GATE_OUTPUT_DIR = env_str("FLEETWATCH_GATE_OUTPUT_DIR", "/tmp")
+FLEETWATCH_GATE_START_MINUTES = env_float("FLEETWATCH_GATE_START_MINUTES", 30.0, minimum=0)
+FLEETWATCH_GATE_RMA_AFTER = env_int("FLEETWATCH_GATE_RMA_AFTER", 2, minimum=1)
+FLEETWATCH_GATE_ENV: dict[str, str] = {}
+for _item in env_list("FLEETWATCH_GATE_ENV", []):
+    _key, _sep, _value = _item.partition("=")
+    if not _sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", _key.strip()):
+        raise ImproperlyConfigured(f"FLEETWATCH_GATE_ENV: {_item!r} is not KEY=VALUE")
+    FLEETWATCH_GATE_ENV[_key.strip()] = _value.strip()
 # Where replacement, reboot and GPU reset come from: the simulation, Slurm's own reboot, a
 # Kubernetes node pool (delete the node, wait for a new one), or a site's program.
 FLEETWATCH_PROVIDER = _sources.provider

@@ -51,6 +51,9 @@ class Risk(StrEnum):
     REPLACE = "replace"
     REBOOT = "reboot"
     RESET_GPU = "reset_gpu"
+    # Putting a repaired node back into Slurm service through its acceptance checks (the
+    # return-to-service gate): approve it to have a person look first, observe to only say.
+    RETURN_TO_SERVICE = "return_to_service"
 
 
 RISKS: Final[tuple[Risk, ...]] = tuple(Risk)
