@@ -202,12 +202,12 @@ def test_a_failing_check_leaves_the_node_drained_with_its_reason_and_no_reservat
 
 
 def test_a_check_that_cannot_run_holds_the_node_and_says_why(cluster: SlurmCluster) -> None:
-    transport, slurm = clients(cluster)[0]
+    _, slurm = clients(cluster)[0]
     key = "missing"
     write_state(cluster, HEALTHY)
     drained_by_repair(cluster)
     waiting = user_job(cluster)
-    progress, state, _ = run_gate(cluster, slurm, plan(
+    progress, _, _ = run_gate(cluster, slurm, plan(
         cluster, key, "/opt/nowhere/fleetwatch-check"), waiting)
     assert progress.status == gate.CANNOT_RUN, progress
     assert "missing or not executable" in progress.detail and "exit 127" in progress.detail
