@@ -13,6 +13,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+import yaml
 from django.core.exceptions import ImproperlyConfigured
 
 from collectors.env import (
@@ -342,14 +343,20 @@ FLEETWATCH_FLAPS_BEFORE_REPLACE = env_int("FLEETWATCH_FLAPS_BEFORE_REPLACE", 3, 
 # system). A check job queued (or Slurm unreachable) longer than FLEETWATCH_GATE_START_MINUTES:
 # the gate gives up and holds the node. FLEETWATCH_GATE_RMA_AFTER failed gates of one node in a
 # week mark it for RMA. FLEETWATCH_GATE_ENV: more KEY=VALUE for every check job's environment.
+FLEETWATCH_GATE_FILE = env_str("FLEETWATCH_GATE_FILE", "")
 try:
-    FLEETWATCH_GATE_FILE = env_str("FLEETWATCH_GATE_FILE", "")
-    FLEETWATCH_GATE_CATALOGUE = _acceptance.catalogue_load(FLEETWATCH_GATE_FILE)
+    if FLEETWATCH_GATE_FILE:
+        # YAML reads JSON too.
+        FLEETWATCH_GATE_CATALOGUE = _acceptance.catalogue_from(
+            yaml.safe_load(Path(FLEETWATCH_GATE_FILE).read_text()),
+            f"FLEETWATCH_GATE_FILE {FLEETWATCH_GATE_FILE}")
+    else:
+        FLEETWATCH_GATE_CATALOGUE = _acceptance.Catalogue()
     FLEETWATCH_GATE_CHECKS = _acceptance.selection_parse(
         env_str("FLEETWATCH_GATE_CHECKS", _acceptance.DEFAULT_SELECTION),
         FLEETWATCH_GATE_CATALOGUE.checks)
-except _acceptance.CatalogueError as _exc:
-    raise ImproperlyConfigured(str(_exc)) from _exc
+except (_acceptance.CatalogueError, OSError, yaml.YAMLError) as _exc:
+    raise ImproperlyConfigured(f"FLEETWATCH_GATE_FILE / FLEETWATCH_GATE_CHECKS: {_exc}") from _exc
 FLEETWATCH_GATE_CHECK_DIR = env_str("FLEETWATCH_GATE_CHECK_DIR", "/opt/fleetwatch/checks")
 FLEETWATCH_GATE_OUTPUT_DIR = env_str("FLEETWATCH_GATE_OUTPUT_DIR", "/tmp")
 FLEETWATCH_GATE_START_MINUTES = env_float("FLEETWATCH_GATE_START_MINUTES", 30.0, minimum=0)

@@ -30,7 +30,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from collectors import queueing
-from collectors.clients import Clients, get_clients
+from collectors.clients import get_clients
 from collectors.clients.base import ActionResult, ClientError
 from collectors.knowledge.acceptance import Repair, selection_for
 from collectors.knowledge.causes import Risk
@@ -39,37 +39,13 @@ from collectors.roles import SYSTEM
 from incidents.audit import audit_lock, audit_record
 from incidents.models import GateRun, Remediation, Step
 from incidents.remediation import gate
+from incidents.remediation.gate_plan import gate_plan
 from incidents.remediation.policy import step_mode
 from incidents.retry import retry_transient
 from incidents.status import InvalidTransition
 
 log = logging.getLogger(__name__)
 WEEK = timedelta(days=7)
-
-
-def gate_plan(node: str, repair: str, key: str, pool: str, clients: Clients) -> gate.GatePlan:
-    """What the gate runs on ``node`` after ``repair``: the checks FLEETWATCH_GATE_CHECKS
-    chooses for its pool, with the thresholds of its GPU model (as the telemetry names it)."""
-    catalogue = settings.FLEETWATCH_GATE_CATALOGUE
-    names, entry = selection_for(settings.FLEETWATCH_GATE_CHECKS, pool, repair)
-    check_dir = settings.FLEETWATCH_GATE_CHECK_DIR.rstrip("/")
-    checks = tuple(gate.PlannedCheck(c.name, c.command.replace("{check_dir}", check_dir),
-                                     c.minutes, c.description)
-                   for c in (catalogue.checks[n] for n in names))
-    model = ""
-    if checks:
-        try:
-            model = next((m.model for m in clients.telemetry.gpu_metrics()
-                          if m.node == node and m.model), "")
-        except ClientError as exc:
-            # The figures are then not compared (the checks still run): said in the plan.
-            log.warning("gate %s: GPU model of %s unknown (telemetry: %s)", key, node, exc)
-    _, figures = catalogue.thresholds_for(model) if model else ("", {})
-    return gate.GatePlan(
-        key=key, node=node, repair=str(repair), checks=checks, chosen_by=entry, pool=pool,
-        output_dir=settings.FLEETWATCH_GATE_OUTPUT_DIR,
-        start_seconds=float(settings.FLEETWATCH_GATE_START_MINUTES) * 60.0, gpu_model=model,
-        thresholds=dict(figures), environment=dict(settings.FLEETWATCH_GATE_ENV))
 
 
 def node_pool(cluster_id: int, node: str) -> str:

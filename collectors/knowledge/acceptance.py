@@ -21,11 +21,9 @@ Standard library only: imported by settings, the gate, the sim and the tests.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import Any, Final
 
 # Exit statuses a check may end with that mean "could not check" rather than "failed".
@@ -148,9 +146,9 @@ class CatalogueError(ValueError):
     pass
 
 
-def catalogue_load(path: str | None) -> Catalogue:
-    """The shipped catalogue, with a site's file (JSON, or YAML where PyYAML is installed) laid
-    over it::
+def catalogue_from(data: Any, where: str = "FLEETWATCH_GATE_FILE") -> Catalogue:
+    """The shipped catalogue with a site's own laid over it (``data``: what its file holds,
+    JSON or YAML, read by the settings)::
 
         {"checks": {"my-burnin": {"command": "/opt/site/burnin.sh", "minutes": 30,
                                   "description": "...", "figures": ["gemm_tflops"]}},
@@ -158,46 +156,27 @@ def catalogue_load(path: str | None) -> Catalogue:
 
     A check or a model named again replaces the shipped one (a model's figures are merged);
     anything malformed is refused naming the entry."""
-    if not path:
+    if data is None:
         return Catalogue()
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise CatalogueError(f"FLEETWATCH_GATE_FILE {path}: {exc.strerror}") from exc
-    data: Any
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        try:
-            import yaml  # optional: a YAML file where PyYAML is installed
-        except ImportError as exc:
-            raise CatalogueError(f"FLEETWATCH_GATE_FILE {path} is not JSON") from exc
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise CatalogueError(f"FLEETWATCH_GATE_FILE {path} is neither JSON nor YAML: "
-                                 f"{exc}") from exc
     if not isinstance(data, Mapping):
-        raise CatalogueError(f"FLEETWATCH_GATE_FILE {path}: not an object with checks and "
-                             "thresholds")
+        raise CatalogueError(f"{where}: not an object with checks and thresholds")
     unknown = set(data) - {"checks", "thresholds"}
     if unknown:
-        raise CatalogueError(f"FLEETWATCH_GATE_FILE {path}: unknown keys {sorted(unknown)} "
-                             "(checks, thresholds)")
+        raise CatalogueError(f"{where}: unknown keys {sorted(unknown)} (checks, thresholds)")
     checks = dict(CHECKS)
     for name, raw in (data.get("checks") or {}).items():
         if not isinstance(raw, Mapping) or not isinstance(raw.get("command"), str) \
                 or not raw["command"].strip():
-            raise CatalogueError(f"FLEETWATCH_GATE_FILE {path}: check {name!r} needs a "
-                                 "command (a shell command line)")
+            raise CatalogueError(f"{where}: check {name!r} needs a command (a shell command "
+                                 "line)")
         minutes = raw.get("minutes", 15)
         if not isinstance(minutes, int) or isinstance(minutes, bool) or minutes < 1:
-            raise CatalogueError(f"FLEETWATCH_GATE_FILE {path}: check {name!r}: minutes must "
-                                 "be a whole number of minutes, at least 1")
+            raise CatalogueError(f"{where}: check {name!r}: minutes must be a whole number of "
+                                 "minutes, at least 1")
         figures = raw.get("figures", [])
         if not isinstance(figures, list) or not all(isinstance(f, str) for f in figures):
-            raise CatalogueError(f"FLEETWATCH_GATE_FILE {path}: check {name!r}: figures must "
-                                 "be a list of threshold names")
+            raise CatalogueError(f"{where}: check {name!r}: figures must be a list of "
+                                 "threshold names")
         checks[str(name)] = Check(str(name), raw["command"].strip(), minutes,
                                   str(raw.get("description", "")), tuple(figures),
                                   str(raw.get("vendor", "")))
@@ -206,8 +185,8 @@ def catalogue_load(path: str | None) -> Catalogue:
         if not isinstance(figures, Mapping) or not all(
                 isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
                 for v in figures.values()):
-            raise CatalogueError(f"FLEETWATCH_GATE_FILE {path}: thresholds of {model!r} must "
-                                 "map figure names to numbers")
+            raise CatalogueError(f"{where}: thresholds of {model!r} must map figure names to "
+                                 "numbers")
         thresholds.setdefault(str(model), {}).update(
             {str(k): float(v) for k, v in figures.items()})
     return Catalogue(checks, thresholds)

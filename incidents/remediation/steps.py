@@ -31,6 +31,7 @@ from collectors.knowledge import dcgm
 from collectors.knowledge.acceptance import RESERVATION_PREFIX, Repair
 from collectors.knowledge.xid import takes_gpu_out
 from incidents.remediation import gate
+from incidents.remediation.gate_plan import gate_plan
 
 
 @dataclass
@@ -623,8 +624,6 @@ def _gate_target(ctx: StepContext) -> tuple[str, Repair]:
 
 
 def _gate_plan(ctx: StepContext, node: str, repair: Repair, key: str) -> gate.GatePlan:
-    from incidents.gates import gate_plan  # settings and telemetry: not needed at import
-
     pool = ctx.facts.node_pool(node) if ctx.facts is not None else ""
     return gate_plan(node, repair, key, pool, ctx.clients)
 

@@ -7,22 +7,27 @@ mid-gate, the gate outside a playbook and its modes, Slurm down."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from collectors import normalize
 from collectors import services as collectors
 from collectors.clients import get_clients
 from collectors.clients.base import ActionResult, ClientError, SlurmJob
+from collectors.clients.slurm import gres_gpus, parse_reservations, parse_reservations_text
 from collectors.knowledge.acceptance import (
     CHECKS,
     Catalogue,
     CatalogueError,
     Repair,
-    catalogue_load,
+    catalogue_from,
     selection_for,
     selection_parse,
     threshold_env,
@@ -68,10 +73,9 @@ def test_a_bad_selection_is_refused_naming_it(text: str, says: str) -> None:
 
 
 def test_a_site_file_adds_checks_and_overrides_thresholds(tmp_path: Path) -> None:
-    site = tmp_path / "gate.yaml"
-    site.write_text("checks:\n  site-burnin: {command: /opt/site/burnin.sh, minutes: 45}\n"
-                    "thresholds:\n  H100: {nccl_busbw_gbps: 420}\n  GB200: {gemm_tflops: 2000}\n")
-    catalogue = catalogue_load(str(site))
+    site = ("checks:\n  site-burnin: {command: /opt/site/burnin.sh, minutes: 45}\n"
+            "thresholds:\n  H100: {nccl_busbw_gbps: 420}\n  GB200: {gemm_tflops: 2000}\n")
+    catalogue = catalogue_from(yaml.safe_load(site))
     assert catalogue.checks["site-burnin"].minutes == 45 and "fleetwatch-check" in catalogue.checks
     assert catalogue.thresholds_for("NVIDIA H100 80GB HBM3") == (
         "H100", {"nccl_busbw_gbps": 420.0, "gemm_tflops": 550.0, "membw_gbps": 2400.0})
@@ -79,10 +83,51 @@ def test_a_site_file_adds_checks_and_overrides_thresholds(tmp_path: Path) -> Non
     assert catalogue.thresholds_for("NVIDIA H200")[0] == "H200"
     assert catalogue.thresholds_for("Tesla T4") == ("", {})
     assert threshold_env({"gemm_tflops": 550.0}) == {"FLEETWATCH_MIN_GEMM_TFLOPS": "550"}
-    (tmp_path / "bad.json").write_text(json.dumps({"checks": {"x": {"minutes": 3}}}))
     with pytest.raises(CatalogueError, match="check 'x' needs a command"):
-        catalogue_load(str(tmp_path / "bad.json"))
-    assert Catalogue().checks == CHECKS
+        catalogue_from({"checks": {"x": {"minutes": 3}}})
+    assert Catalogue().checks == CHECKS == catalogue_from(None).checks
+
+
+def test_settings_refuse_a_bad_gate_file_or_selection(tmp_path: Path) -> None:
+    """As FleetWatch starts: a gate configuration that does not parse stops it, naming why."""
+    (tmp_path / "gate.json").write_text(json.dumps({"checks": {"x": {"command": "true"}}}))
+    probe = ("import django; django.setup(); from django.conf import settings as s; "
+             "print(sorted(s.FLEETWATCH_GATE_CATALOGUE.checks)[-1], s.FLEETWATCH_GATE_CHECKS)")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "fleetwatch.settings",
+           "FLEETWATCH_FLEET": "sim", "FLEETWATCH_GATE_FILE": str(tmp_path / "gate.json"),
+           "FLEETWATCH_GATE_CHECKS": "*=fleetwatch-check,h100:lend=x"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[0] == "x" and "'h100': {'lend': ('x',)}" in done.stdout
+    env["FLEETWATCH_GATE_CHECKS"] = "lend=nvbandwidth"
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode != 0 and "no check nvbandwidth" in done.stderr
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+
+
+@pytest.mark.parametrize("answer", ["22.05-show-reservation.txt",
+                                    "25.11/scontrol-show-reservation.json",
+                                    "25.11/rest-v0.0.44-reservations.json"])
+def test_real_reservation_answers_read_alike(answer: str) -> None:
+    text = (FIXTURES / answer).read_text()
+    found = (parse_reservations_text(text) if answer.endswith(".txt")
+             else parse_reservations(json.loads(text))[0])
+    mine, theirs = found
+    assert (mine.name, mine.nodes, mine.users) == ("fleetwatch-gate-r7-1", ("gpu-002",), ("root",))
+    assert {"MAINT", "IGNORE_JOBS"} <= set(mine.flags)
+    assert (theirs.name, theirs.nodes) == ("site-maintenance", ("gpu-001",))
+    assert len(theirs.users) == 2 and "MAINT" not in theirs.flags
+
+
+@pytest.mark.parametrize(("gres", "count"), [
+    ("gpu:8", 8), ("gpu:h100:8(S:0-1)", 8), ("gpu:a100:4,gpu:t4:2", 6),
+    ("gpu:h100:4(S:0,1),nic:2", 4), ("nic:2", None), ("", None), (None, None)])
+def test_a_nodes_gpus_come_from_its_gres(gres: str | None, count: int | None) -> None:
+    assert gres_gpus(gres) == count
 
 
 def test_fleetwatch_check_jobs_are_never_diagnosed() -> None:
