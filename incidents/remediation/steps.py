@@ -654,6 +654,14 @@ def prove_healthy(ctx: StepContext) -> Outcome:
     why. Either way the resume step after this one never runs."""
     state = dict(ctx.state)
     node, repair = _gate_target(ctx)
+    if node != ctx.node and not state.get("old_hold_released"):
+        # Replaced after all (recover_node): the hold on the old node is this remediation's
+        # to lift; the old node itself stays drained (marked DOWN) as it was.
+        hold = f"{RESERVATION_PREFIX}r{ctx.remediation_id}-hold"
+        if any(r.name == hold for r in ctx.clients.slurm.reservations()):
+            ctx.call("slurm.unreserve", f"{ctx.node} ({hold})", ctx.clients.slurm.unreserve,
+                     hold)
+        state["old_hold_released"] = True
     run = int(state.get("run", 0))
     current = dict(state.get("gate") or {})
     if not current or (current.get("done") and current.get("verdict") not in (gate.PASSED,

@@ -230,3 +230,35 @@ def test_a_node_drained_by_someone_else_is_not_checked_nor_resumed(
     assert "DRAIN" in node["State"] and node["Reason"].startswith("bios update by ops"), node
     assert not any("fleetwatch-gate-theirs" in s["reservations"] for s in seen)
     sh(cluster, "scancel", "--name=someone-else")
+
+
+def test_a_node_held_through_a_slurm_reboot_takes_no_user_job_until_it_passes(
+        cluster: SlurmCluster) -> None:
+    """The reboot steps hold the node in a gate reservation before ``scontrol reboot ASAP
+    nextstate=RESUME``: on 22.05 a reboot puts the node back in service whatever it was (a
+    drain included), and only the reservation keeps a user's job off it until the gate, which
+    adopts that reservation, has passed."""
+    _, slurm = clients(cluster)[0]
+    write_state(cluster, HEALTHY)
+    drained_by_repair(cluster)
+    hold = "fleetwatch-gate-r9-hold"
+    assert slurm.reserve(hold, NODE).changed
+    assert not slurm.reserve(hold, NODE).changed  # a retried step makes none twice
+    slurm.reboot(NODE, "fleetwatch: incident 9 nvlink")
+    wait_for(lambda: NODE in cluster.reboot_requests(), 60, f"RebootProgram on {NODE}")
+    cluster.complete_reboot(NODE)
+    wait_for(lambda: "REBOOT" not in node_fields(cluster)["State"] and
+             "NOT_RESPONDING" not in node_fields(cluster)["State"], 60, f"{NODE} back")
+    back = node_fields(cluster)["State"]
+    assert "DRAIN" not in back, back  # what the reboot did: back in service, but held
+    waiting = user_job(cluster)
+    time.sleep(3)
+    assert squeue(cluster, waiting) == "PENDING"
+    progress, state, seen = run_gate(cluster, slurm, plan(cluster, "r9-1"), waiting)
+    assert progress.status == gate.PASSED, (progress, seen[-2:])
+    assert state["reservation"] == hold and state["adopted"] is True
+    assert [verb for verb, _ in state["made"]] == ["slurm.submit_check", "slurm.unreserve"]
+    assert all(s["user_job"] == "PENDING" for s in seen[:-1]), seen
+    assert hold not in reservations(cluster)
+    wait_for(lambda: squeue(cluster, waiting) == "RUNNING", 30, "the user's job to start")
+    sh(cluster, "scancel", waiting)
