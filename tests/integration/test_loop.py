@@ -138,7 +138,7 @@ def test_no_auto_replace_label_stops_before_cordon(
     assert remediation.status == Remediation.Status.BLOCKED
     assert "fleetwatch.io/no-auto-replace" in remediation.blocked_reason
     statuses = list(remediation.steps.order_by("order").values_list("status", flat=True))
-    assert statuses == ["succeeded"] * 3 + ["blocked"] + ["pending"] * 3
+    assert statuses == ["succeeded"] * 3 + ["blocked"] + ["pending"] * 4
     state = sim_state()
     assert state["nodes"]["gpu-010"]["drained"]  # drained and requeued, as before the check
     assert not state["nodes"]["gpu-010"]["unschedulable"]  # but not cordoned
