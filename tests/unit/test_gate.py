@@ -243,6 +243,22 @@ def test_a_check_that_cannot_run_holds_the_node(
     assert GateRun.objects.get().repair == "reset"
 
 
+def test_a_node_that_fails_its_checks_after_a_reset_goes_back_to_repair_as_a_replacement(
+        cluster: Any, sim_fleet: SimFleet, django_capture_on_commit_callbacks: Any) -> None:
+    with sim_fleet.transaction() as state:
+        set_check_verdict(state, "gpu-003", "fail")
+    incident = memory_fault(cluster, django_capture_on_commit_callbacks)
+    rem = drive(incident.remediations.get(), django_capture_on_commit_callbacks, between=collect)
+    assert rem.status == "failed" and rem.playbook == "reset_gpu"
+    # A person starts the repair again: the reset did not hold, so this time it is replaced.
+    with django_capture_on_commit_callbacks():
+        again = transitions.remediation_open(incident, actor="user:olivia").remediation
+    assert again.pk != rem.pk and again.playbook == "replace_node"
+    created = AuditEntry.objects.get(remediation=again, verb="remediation.created")
+    assert "gpu-003 failed its acceptance checks after a repair this week: replace" in (
+        created.result)
+
+
 def test_the_gate_step_follows_its_own_mode(
         cluster: Any, sim_fleet: SimFleet, settings: Any,
         django_capture_on_commit_callbacks: Any) -> None:
