@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from django.test import Client
 
 from collectors import normalize
 from collectors import services as collectors
@@ -164,7 +165,7 @@ def spare_of(rem: Any) -> str:
 
 
 def test_a_replacement_that_fails_its_check_never_reaches_service_and_a_retry_checks_again(
-        cluster: Any, sim_fleet: SimFleet, settings: Any,
+        cluster: Any, sim_fleet: SimFleet, settings: Any, viewer: Any,
         django_capture_on_commit_callbacks: Any) -> None:
     # Every spare fails its checks until a person has looked at it.
     with sim_fleet.transaction() as state:
@@ -193,6 +194,13 @@ def test_a_replacement_that_fails_its_check_never_reaches_service_and_a_retry_ch
     assert entry.target == spare and '"ok": false' in entry.data["results"][0]["output"]
     shown = node_detail(Node.objects.get(name=spare))["gates"]
     assert [(g.status, g.key) for g in shown] == [("failed", f"r{rem.pk}-1")]
+    client = Client()
+    client.force_login(viewer)
+    page = client.get(f"/nodes/{spare}/").content.decode()
+    section = page[page.index('data-testid="node-gates"'):]
+    section = section[:section.index("</section>")]
+    assert "failed: held" in section and "fleetwatch-check: failed" in section
+    assert "simulated burn-in below the GPU model&#x27;s figures" in section  # its output
 
     # A person replaces the bad part and retries the step: the checks run again, afresh.
     with sim_fleet.transaction() as state:
