@@ -300,7 +300,7 @@ def _hold(slurm: SlurmClient, plan: GatePlan, state: dict[str, Any], call: Call,
         call("slurm.reserve", f"{plan.node} ({reservation})", slurm.reserve, reservation,
              plan.node)
         state["reserved"] = True
-    if "DRAIN" in flags or node.state == "DOWN":
+    if "DRAIN" in flags or node.state == "DOWN" or state.get("drained_by_gate"):
         # Only reservation jobs may start now: a drained node would run none of them.
         call("slurm.resume", f"{plan.node} ({reservation})", slurm.resume, plan.node)
     state["resumed"] = True

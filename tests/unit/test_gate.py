@@ -369,6 +369,30 @@ def test_a_gate_cut_off_after_its_submit_makes_no_second_reservation_nor_job(
     assert snap["reservations"] == {} and not snap["nodes"]["gpu-013"]["drained"]
 
 
+def test_a_node_found_in_service_is_drained_then_held_then_checked(sim_fleet: SimFleet) -> None:
+    free_nodes(sim_fleet)  # gpu-016 idle and in service: a lent node given back, say
+    slurm = SimSlurm(sim_fleet)
+    plan = gate.GatePlan(key="idle", node="gpu-016", repair="lend", start_seconds=60,
+                         checks=(gate.PlannedCheck("fleetwatch-check", "true", 5),))
+    made: list[str] = []
+
+    def call(verb: str, target: str, fn: Any, *args: Any) -> ActionResult:
+        made.append(verb)
+        result: ActionResult = fn(*args)
+        return result
+
+    state: dict[str, Any] = {}
+    for _ in range(200):
+        progress = gate.gate_poll(slurm, plan, state, call, time.time())
+        if progress.final:
+            break
+        time.sleep(0.05)
+    assert progress.status == gate.PASSED, progress
+    assert made == ["slurm.drain", "slurm.reserve", "slurm.resume", "slurm.submit_check",
+                    "slurm.unreserve"]
+    assert not sim_fleet.snapshot()["nodes"]["gpu-016"]["drained"]
+
+
 # --- the gate outside a playbook --------------------------------------------------------------
 
 
