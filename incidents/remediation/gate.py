@@ -18,9 +18,10 @@ only if they pass. How, as found on real Slurm 22.05 and 25.11 (tests/integratio
    verdict (0 passed; 77, 126, 127: could not check; anything else, a time limit or a node
    failure: failed). The first that does not pass ends the checks.
 3. **Verdict.** Passed: the reservation is deleted, and the node, already resumed, is in
-   service. Failed or could not run: the node is drained again (``fleetwatch: acceptance check
-   ... failed``) *before* the reservation is deleted (nothing lands in between), and the checks'
-   output goes into the audit trail and onto the node's page.
+   service. Failed or could not run: the node is drained (again) (``fleetwatch: acceptance
+   check ... failed``) *before* the reservation is deleted (nothing lands in between; a node
+   drained already keeps its reason), and the checks' output goes into the audit trail and
+   onto the node's page.
 
 A check that cannot run never resumes the node: Slurm unreachable, the node not answering, a
 check job that does not start within ``start_seconds`` or a check program missing on the node
@@ -376,7 +377,9 @@ def _finish(slurm: SlurmClient, plan: GatePlan, state: dict[str, Any], call: Cal
     """Step 3: passed, the reservation goes and the node is in service; otherwise the node is
     drained again first, then the reservation goes."""
     reservation = state.get("reservation", plan.reservation)
-    if state["verdict"] != PASSED and state.get("resumed") and not state.get("redrained"):
+    # Drained whether or not the gate resumed it: a DOWN node (ReturnToService) or one a
+    # reboot put back would otherwise be in service once its reservation is gone.
+    if state["verdict"] != PASSED and not state.get("redrained"):
         why = " ".join(state["why"].split())[:220]
         call("slurm.drain", f"{plan.node} ({reservation}) after the checks", slurm.drain,
              plan.node, f"{SLURM_REASON_PREFIX} {why} (gate {plan.key})")

@@ -654,14 +654,9 @@ def prove_healthy(ctx: StepContext) -> Outcome:
     why. Either way the resume step after this one never runs."""
     state = dict(ctx.state)
     node, repair = _gate_target(ctx)
-    if node != ctx.node and not state.get("old_hold_released"):
-        # Replaced after all (recover_node): the hold on the old node is this remediation's
-        # to lift; the old node itself stays drained (marked DOWN) as it was.
-        hold = f"{RESERVATION_PREFIX}r{ctx.remediation_id}-hold"
-        if any(r.name == hold for r in ctx.clients.slurm.reservations()):
-            ctx.call("slurm.unreserve", f"{ctx.node} ({hold})", ctx.clients.slurm.unreserve,
-                     hold)
-        state["old_hold_released"] = True
+    # Replaced after all (recover_node): a hold on the old node stays. It was marked DOWN,
+    # and with ReturnToService=2 a DOWN node is back in service the moment its slurmd
+    # registers: the reservation keeps it out until a gate (node_gate_start) adopts it.
     run = int(state.get("run", 0))
     current = dict(state.get("gate") or {})
     if not current or (current.get("done") and current.get("verdict") not in (gate.PASSED,
