@@ -12,6 +12,7 @@ from datetime import datetime
 
 from collectors.clients.base import GpuMetric, K8sNode, NicPort, SlurmJob, SlurmNode
 from collectors.knowledge import dcgm
+from collectors.knowledge.acceptance import CHECK_JOB_PREFIX
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,9 @@ def slurm_node_changes(previous: SlurmNodeSeen | None, now: SlurmNode) -> list[S
 
 
 def slurm_job_changes(previous_state: str | None, now: SlurmJob) -> list[SignalDraft]:
-    if previous_state == now.state:
+    if previous_state == now.state or now.name.startswith(CHECK_JOB_PREFIX):
+        # FleetWatch's own acceptance checks: a failed one is the return-to-service gate's
+        # verdict on a node (recorded there), never a job failure to diagnose.
         return []
     message = f"job {now.job_id} ({now.name}) {previous_state or 'new'} -> {now.state}"
     if now.state == "RUNNING" and now.resumed_from_step is not None:

@@ -32,6 +32,7 @@ DIAGNOSE_SIGNALS = "incidents.tasks.diagnose_signals"  # messages of older versi
 RUN_STEP = "incidents.tasks.run_step"
 PAGE_PERSON = "incidents.tasks.page_person"
 STEPS_RESCUE = "incidents.tasks.steps_rescue"
+GATE_ADVANCE = "incidents.tasks.gate_advance"
 WEBHOOK_DELIVER = "incidents.tasks.webhook_deliver"
 WEBHOOKS_RESCUE = "incidents.tasks.webhooks_rescue"
 DRILL_BEGIN = "incidents.tasks.drill_begin"

@@ -13,6 +13,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+import yaml
 from django.core.exceptions import ImproperlyConfigured
 
 from collectors.env import (
@@ -25,6 +26,7 @@ from collectors.env import (
     env_schedule,
     env_str,
 )
+from collectors.knowledge import acceptance as _acceptance  # lower case: not a setting
 from collectors.knowledge import causes as _causes  # lower case: not a setting itself
 from collectors.sources import FLEETS, SourceSettings, cluster_default_name, clusters_load
 from fleetwatch.datadir import broker_dir, data_dir, secret_key_saved
@@ -369,6 +371,40 @@ if FLEETWATCH_FAIL_SLOW_CHECKPOINT_MINUTES > 24 * 60:
     raise ImproperlyConfigured("FLEETWATCH_FAIL_SLOW_CHECKPOINT_MINUTES="
                                f"{FLEETWATCH_FAIL_SLOW_CHECKPOINT_MINUTES:g} is more than a day "
                                "(1440), the longest a remediation step may wait")
+# The return-to-service gate (incidents/remediation/gate.py): acceptance checks a node passes
+# before it goes back to Slurm service. The catalogue of checks and per-GPU-model thresholds
+# ships in collectors/knowledge/acceptance.py; FLEETWATCH_GATE_FILE lays a site's own over it
+# (JSON or YAML). FLEETWATCH_GATE_CHECKS chooses, per node pool and per repair, which run:
+# "[POOL:]REPAIR=CHECK+CHECK,..." ("*" any, "none" no check). The check programs live on the
+# nodes in FLEETWATCH_GATE_CHECK_DIR; a check job writes its output under
+# FLEETWATCH_GATE_OUTPUT_DIR (read back where FleetWatch can read that path: a shared file
+# system). A check job queued (or Slurm unreachable) longer than FLEETWATCH_GATE_START_MINUTES:
+# the gate gives up and holds the node. FLEETWATCH_GATE_RMA_AFTER failed gates of one node in a
+# week mark it for RMA. FLEETWATCH_GATE_ENV: more KEY=VALUE for every check job's environment.
+FLEETWATCH_GATE_FILE = env_str("FLEETWATCH_GATE_FILE", "")
+try:
+    if FLEETWATCH_GATE_FILE:
+        # YAML reads JSON too.
+        FLEETWATCH_GATE_CATALOGUE = _acceptance.catalogue_from(
+            yaml.safe_load(Path(FLEETWATCH_GATE_FILE).read_text()),
+            f"FLEETWATCH_GATE_FILE {FLEETWATCH_GATE_FILE}")
+    else:
+        FLEETWATCH_GATE_CATALOGUE = _acceptance.Catalogue()
+    FLEETWATCH_GATE_CHECKS = _acceptance.selection_parse(
+        env_str("FLEETWATCH_GATE_CHECKS", _acceptance.DEFAULT_SELECTION),
+        FLEETWATCH_GATE_CATALOGUE.checks)
+except (_acceptance.CatalogueError, OSError, yaml.YAMLError) as _exc:
+    raise ImproperlyConfigured(f"FLEETWATCH_GATE_FILE / FLEETWATCH_GATE_CHECKS: {_exc}") from _exc
+FLEETWATCH_GATE_CHECK_DIR = env_str("FLEETWATCH_GATE_CHECK_DIR", "/opt/fleetwatch/checks")
+FLEETWATCH_GATE_OUTPUT_DIR = env_str("FLEETWATCH_GATE_OUTPUT_DIR", "/tmp")
+FLEETWATCH_GATE_START_MINUTES = env_float("FLEETWATCH_GATE_START_MINUTES", 30.0, minimum=0)
+FLEETWATCH_GATE_RMA_AFTER = env_int("FLEETWATCH_GATE_RMA_AFTER", 2, minimum=1)
+FLEETWATCH_GATE_ENV: dict[str, str] = {}
+for _item in env_list("FLEETWATCH_GATE_ENV", []):
+    _key, _sep, _value = _item.partition("=")
+    if not _sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", _key.strip()):
+        raise ImproperlyConfigured(f"FLEETWATCH_GATE_ENV: {_item!r} is not KEY=VALUE")
+    FLEETWATCH_GATE_ENV[_key.strip()] = _value.strip()
 # Where replacement, reboot and GPU reset come from: the simulation, Slurm's own reboot, a
 # Kubernetes node pool (delete the node, wait for a new one), or a site's program.
 FLEETWATCH_PROVIDER = _sources.provider

@@ -248,6 +248,62 @@ class Step(models.Model):
         return (end - self.started_at).total_seconds()
 
 
+class GateRun(models.Model):
+    """One run of the return-to-service gate on a node: the acceptance checks it ran, their
+    verdict and output (incidents/remediation/gate.py). A playbook's gate step records its
+    runs here; other code starts one on its own (incidents.gates.node_gate_start) and this row
+    is then its working state too."""
+
+    class Status(models.TextChoices):
+        AWAITING_APPROVAL = "awaiting_approval", "awaiting approval"
+        RUNNING = "running", "running"
+        PASSED = "passed", "passed: in service"
+        FAILED = "failed", "failed: held"
+        CANNOT_RUN = "cannot_run", "could not run: held"
+        UNCHECKED = "unchecked", "no check configured"
+        OBSERVED = "observed", "observed (no action taken)"
+        CANCELLED = "cancelled", "cancelled"
+
+    FINAL = (Status.PASSED, Status.FAILED, Status.CANNOT_RUN, Status.UNCHECKED, Status.OBSERVED,
+             Status.CANCELLED)
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="gate_runs")
+    node = models.CharField(max_length=128, db_index=True)
+    # Names its reservation (fleetwatch-gate-KEY) and its check jobs: unique per run.
+    key = models.CharField(max_length=64, unique=True)
+    repair = models.CharField(max_length=16, help_text="what was done to the node before")
+    reason = models.TextField(blank=True, help_text="why it was asked for")
+    requested_by = models.CharField(max_length=150, default="system")
+    mode = models.CharField(max_length=16, choices=Remediation.Mode.choices,
+                            default=Remediation.Mode.AUTO)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.RUNNING)
+    checks = models.JSONField(default=list, blank=True, help_text="the checks it runs")
+    detail = models.TextField(blank=True, help_text="what it is doing, or its verdict")
+    # The gate's own state (reservation, check jobs, each check's result and output).
+    state: Any = models.JSONField(default=dict, blank=True)
+    # The outside calls it completed (a run after a crash does not make them again).
+    done_calls = models.JSONField(default=list, blank=True)
+    remediation = models.ForeignKey(Remediation, on_delete=models.SET_NULL, null=True,
+                                    blank=True, related_name="gate_runs")
+    step = models.ForeignKey(Step, on_delete=models.SET_NULL, null=True, blank=True,
+                             related_name="gate_runs")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    next_check_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"gate {self.key} on {self.node} ({self.status})"
+
+    @property
+    def results(self) -> list[dict[str, Any]]:
+        found = (self.state or {}).get("results") or []
+        return [r for r in found if isinstance(r, dict)]
+
+
 class AppendOnlyError(Exception):
     pass
 

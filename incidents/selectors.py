@@ -24,7 +24,7 @@ from incidents.audit import audit_verify
 from incidents.diagnosis import JobInfo, Observation, facts
 from incidents.diagnosis.parsers import KERNEL_WORDS
 from incidents.drills import DRILL_PHASES, drill_phases
-from incidents.models import AuditEntry, Drill, Incident, Remediation, RootCause, Step
+from incidents.models import AuditEntry, Drill, GateRun, Incident, Remediation, RootCause, Step
 from incidents.remediation import policy
 from incidents.remediation.playbooks import FOR_ROOT_CAUSE, PLAYBOOKS, RISKS
 from incidents.why import job_why
@@ -473,6 +473,27 @@ def node_page_incidents(sender: object, node: Node, **kwargs: object) -> dict[st
         "repairs": list(Remediation.objects.filter(incident__cluster=node.cluster)
                         .filter(Q(nodes__icontains=has) | Q(incident__nodes__icontains=has))
                         .select_related("incident").order_by("-created_at")[:50]),
+        # Its return-to-service gates: each check's verdict and the end of its output.
+        "gates": list(GateRun.objects.filter(cluster=node.cluster, node=node.name)
+                      .select_related("remediation").order_by("-created_at", "-id")[:10]),
+    }
+
+
+def gate_status(gate_id: int) -> dict[str, Any]:
+    """A return-to-service gate as other code reads it (incidents.gates.node_gate_start's
+    id): where it is, and, once final, whether the node is back in service."""
+    run = GateRun.objects.select_related("cluster").get(pk=gate_id)
+    state = run.state or {}
+    return {
+        "id": run.pk, "key": run.key, "cluster": run.cluster.name, "node": run.node,
+        "repair": run.repair, "mode": run.mode, "status": run.status, "detail": run.detail,
+        "reservation": state.get("reservation", ""), "checks": list(run.checks),
+        "results": [{k: r.get(k) for k in ("check", "job_id", "verdict", "exit_code",
+                                            "summary", "output_path")} for r in run.results],
+        "final": run.status in GateRun.FINAL,
+        "in_service": run.status in (GateRun.Status.PASSED, GateRun.Status.UNCHECKED),
+        "created_at": run.created_at.isoformat(),
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
     }
 
 

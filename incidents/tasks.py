@@ -15,7 +15,7 @@ from celery import Task, shared_task
 from django.db import DatabaseError
 
 from collectors import queueing
-from incidents import audit, deliveries, diagnosing, drills, slowness, webhooks
+from incidents import audit, deliveries, diagnosing, drills, gates, slowness, webhooks
 from incidents.remediation import engine
 
 
@@ -67,6 +67,15 @@ def page_person(remediation_id: int) -> None:
 @shared_task(name=queueing.STEPS_RESCUE, ignore_result=True)
 def steps_rescue() -> None:
     engine.steps_rescue()
+    gates.gates_rescue()  # the gates started outside a playbook, polled as steps are
+
+
+# A gate outside a playbook (incidents.gates.node_gate_start): leased and idempotent like a
+# step, so a worker that dies mid-poll leaves the message for another.
+@shared_task(name=queueing.GATE_ADVANCE, ignore_result=True, acks_late=True,
+             reject_on_worker_lost=True)
+def gate_advance(gate_id: int) -> None:
+    gates.gate_advance(gate_id)
 
 
 # The row is the truth (attempts, next attempt, outcome); Celery only carries the wake-up.

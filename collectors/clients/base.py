@@ -42,6 +42,49 @@ class SlurmNode:
     flags: tuple[str, ...] = ()  # DRAIN, NOT_RESPONDING, ...
     reason: str = ""
     partition: str = ""
+    # How many GPUs the node has in Slurm (its gpu GRES); None where Slurm did not say.
+    gpus: int | None = None
+
+
+@dataclass(frozen=True)
+class SlurmReservation:
+    """An advanced reservation (``scontrol show reservation``)."""
+
+    name: str
+    nodes: tuple[str, ...]
+    users: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+    end_time: float | None = None  # epoch seconds; None: unset or infinite
+
+
+@dataclass(frozen=True)
+class CheckJobSpec:
+    """A batch job FleetWatch submits to check a node (the return-to-service gate): run
+    ``script`` (a ``/bin/sh`` script) on ``node`` alone (the whole node, every GPU), inside
+    ``reservation``, with ``minutes`` as its time limit, its output into ``output`` (a path
+    on the node; ``%j`` is the job id)."""
+
+    name: str
+    node: str
+    reservation: str
+    script: str
+    minutes: int
+    output: str
+    partition: str = ""
+    gpus: int | None = None  # the GPUs to ask for (--gres=gpu:N); None: none asked
+
+
+@dataclass(frozen=True)
+class CheckJob:
+    """What Slurm says of a check job, and its output where FleetWatch can read it."""
+
+    job_id: str
+    name: str
+    state: str  # PENDING, RUNNING, COMPLETED, FAILED, TIMEOUT, CANCELLED, NODE_FAIL, ...
+    exit_code: int | None = None  # once ended
+    state_reason: str = ""
+    nodes: tuple[str, ...] = ()
+    output: str | None = None  # its output's text; None: not readable from here
 
 
 @dataclass(frozen=True)
@@ -253,6 +296,30 @@ class SlurmClient(Protocol):
         (``job_comment``); unchanged when it already says that."""
         ...
 
+    # --- the return-to-service gate: a reservation holding one node, check jobs in it -----
+
+    def reservations(self) -> list[SlurmReservation]: ...
+    def reserve(self, name: str, node: str) -> ActionResult:
+        """Create reservation ``name`` (``fleetwatch-...``) holding ``node`` alone from now on,
+        without end, for FleetWatch's own user (flags MAINT and IGNORE_JOBS): no other job
+        starts there, even once the node is resumed. Unchanged when it already holds it."""
+        ...
+
+    def unreserve(self, name: str) -> ActionResult:
+        """Delete FleetWatch's reservation ``name``; unchanged when it is gone already. A name
+        not starting ``fleetwatch-`` is refused (not FleetWatch's)."""
+        ...
+
+    def submit_check(self, spec: CheckJobSpec) -> ActionResult:
+        """Submit a check job (``data["job_id"]``); a job of that name slurmctld still holds
+        is that one (a retried step submits nothing twice)."""
+        ...
+
+    def check_job(self, job_id: str, output: str = "") -> CheckJob | None:
+        """A check job's state and exit code, and ``output`` (its output file, ``%j``
+        expanded) read where this machine can; None once slurmctld no longer holds it."""
+        ...
+
 
 class KubernetesClient(Protocol):
     @property
@@ -371,6 +438,8 @@ class NoProvider:
 
 # FleetWatch's ownership markers (DESIGN.md, "Ownership").
 SLURM_REASON_PREFIX = "fleetwatch:"
+# ...and its reservations' and check jobs' names start with this.
+SLURM_NAME_PREFIX = "fleetwatch-"
 
 
 def job_comment(current: str, text: str) -> str:

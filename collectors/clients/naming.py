@@ -18,7 +18,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
-from collectors.clients.base import ActionResult, SlurmClient, SlurmJob, SlurmNode
+from collectors.clients.base import (
+    ActionResult,
+    CheckJob,
+    CheckJobSpec,
+    SlurmClient,
+    SlurmJob,
+    SlurmNode,
+    SlurmReservation,
+)
 
 
 def parse_node_map(text: str) -> dict[str, str]:
@@ -98,3 +106,26 @@ class SlurmNames:
 
     def set_comment(self, job_id: str, text: str, field: str) -> ActionResult:
         return self.inner.set_comment(job_id, text, field)
+
+    # --- the return-to-service gate: reservations and check jobs name Slurm's nodes ---
+
+    def reservations(self) -> list[SlurmReservation]:
+        to_machine = self._maps()[0]
+        return [dataclasses.replace(r, nodes=tuple(to_machine.get(n, n) for n in r.nodes))
+                for r in self.inner.reservations()]
+
+    def reserve(self, name: str, node: str) -> ActionResult:
+        return self.inner.reserve(name, self._slurm(node))
+
+    def unreserve(self, name: str) -> ActionResult:
+        return self.inner.unreserve(name)
+
+    def submit_check(self, spec: CheckJobSpec) -> ActionResult:
+        return self.inner.submit_check(dataclasses.replace(spec, node=self._slurm(spec.node)))
+
+    def check_job(self, job_id: str, output: str = "") -> CheckJob | None:
+        found = self.inner.check_job(job_id, output)
+        if found is None:
+            return None
+        to_machine = self._maps()[0]
+        return dataclasses.replace(found, nodes=tuple(to_machine.get(n, n) for n in found.nodes))

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shlex
 import subprocess
@@ -64,14 +65,19 @@ import hostlist
 import orjson
 
 from collectors.clients.base import (
+    SLURM_NAME_PREFIX,
     SLURM_REASON_PREFIX,
     ActionResult,
+    CheckJob,
+    CheckJobSpec,
     ClientError,
     SlurmJob,
     SlurmNode,
+    SlurmReservation,
     job_comment,
     job_comment_check,
 )
+from collectors.knowledge.acceptance import CHECK_JOB_PREFIX, RESERVATION_PREFIX
 
 # --- versions ------------------------------------------------------------------------------------
 
@@ -300,7 +306,8 @@ def parse_node(record: Any) -> SlurmNode:
         partitions = [partitions]
     return SlurmNode(name=name, state=base, flags=flags,
                      reason=current_reason(base, flags, _reason(record.get("reason"))),
-                     partition=",".join(str(p) for p in partitions))
+                     partition=",".join(str(p) for p in partitions),
+                     gpus=gres_gpus(record.get("gres")))
 
 
 def parse_sinfo_group(record: Any) -> list[SlurmNode]:
@@ -319,9 +326,28 @@ def parse_sinfo_group(record: Any) -> list[SlurmNode]:
     partition = record.get("partition")
     part_name = partition.get("name") if isinstance(partition, Mapping) else partition
     reason = current_reason(base, flags, _reason(record.get("reason")))
+    gres = record.get("gres")
+    gpus = gres_gpus(gres.get("total") if isinstance(gres, Mapping) else gres)
     return [SlurmNode(name=n, state=base, flags=flags, reason=reason,
-                      partition=_text(part_name, "partition.name"))
+                      partition=_text(part_name, "partition.name"), gpus=gpus)
             for n in hostlist.expand_hostlist(",".join(names))]
+
+
+_GRES_COUNT_RE = re.compile(r"^gpu(?::[^:(,]+)*:(\d+)")
+
+
+def gres_gpus(value: Any) -> int | None:
+    """The GPUs in a node's ``gres`` ("gpu:8", "gpu:h100:8(S:0-1)", "gpu:a100:4,gpu:t4:2");
+    None where it names no GPU or does not parse (never "no GPU": Slurm did not say)."""
+    if not isinstance(value, str) or not value:
+        return None
+    total, seen = 0, False
+    # Entries are comma-separated, but a socket list "(S:0-1)" may hold commas too.
+    for entry in re.split(r",(?![^(]*\))", value):
+        match = _GRES_COUNT_RE.match(entry.strip())
+        if match:
+            total, seen = total + int(match.group(1)), True
+    return total if seen else None
 
 
 T = TypeVar("T")
@@ -490,6 +516,143 @@ def slurm_release(version_output: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+# --- reservations (the return-to-service gate) ---------------------------------------------------
+
+
+def _csv(value: Any, field: str) -> tuple[str, ...]:
+    """A list, or a comma-separated string (22.05's text, 25.11's CLI JSON: "root,alice")."""
+    if value is None or value == "" or value == "(null)":
+        return ()
+    if isinstance(value, str):
+        return tuple(v for v in (p.strip() for p in value.split(",")) if v)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise ValueError(f"{field} is {value!r}")
+
+
+def parse_reservation(record: Any) -> list[SlurmReservation]:
+    """One reservation of ``scontrol show reservation --json`` (23.02+) or slurmrestd's
+    ``reservations`` (a node list a string there, a list in a v0.0.43+ create answer)."""
+    if not isinstance(record, Mapping):
+        raise ValueError(f"reservation record is a {type(record).__name__}")
+    name = record.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError("reservation record has no name")
+    nodes = _csv(record.get("node_list"), "node_list")
+    try:
+        expanded = tuple(n for part in nodes for n in hostlist.expand_hostlist(part))
+    except hostlist.BadHostlist as exc:
+        raise ValueError(f"bad node_list {nodes!r}: {exc}") from exc
+    end = number(record.get("end_time"))
+    return [SlurmReservation(name=name, nodes=expanded, users=_csv(record.get("users"), "users"),
+                             flags=tuple(str(f).upper() for f in _csv(record.get("flags"),
+                                                                      "flags")),
+                             end_time=float(end) if end is not None else None)]
+
+
+def parse_reservations(payload: Any) -> tuple[list[SlurmReservation], list[str]]:
+    return _parse_all(payload, "reservations", parse_reservation)
+
+
+def parse_reservations_text(text: str) -> list[SlurmReservation]:
+    """``scontrol show reservation`` as 22.05 prints it (it has no ``--json``): one block per
+    reservation, ``Key=Value`` fields; "No reservations in the system" when there are none."""
+    found: list[SlurmReservation] = []
+    for block in re.split(r"\n\s*\n", text.strip()):
+        fields: dict[str, str] = {}
+        for part in block.split():
+            key, sep, value = part.partition("=")
+            if sep:
+                fields.setdefault(key, value)
+        name = fields.get("ReservationName")
+        if not name:
+            continue
+        nodes = fields.get("Nodes", "")
+        try:
+            expanded = tuple(hostlist.expand_hostlist(nodes)) if nodes and nodes != "(null)" else ()
+        except hostlist.BadHostlist as exc:
+            raise ClientError(f"bad Nodes={nodes!r} in reservation {name}: {exc}",
+                              permanent=True) from exc
+        found.append(SlurmReservation(
+            name=name, nodes=expanded, users=_csv(fields.get("Users"), "Users"),
+            flags=tuple(f.upper() for f in _csv(fields.get("Flags"), "Flags"))))
+    return found
+
+
+def owned_reservation(name: str) -> None:
+    """Only FleetWatch's reservations are FleetWatch's to create or delete."""
+    if not name.startswith(SLURM_NAME_PREFIX):
+        raise ClientError(f"reservation {name!r} is not FleetWatch's (its names start "
+                          f"{SLURM_NAME_PREFIX}); not touching it", permanent=True)
+
+
+def reservation_held(current: list[SlurmReservation], name: str, node: str,
+                     call: str) -> ActionResult | None:
+    """An unchanged result when ``name`` already holds ``node`` alone; an error when it holds
+    something else; None when it does not exist."""
+    for found in current:
+        if found.name == name:
+            if found.nodes == (node,):
+                return ActionResult(call, False, f"reservation {name} already holds {node}")
+            raise ClientError(f"reservation {name} exists holding {', '.join(found.nodes) or 'no node'}"
+                              f", not {node}", permanent=True)
+    return None
+
+
+def check_jobs_of(jobs: list[SlurmJob], reservation: str) -> list[SlurmJob]:
+    """FleetWatch's check jobs of a gate reservation that are queued or running (they keep
+    slurmctld from deleting it: "Requested reservation is in use")."""
+    key = reservation.removeprefix(RESERVATION_PREFIX)
+    return [j for j in jobs if j.name.startswith(f"{CHECK_JOB_PREFIX}{key}-")
+            and (j.state == "PENDING" or j.state in ACTIVE_JOB_STATES)]
+
+
+# What a check job's output file may hold that FleetWatch keeps (its end: the verdict line).
+OUTPUT_LIMIT = 8000
+
+
+def output_read(path: str, job_id: str) -> str | None:
+    """A check job's output file (``%j`` expanded), its last OUTPUT_LIMIT characters, where
+    this machine can read it (a shared file system, or FleetWatch on the node); None where not."""
+    if not path:
+        return None
+    path = path.replace("%j", str(job_id))
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - OUTPUT_LIMIT))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return None
+
+
+def check_job_from(job: SlurmJob | None, output: str) -> CheckJob | None:
+    if job is None:
+        return None
+    ended = job.state not in ACTIVE_JOB_STATES and job.state != "PENDING"
+    return CheckJob(job.job_id, job.name, job.state, job.exit_code, job.state_reason, job.nodes,
+                    output_read(output, job.job_id) if ended else None)
+
+
+def check_job_args(spec: CheckJobSpec) -> list[str]:
+    """``sbatch`` for a check job: the node alone (``-w``, ``--exclusive``), in its reservation,
+    its GPUs asked for (a job that asks for none cannot see them under Slurm's device cgroup)."""
+    args = ["sbatch", "--parsable", f"--job-name={spec.name}", f"--reservation={spec.reservation}",
+            f"--nodelist={spec.node}", "--nodes=1", "--exclusive", f"--time={spec.minutes}",
+            f"--output={spec.output}", "--no-requeue"]
+    if spec.partition:
+        args.append(f"--partition={spec.partition}")
+    if spec.gpus:
+        args.append(f"--gres=gpu:{spec.gpus}")
+    return args
+
+
+# What a check job inherits from FleetWatch's own environment: only what Slurm's commands need
+# (never FleetWatch's secrets: sbatch exports its environment into the job).
+CHECK_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "SLURM_CONF")
+
+
 # --- errors --------------------------------------------------------------------------------------
 
 TRANSIENT_PATTERNS = (
@@ -554,8 +717,11 @@ class SlurmCli:
 
     def __init__(self, bin_dir: str | None = None, timeout: float = 10.0,
                  env: dict[str, str] | None = None, retries: int = 2,
-                 backoff: float = 0.5) -> None:
+                 backoff: float = 0.5, user: str = "") -> None:
         self.bin_dir = bin_dir
+        # Who FleetWatch is to Slurm: the user its commands run as (its check jobs' owner, the
+        # one user its reservations admit).
+        self.user = user or pwd.getpwuid(os.getuid()).pw_name
         self.timeout = timeout
         self.env = {**os.environ, **(env or {})}
         self.retries = retries
@@ -571,8 +737,10 @@ class SlurmCli:
             return [os.path.join(self.bin_dir, args[0]), *args[1:]]
         return list(args)
 
-    def _run(self, *args: str, retry: bool = True) -> str:
-        """Run one Slurm command; its stdout, or ClientError with its stderr."""
+    def _run(self, *args: str, retry: bool = True, stdin: str | None = None,
+             env: dict[str, str] | None = None) -> str:
+        """Run one Slurm command; its stdout, or ClientError with its stderr. ``stdin``: what
+        to feed it (sbatch reads its script there); ``env``: instead of ``self.env``."""
         command = shlex.join(args)
         attempts = 1 + (self.retries if retry else 0)
         last: ClientError | None = None
@@ -580,8 +748,9 @@ class SlurmCli:
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
-                proc = subprocess.run(self._argv(args), env=self.env, capture_output=True,
-                                      text=True, timeout=self.timeout, stdin=subprocess.DEVNULL)
+                proc = subprocess.run(self._argv(args), env=env or self.env, capture_output=True,
+                                      text=True, timeout=self.timeout, input=stdin,
+                                      stdin=None if stdin is not None else subprocess.DEVNULL)
             except subprocess.TimeoutExpired:
                 last = ClientError(f"`{command}` timed out after {self.timeout:g}s", permanent=False)
                 continue
@@ -792,6 +961,86 @@ class SlurmCli:
 
     def _scontrol(self, args: list[str]) -> object:
         return self._run(*args, retry=False)
+
+    # --- the return-to-service gate ------------------------------------------------------------
+
+    def reservations(self) -> list[SlurmReservation]:
+        """``scontrol show reservation --json`` (23.02+); 22.05's scontrol has no ``--json``,
+        so its text is read there."""
+        release = self.release()
+        if release is not None and release < (23, 2):
+            out = self._run("scontrol", "show", "reservation")
+            if "no reservations in the system" in out.lower():
+                return []
+            return parse_reservations_text(out)
+        found, self.last_warnings = parse_reservations(
+            self._json("scontrol", "show", "reservation", "--json"))
+        return found
+
+    def reserve(self, name: str, node: str) -> ActionResult:
+        """``scontrol create reservation``: the node alone, from now, without end (Slurm 22.05
+        makes that 365 days), for FleetWatch's user only. MAINT: Slurm accounts the time as
+        maintenance and the reservation may overlap a site's own; IGNORE_JOBS: a job still
+        completing on the node does not refuse it (found on 22.05: "Requested nodes are
+        busy")."""
+        owned_reservation(name)
+        args = ["scontrol", "create", "reservation", f"ReservationName={name}", f"Nodes={node}",
+                "StartTime=now", "Duration=UNLIMITED", f"Users={self.user}",
+                "Flags=MAINT,IGNORE_JOBS"]
+        held = reservation_held(self.reservations(), name, node, shlex.join(args))
+        if held is not None:
+            return held
+        return self._act(args, f"reservation {name} holds {node} (only {self.user}'s jobs "
+                               "run there)")
+
+    def unreserve(self, name: str) -> ActionResult:
+        """``scontrol delete reservation=NAME``, after cancelling FleetWatch's check jobs still
+        queued or running in it (slurmctld refuses to delete a reservation a job uses)."""
+        owned_reservation(name)
+        args = ["scontrol", "delete", f"reservation={name}"]
+        if not any(r.name == name for r in self.reservations()):
+            return ActionResult(shlex.join(args), False, f"reservation {name} is gone already")
+        cancelled = [j.job_id for j in check_jobs_of(self.jobs(), name)]
+        for job_id in cancelled:
+            self._run("scancel", job_id, retry=False)
+        result = self._act(args, f"reservation {name} deleted")
+        if cancelled:
+            return ActionResult(result.call, True, f"{result.detail}; check job(s) "
+                                f"{', '.join(cancelled)} cancelled", {"cancelled": cancelled})
+        return result
+
+    def submit_check(self, spec: CheckJobSpec) -> ActionResult:
+        """``sbatch`` with the script on its standard input. Its environment is FleetWatch's
+        pared down to what Slurm's commands need (sbatch exports it into the job: FleetWatch's
+        secrets must not go along); the script sets what the check reads itself."""
+        args = check_job_args(spec)
+        for job in self.jobs():
+            if job.name == spec.name:
+                return ActionResult(shlex.join(args), False,
+                                    f"check job {job.job_id} ({spec.name}) already submitted",
+                                    {"job_id": job.job_id})
+        env = {k: v for k, v in self.env.items() if k in CHECK_ENV_KEYS}
+        out = self._run(*args, retry=False, stdin=spec.script, env=env)
+        job_id = out.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise ClientError(f"`{shlex.join(args)}` printed no job id: {out[:200]!r}",
+                              permanent=True)
+        return ActionResult(shlex.join(args), True, f"check job {job_id} submitted "
+                            f"({spec.name} on {spec.node})", {"job_id": job_id})
+
+    def check_job(self, job_id: str, output: str = "") -> CheckJob | None:
+        release = self.release()
+        if release is not None and release < (23, 2):
+            jobs = self.jobs()  # 22.05's squeue ignores filters with --json
+        else:
+            try:
+                jobs, self.last_warnings = parse_jobs(
+                    self._json("scontrol", "show", "job", str(job_id), "--json"))
+            except ClientError as exc:
+                if "invalid job id" in str(exc).lower():
+                    return None  # ended more than MinJobAge ago
+                raise
+        return check_job_from(next((j for j in jobs if j.job_id == str(job_id)), None), output)
 
 
 # --- what every transport shares ----------------------------------------------------------------

@@ -72,24 +72,32 @@ import requests
 from collectors.clients.base import (
     SLURM_REASON_PREFIX,
     ActionResult,
+    CheckJob,
+    CheckJobSpec,
     ClientError,
     SlurmJob,
     SlurmNode,
+    SlurmReservation,
     job_comment,
     job_comment_check,
 )
 from collectors.clients.slurm import (
     ACTIVE_JOB_STATES,
+    check_job_from,
+    check_jobs_of,
     classify,
     job_with_id,
     node_named,
     owned_reason,
+    owned_reservation,
     parse_jobs,
     parse_nodes,
+    parse_reservations,
     parse_topology,
     payload_errors,
     requeue_held,
     requeue_stopped,
+    reservation_held,
     signal_name,
 )
 
@@ -229,6 +237,8 @@ class SlurmRest:
         self.last_warnings: list[str] = []
         self._version: int | None = None
         self._version_warning = ""
+        # The OpenAPI document's paths and their methods, as the server served them.
+        self._paths: dict[str, set[str]] = {}
 
     # --- HTTP ----------------------------------------------------------------------------------
 
@@ -264,6 +274,8 @@ class SlurmRest:
         try:
             paths = response.json().get("paths")
             served = {int(m.group(1)) for p in paths if (m := _PREFIX_RE.match(p))}
+            self._paths = {p: {str(m).lower() for m in methods} for p, methods in paths.items()
+                           if isinstance(methods, Mapping)}
         except (ValueError, AttributeError, TypeError) as exc:
             raise ClientError(f"slurmrestd's OpenAPI document has no paths: {exc}",
                               permanent=True) from exc
@@ -522,6 +534,127 @@ class SlurmRest:
         self._call("POST", path, body)
         return ActionResult(call, True, f"job {job_id} {field}: {body[field]}",
                             {"field": field, "comment": body[field]})
+
+    # --- the return-to-service gate ------------------------------------------------------------
+
+    def _serves(self, method: str, path: str) -> bool:
+        """Whether the server's OpenAPI document has ``method`` on ``/slurm/v0.0.N/path``."""
+        return method.lower() in self._paths.get(self._path(path), set())
+
+    def _me(self) -> str:
+        """The user FleetWatch acts as: X-SLURM-USER-NAME, else the token's ``sun`` claim."""
+        if self.user:
+            return self.user
+        try:
+            claims = json.loads(base64.urlsafe_b64decode(
+                (part := self.tokens.get().split(".")[1]) + "=" * (-len(part) % 4)))
+        except (IndexError, ValueError):
+            claims = {}
+        user = claims.get("sun") if isinstance(claims, dict) else None
+        if not isinstance(user, str) or not user:
+            raise ClientError("cannot tell which Slurm user FleetWatch is (no "
+                              "FLEETWATCH_SLURM_USER and the token names none): a reservation "
+                              "for its check jobs needs it", permanent=True)
+        return user
+
+    def reservations(self) -> list[SlurmReservation]:
+        answer = self._call("GET", "reservations/")
+        found, warnings = parse_reservations(answer.payload)
+        self.last_warnings = [w for w in [self._version_warning, *warnings] if w]
+        return found
+
+    def reserve(self, name: str, node: str) -> ActionResult:
+        """``POST reservation`` (v0.0.43+, Slurm 25.05 on): the node alone, from now, without
+        end, for FleetWatch's user, flags MAINT and IGNORE_JOBS (see SlurmCli.reserve).
+
+        Slurm 24.05 and 24.11 (v0.0.41, v0.0.42) serve reservations read-only (GET and
+        DELETE; found in 25.11's data_parser sources and its OpenAPI document): there the
+        reservation is made with ``scontrol create reservation`` and the same JWT, as requeue
+        is (FLEETWATCH_SLURM_BIN_DIR, FLEETWATCH_SLURM_CONF); without scontrol it is refused
+        naming the version."""
+        owned_reservation(name)
+        user = self._me()
+        self.version()
+        body = {"name": name, "node_list": [node], "users": [user],
+                "start_time": {"set": True, "infinite": False, "number": int(time.time())},
+                "duration": {"set": False, "infinite": True, "number": 0},
+                "flags": ["MAINT", "IGNORE_JOBS"]}
+        rest = self._serves("post", "reservation")
+        args = ["scontrol", "create", "reservation", f"ReservationName={name}", f"Nodes={node}",
+                "StartTime=now", "Duration=UNLIMITED", f"Users={user}", "Flags=MAINT,IGNORE_JOBS"]
+        call = self._call_text("POST", self._path("reservation"), body) if rest else shlex.join(args)
+        held = reservation_held(self.reservations(), name, node, call)
+        if held is not None:
+            return held
+        detail = f"reservation {name} holds {node} (only {user}'s jobs run there)"
+        if rest:
+            self._call("POST", "reservation", body)
+            return ActionResult(call, True, detail)
+        try:
+            self._scontrol(args)
+        except ClientError as exc:
+            raise ClientError(f"slurmrestd v0.0.{self.version()} cannot create reservations "
+                              "(POST reservation is served from v0.0.43, Slurm 25.05): "
+                              f"{exc}", permanent=exc.permanent) from exc
+        return ActionResult(call, True, detail + " (scontrol with the JWT: no REST endpoint "
+                            f"for it in v0.0.{self.version()})")
+
+    def unreserve(self, name: str) -> ActionResult:
+        """``DELETE reservation/{name}`` (every version), after cancelling FleetWatch's check
+        jobs still queued or running in it."""
+        owned_reservation(name)
+        path = f"reservation/{quote(name, safe='')}"
+        call = self._call_text("DELETE", self._path(path))
+        if not any(r.name == name for r in self.reservations()):
+            return ActionResult(call, False, f"reservation {name} is gone already")
+        cancelled = [j.job_id for j in check_jobs_of(self.jobs(), name)]
+        for job_id in cancelled:
+            self._call("DELETE", f"job/{quote(job_id, safe='')}")
+        self._call("DELETE", path)
+        return ActionResult(call, True, f"reservation {name} deleted" + (
+            f"; check job(s) {', '.join(cancelled)} cancelled" if cancelled else ""),
+            {"cancelled": cancelled} if cancelled else {})
+
+    def submit_check(self, spec: CheckJobSpec) -> ActionResult:
+        """``POST job/submit``: the script and a job description (the node alone, whole, in
+        its reservation). Its environment is only what the script needs to start; FleetWatch's
+        own never reaches slurmrestd."""
+        job: dict[str, Any] = {
+            "name": spec.name, "script": spec.script, "required_nodes": [spec.node],
+            "minimum_nodes": 1, "maximum_nodes": 1, "reservation": spec.reservation,
+            "time_limit": {"set": True, "infinite": False, "number": spec.minutes},
+            "standard_output": spec.output, "current_working_directory": "/tmp",
+            "environment": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "shared": ["none"], "requeue": False}
+        if spec.partition:
+            job["partition"] = spec.partition
+        if spec.gpus:
+            job["tres_per_node"] = f"gres/gpu:{spec.gpus}"
+        body = {"job": job}
+        call = self._call_text("POST", self._path("job/submit"),
+                               {"job": {**job, "script": f"<{len(spec.script)} bytes>"}})
+        for found in self.jobs():
+            if found.name == spec.name:
+                return ActionResult(call, False, f"check job {found.job_id} ({spec.name}) "
+                                    "already submitted", {"job_id": found.job_id})
+        answer = self._call("POST", "job/submit", body)
+        job_id = answer.payload.get("job_id") if isinstance(answer.payload, Mapping) else None
+        if not isinstance(job_id, int):
+            raise ClientError(f"slurmrestd's job submit answer has no job_id: "
+                              f"{str(answer.payload)[:200]}", permanent=True)
+        return ActionResult(call, True, f"check job {job_id} submitted ({spec.name} on "
+                            f"{spec.node})", {"job_id": str(job_id)})
+
+    def check_job(self, job_id: str, output: str = "") -> CheckJob | None:
+        try:
+            answer = self._call("GET", f"job/{quote(str(job_id), safe='')}")
+        except ClientError as exc:
+            # An id slurmctld no longer holds (ended more than MinJobAge ago).
+            if "invalid job id" in str(exc).lower() or "unable to query" in str(exc).lower():
+                return None
+            raise
+        jobs, _ = parse_jobs(answer.payload)
+        return check_job_from(next((j for j in jobs if j.job_id == str(job_id)), None), output)
 
     # --- the scontrol calls slurmrestd has no endpoint for --------------------------------------
 

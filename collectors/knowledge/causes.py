@@ -53,6 +53,9 @@ class Risk(StrEnum):
     # Replacing a node that still works (fail-slow): its job runs on, only slower, so taking
     # the node out costs the job a restart from its checkpoint; a person decides by default.
     REPLACE_WORKING = "replace_working"
+    # Putting a repaired node back into Slurm service through its acceptance checks (the
+    # return-to-service gate): approve it to have a person look first, observe to only say.
+    RETURN_TO_SERVICE = "return_to_service"
 
 
 RISKS: Final[tuple[Risk, ...]] = tuple(Risk)

@@ -44,8 +44,11 @@ from collectors.clients.base import (
     K8S_ANNOTATION_PREFIX,
     K8S_CORDON_REASON,
     K8S_CORDONED_BY,
+    SLURM_NAME_PREFIX,
     SLURM_REASON_PREFIX,
     ActionResult,
+    CheckJob,
+    CheckJobSpec,
     ClientError,
     EventChanges,
     GpuFieldHistory,
@@ -59,12 +62,14 @@ from collectors.clients.base import (
     Replacement,
     SlurmJob,
     SlurmNode,
+    SlurmReservation,
     TelemetryChanges,
     job_comment,
     job_comment_check,
 )
 from collectors.clock import SYSTEM_CLOCK, Clock
 from collectors.knowledge import dcgm
+from collectors.knowledge.acceptance import CHECK_JOB_PREFIX, EXIT_CANNOT_RUN
 from collectors.knowledge.xid import takes_gpu_out
 
 State = dict[str, Any]
@@ -82,6 +87,8 @@ SWITCH_DOWN_SECONDS = 30.0
 # a test can kill the worker inside the outside call, when the change has not happened yet.
 ACTION_DELAY_ENV = "FLEETWATCH_SIM_ACTION_DELAY"
 GPUS_PER_NODE = 8
+# How long a simulated acceptance check runs (simulated seconds).
+CHECK_SECONDS = 60.0
 
 DEFAULT_JOBS: list[dict[str, Any]] = [
     {"id": "3001", "name": "llama-70b-pretrain", "user": "alice", "num_nodes": 8},
@@ -271,6 +278,7 @@ def advance(state: State, now: float, speed: float) -> None:
             job["stalled_at"] = job["stopped_at"] = None
 
     _advance_reboots(state, now, speed)
+    _advance_checks(state, now, speed)
     _schedule(state, now)
 
 
@@ -356,7 +364,64 @@ def _used_gpus(state: State) -> dict[str, set[int]]:
 
 
 def _schedulable(node: State) -> bool:
-    return node["in_service"] and not node["drained"] and not node["down"]
+    # A reserved node takes only its reservation's jobs (FleetWatch's acceptance checks).
+    return (node["in_service"] and not node["drained"] and not node["down"]
+            and not node.get("reserved_by"))
+
+
+# --- acceptance checks: reservations and check jobs --------------------------------------------
+
+
+def _advance_checks(state: State, now: float, speed: float) -> None:
+    """Start a check job once its node takes jobs (in service, not drained, in the job's
+    reservation, no job of anyone else on it); end it CHECK_SECONDS later with the verdict the
+    node's GPUs give: a GPU with a fault (an XID that takes it out, fallen off the bus) fails
+    it, as a burn-in would; ``set_check_verdict`` forces one for a test."""
+    busy = _busy_nodes(state)
+    for job in state.get("check_jobs", {}).values():
+        node = state["nodes"].get(job["node"])
+        if job["state"] == "PENDING" and node is not None:
+            if (node["in_service"] and not node["drained"] and not node["down"]
+                    and node.get("reserved_by") == job["reservation"]
+                    and not node.get("reboot") and job["node"] not in busy):
+                job.update(state="RUNNING", started_at=now, ends_at=now + CHECK_SECONDS / speed,
+                           state_reason="")
+            elif node.get("reserved_by") != job["reservation"]:
+                job["state_reason"] = "ReqNodeNotAvail, May be reserved for other job"
+            else:
+                job["state_reason"] = f"ReqNodeNotAvail, UnavailableNodes:{job['node']}"
+        if job["state"] == "RUNNING" and job["ends_at"] is not None and job["ends_at"] <= now:
+            _check_verdict(job, node)
+
+
+def _check_verdict(job: State, node: State | None) -> None:
+    check = job["name"].rpartition("-")[2] if job["name"].startswith(CHECK_JOB_PREFIX) else ""
+    bad = [] if node is None else [
+        f"GPU {g['index']}: " + ("fallen off the bus" if g["fallen_off"] else
+                                f"XID {g['last_xid']}")
+        for g in node["gpus"] if g["fallen_off"] or takes_gpu_out(g["last_xid"])]
+    forced = (node or {}).get("check_verdict", "")
+    if forced == "cannot_run":
+        code, failures = EXIT_CANNOT_RUN, ["the simulated check program could not run"]
+    elif forced == "fail" or bad:
+        code, failures = 1, bad or ["simulated burn-in below the GPU model's figures"]
+    else:
+        code, failures = 0, []
+    result = {"check": check, "node": job["node"], "ok": code == 0, "simulated": True,
+              "gpus": GPUS_PER_NODE - len(bad), "failures": failures}
+    job.update(state="COMPLETED" if code == 0 else "FAILED", exit_code=code,
+               state_reason="" if code == 0 else "NonZeroExitCode",
+               output=f"simulated acceptance check on {job['node']}\n{json.dumps(result)}\n")
+
+
+def set_check_verdict(state: State, node: str, verdict: str) -> str:
+    """Make the node's next acceptance checks pass (""), fail ("fail") or find themselves
+    unable to run ("cannot_run"), whatever its GPUs say (a test's hook)."""
+    if verdict not in ("", "fail", "cannot_run"):
+        raise ClientError(f"no check verdict {verdict!r} (\"\", fail, cannot_run)",
+                          permanent=True)
+    _node(state, node)["check_verdict"] = verdict
+    return f"acceptance checks on {node} will {verdict or 'pass'}"
 
 
 def _schedule(state: State, now: float) -> None:
@@ -737,7 +802,10 @@ class SimSlurm(_SimClient):
                 if reboot:
                     flags += ("REBOOT_ISSUED",) if reboot["started_at"] is not None \
                         else ("REBOOT_REQUESTED",)
-                result.append(SlurmNode(name, base, flags, node["reason"], "gpu"))
+                if node.get("reserved_by"):
+                    flags += ("MAINTENANCE", "RESERVED")  # as Slurm shows a MAINT reservation
+                result.append(SlurmNode(name, base, flags, node["reason"], "gpu",
+                                        GPUS_PER_NODE))
             return result
 
     def topology(self) -> dict[str, list[str]]:
@@ -764,6 +832,13 @@ class SimSlurm(_SimClient):
                     admin_comment=job.get("admin_comment", ""), comment=job.get("comment", ""),
                 )
                 for job in sorted(state["jobs"].values(), key=lambda j: int(j["id"]))
+            ] + [
+                # FleetWatch's check jobs, listed as squeue lists them.
+                SlurmJob(job_id=job["id"], name=job["name"], user=job["user"],
+                         state=job["state"], nodes=(job["node"],) if job["started_at"] else (),
+                         started_at=job["started_at"], exit_code=job["exit_code"],
+                         state_reason=job["state_reason"], submitted_at=job["submitted_at"])
+                for job in sorted(state.get("check_jobs", {}).values(), key=lambda j: int(j["id"]))
             ]
 
     def drain(self, node: str, reason: str) -> ActionResult:
@@ -883,6 +958,89 @@ class SimSlurm(_SimClient):
             job[field] = wanted
             return ActionResult(call, True, f"job {job_id} {field}: {wanted}",
                                 {"field": field, "comment": wanted})
+
+
+    # --- the return-to-service gate ------------------------------------------------------------
+
+    def reservations(self) -> list[SlurmReservation]:
+        with self._state() as state:
+            return [SlurmReservation(name, (r["node"],), (r["user"],), ("MAINT", "IGNORE_JOBS"))
+                    for name, r in sorted(state.get("reservations", {}).items())]
+
+    def reserve(self, name: str, node: str) -> ActionResult:
+        call = (f"scontrol create reservation ReservationName={name} Nodes={node} StartTime=now "
+                "Duration=UNLIMITED Users=fleetwatch Flags=MAINT,IGNORE_JOBS")
+        if not name.startswith(SLURM_NAME_PREFIX):
+            raise ClientError(f"reservation {name!r} is not FleetWatch's; not touching it",
+                              permanent=True)
+        with self._state() as state:
+            target = _node(state, node)
+            reservations = state.setdefault("reservations", {})
+            if name in reservations:
+                if reservations[name]["node"] == node:
+                    return ActionResult(call, False, f"reservation {name} already holds {node}")
+                raise ClientError(f"reservation {name} exists holding {reservations[name]['node']}"
+                                  f", not {node}", permanent=True)
+            if target.get("reserved_by"):
+                raise ClientError(f"{node} is already in reservation {target['reserved_by']}",
+                                  permanent=True)
+            reservations[name] = {"node": node, "user": "fleetwatch"}
+            target["reserved_by"] = name
+            return ActionResult(call, True, f"reservation {name} holds {node} (only "
+                                "fleetwatch's jobs run there)")
+
+    def unreserve(self, name: str) -> ActionResult:
+        call = f"scontrol delete reservation={name}"
+        if not name.startswith(SLURM_NAME_PREFIX):
+            raise ClientError(f"reservation {name!r} is not FleetWatch's; not touching it",
+                              permanent=True)
+        with self._state() as state:
+            found = state.setdefault("reservations", {}).pop(name, None)
+            if found is None:
+                return ActionResult(call, False, f"reservation {name} is gone already")
+            cancelled = []
+            for job in state.get("check_jobs", {}).values():
+                if job["reservation"] == name and job["state"] in ("PENDING", "RUNNING"):
+                    job.update(state="CANCELLED", exit_code=None, state_reason="")
+                    cancelled.append(job["id"])
+            node = state["nodes"].get(found["node"])
+            if node is not None and node.get("reserved_by") == name:
+                node["reserved_by"] = None
+            _schedule(state, self.fleet.clock.now())
+            return ActionResult(call, True, f"reservation {name} deleted" + (
+                f"; check job(s) {', '.join(cancelled)} cancelled" if cancelled else ""))
+
+    def submit_check(self, spec: CheckJobSpec) -> ActionResult:
+        call = (f"sbatch --parsable --job-name={spec.name} --reservation={spec.reservation} "
+                f"--nodelist={spec.node} --nodes=1 --exclusive --time={spec.minutes}")
+        now = self.fleet.clock.now()
+        with self._state() as state:
+            _node(state, spec.node)
+            checks = state.setdefault("check_jobs", {})
+            for job in checks.values():
+                if job["name"] == spec.name:
+                    return ActionResult(call, False, f"check job {job['id']} ({spec.name}) "
+                                        "already submitted", {"job_id": job["id"]})
+            job_id = str(state["next_job_id"])
+            state["next_job_id"] += 1
+            checks[job_id] = {"id": job_id, "name": spec.name, "user": "fleetwatch",
+                              "node": spec.node, "reservation": spec.reservation,
+                              "minutes": spec.minutes, "state": "PENDING", "submitted_at": now,
+                              "started_at": None, "ends_at": None, "exit_code": None,
+                              "state_reason": "", "output": ""}
+            _advance_checks(state, now, self.fleet.speed)
+            return ActionResult(call, True, f"check job {job_id} submitted ({spec.name} on "
+                                f"{spec.node})", {"job_id": job_id})
+
+    def check_job(self, job_id: str, output: str = "") -> CheckJob | None:
+        with self._state() as state:
+            job = state.get("check_jobs", {}).get(str(job_id))
+            if job is None:
+                return None
+            ended = job["state"] not in ("PENDING", "RUNNING")
+            return CheckJob(job["id"], job["name"], job["state"], job["exit_code"],
+                            job["state_reason"], (job["node"],) if job["started_at"] else (),
+                            job["output"] if ended else None)
 
 
 class SimKubernetes(_SimClient):

@@ -27,6 +27,7 @@ from collectors import queueing
 from collectors.clients import get_clients
 from collectors.clients.base import ActionResult, ClientError
 from collectors.models import Job, Node, Signal
+from incidents import gates
 from incidents.audit import audit_lock, audit_record
 from incidents.diagnosis.progress import parse_checkpoint
 from incidents.models import Drill, Incident, Remediation, Step
@@ -39,6 +40,7 @@ from incidents.remediation.steps import (
     Rehearsal,
     RehearsalStop,
     StepContext,
+    StepFailed,
     Wait,
     step_timeout,
 )
@@ -364,7 +366,11 @@ def _step_context(step: Step) -> StepContext:
         job_link=lambda job_id: job_link(incident.cluster.name, job_id),
         facts=Facts(last_link_change=lambda node: _last_link_change(incident, node),
                     mark_rma=lambda node, why: node_mark_rma(node, why, rem, rehearsal),
-                    last_checkpoint=lambda job_id: _last_checkpoint(incident, job_id)),
+                    last_checkpoint=lambda job_id: _last_checkpoint(incident, job_id),
+                    node_pool=lambda node: gates.node_pool(incident.cluster_id, node),
+                    gate_record=lambda node, state: gates.gate_record_for_step(
+                        step.pk, node, state),
+                    gate_failures=lambda node: gates.gate_failures(incident.cluster_id, node)),
         rehearsal=rehearsal,
     )
 
@@ -444,6 +450,8 @@ def _step_apply(step: Step, outcome: Outcome | ClientError) -> str:
         incident_event("remediation.awaiting_approval", rem.incident, rem)
         return "blocked"
     error = str(outcome)
+    if isinstance(outcome, StepFailed):
+        step.result = outcome.result  # what a person's retry starts from
     if not outcome.permanent and step.attempts < settings.FLEETWATCH_STEP_MAX_ATTEMPTS:
         step.error, step.status = error, Step.Status.RUNNING
         step.detail = f"attempt {step.attempts} failed, retrying: {error}"

@@ -18,6 +18,7 @@ __all__ = ["FOR_ROOT_CAUSE", "PLAYBOOKS", "RISKS", "Playbook", "StepSpec", "play
 
 REPLACE, REBOOT, RESET_GPU = Risk.REPLACE, Risk.REBOOT, Risk.RESET_GPU
 REPLACE_WORKING = Risk.REPLACE_WORKING
+RETURN_TO_SERVICE = Risk.RETURN_TO_SERVICE
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ DRAIN_AND_CANCEL = StepSpec("drain_and_cancel",
 REQUEUE = StepSpec("requeue", "Requeue the cancelled jobs")
 RESUME_NODE = StepSpec("resume_node", "Resume the node in Slurm once it is healthy; "
                                       "wait for the jobs to run again")
+# The return-to-service gate: acceptance checks under load, as Slurm jobs in a reservation
+# holding the node, before any node a playbook repaired goes back into service.
+PROVE_HEALTHY = StepSpec("prove_healthy", "Run the acceptance checks on the node (Slurm jobs "
+                                          "in a reservation holding it); back in service only "
+                                          "if they pass", RETURN_TO_SERVICE)
 
 REPLACE_NODE = Playbook(
     name=PlaybookName.REPLACE_NODE,
@@ -57,6 +63,7 @@ REPLACE_NODE = Playbook(
         StepSpec("check_no_auto_replace", "Check the node's pods for fleetwatch.io/no-auto-replace"),
         StepSpec("cordon_and_drain", "Cordon and drain the Kubernetes node"),
         StepSpec("replace_node", "Replace the node from spare capacity", REPLACE),
+        PROVE_HEALTHY,
         StepSpec("resume", "Resume the replacement in Slurm once healthy; wait for the jobs"),
     ),
 )
@@ -66,8 +73,8 @@ REPLACE_AND_RMA = Playbook(
     name=PlaybookName.REPLACE_AND_RMA,
     root_cause=RootCause.GPU_MEMORY,
     description="The node's GPUs keep failing: replace it and send it back (RMA).",
-    steps=(*REPLACE_NODE.steps[:-1],
-           StepSpec("mark_rma", "Mark the old node for RMA"), REPLACE_NODE.steps[-1]),
+    steps=(*REPLACE_NODE.steps[:-2],
+           StepSpec("mark_rma", "Mark the old node for RMA"), *REPLACE_NODE.steps[-2:]),
 )
 
 RESET_GPU_PLAYBOOK = Playbook(
@@ -79,6 +86,7 @@ RESET_GPU_PLAYBOOK = Playbook(
         NOTIFY, DRAIN_AND_CANCEL, REQUEUE,
         StepSpec("reset_or_reboot", "Reset the faulty GPU, or reboot the node", RESET_GPU),
         StepSpec("verify_fault_cleared", "Check the GPU fault is gone"),
+        PROVE_HEALTHY,
         RESUME_NODE,
     ),
 )
@@ -92,6 +100,7 @@ REBOOT_NODE = Playbook(
         NOTIFY, DRAIN_AND_CANCEL, REQUEUE,
         StepSpec("reboot", "Reboot the node", REBOOT),
         StepSpec("verify_fault_cleared", "Check the NVLink fault is gone"),
+        PROVE_HEALTHY,
         RESUME_NODE,
     ),
 )
@@ -104,6 +113,7 @@ HOLD_FLAPPING_LINK = Playbook(
     steps=(
         NOTIFY, DRAIN_AND_CANCEL, REQUEUE,
         StepSpec("wait_link_stable", "Wait until the link has been stable"),
+        PROVE_HEALTHY,
         RESUME_NODE,
     ),
 )
@@ -131,6 +141,7 @@ COOL_DOWN = Playbook(
         StepSpec("drain", "Drain the Slurm node (running jobs finish)"),
         NOTIFY,
         StepSpec("wait_cool", "Wait until the GPUs are back to normal temperatures"),
+        PROVE_HEALTHY,
         RESUME_NODE,
     ),
 )
@@ -146,6 +157,7 @@ RECOVER_NODE = Playbook(
         StepSpec("reboot_request", "Ask for a reboot of the node", REBOOT),
         StepSpec("wait_node_back", "Wait for the node to come back"),
         StepSpec("replace_if_not_back", "Replace the node if it did not come back", REPLACE),
+        PROVE_HEALTHY,
         RESUME_NODE,
     ),
 )
@@ -186,6 +198,10 @@ PLAYBOOKS: dict[str, Playbook] = {p.name: p for p in (
 # plain strings for the pages and the API; every playbook it names is defined above for that cause.
 FOR_ROOT_CAUSE: dict[str, str] = {str(cause): str(name) for cause, name in PLAYBOOK_FOR.items()}
 assert set(PLAYBOOKS) == set(PlaybookName)
+# Every playbook that puts a node it repaired back into service proves it healthy first (the
+# switch's nodes were not repaired: the switch was; a notification touches no node).
+assert all(PROVE_HEALTHY in p.steps for p in PLAYBOOKS.values()
+           if p.touches_nodes and p.name != PlaybookName.HOLD_SWITCH)
 assert all(PLAYBOOKS[name].root_cause == cause for cause, name in PLAYBOOK_FOR.items())
 
 

@@ -34,7 +34,7 @@ from collectors.knowledge.causes import RISK_DEFAULT_MODES, RISKS, Risk, RootCau
 from collectors.models import Node
 from collectors.selectors import json_list_has
 from incidents.audit import audit_lock
-from incidents.models import Evidence, Incident, Remediation
+from incidents.models import Evidence, GateRun, Incident, Remediation
 from incidents.remediation.playbooks import (
     FOR_ROOT_CAUSE,
     REPLACE_AND_RMA,
@@ -130,7 +130,8 @@ _NOT_STARTED = Q(status=Remediation.Status.AWAITING_APPROVAL, started_at__isnull
 def playbook_choose(incident: Incident) -> tuple[Playbook | None, str]:
     """The root cause's playbook, escalated where its history says the first choice did not
     hold: a GPU memory fault or an NVLink fault back on the same node within a week, or a
-    link that keeps flapping, is a replacement (and, for memory, an RMA).
+    link that keeps flapping, is a replacement (and, for memory, an RMA); so is a node that
+    failed its acceptance checks (the return-to-service gate) after a repair this week.
 
     A storm incident has none: one playbook over hundreds of nodes is not a repair anybody
     meant (the first of them have their own incidents and remediations; the rest wait for a
@@ -145,6 +146,13 @@ def playbook_choose(incident: Incident) -> tuple[Playbook | None, str]:
     playbook = playbook_get(name)
     if playbook is None or not incident.nodes:
         return playbook, ""
+    if playbook not in (REPLACE_NODE, REPLACE_AND_RMA) and GateRun.objects.filter(
+            cluster_id=incident.cluster_id, node__in=incident.nodes,
+            status=GateRun.Status.FAILED, created_at__gte=timezone.now() - WEEK).exists():
+        # Back to repair: a node that failed its acceptance checks after a reboot, a reset or
+        # a wait is not fixed by doing that again.
+        return REPLACE_NODE, (f"{', '.join(incident.nodes)} failed its acceptance checks "
+                              "after a repair this week: replace")
     before = _node_history(incident.cluster_id, incident.nodes, WEEK, exclude=incident.pk,
                            root_cause=incident.root_cause)
     if incident.root_cause == RootCause.GPU_MEMORY and before:

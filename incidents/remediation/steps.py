@@ -28,7 +28,10 @@ from collectors.clients.base import (
 from collectors.clients.notify import owner_notify
 from collectors.clock import SYSTEM_CLOCK, Clock
 from collectors.knowledge import dcgm
+from collectors.knowledge.acceptance import RESERVATION_PREFIX, Repair
 from collectors.knowledge.xid import takes_gpu_out
+from incidents.remediation import gate
+from incidents.remediation.gate_plan import gate_plan
 
 
 @dataclass
@@ -74,6 +77,15 @@ class RehearsalStop(Exception):  # not an error: where a drill's playbook ends
         self.verb, self.target = verb, target
 
 
+class StepFailed(ClientError):
+    """The step failed for good (permanent), with the result to keep: a person's retry starts
+    from it (the gate then runs its checks afresh instead of reading the old verdict)."""
+
+    def __init__(self, message: str, result: dict[str, Any]) -> None:
+        super().__init__(message, permanent=True)
+        self.result = result
+
+
 @dataclass
 class Facts:
     """Reads and records the engine offers executors (backed by the database)."""
@@ -82,6 +94,11 @@ class Facts:
     mark_rma: Callable[[str, str], None]  # node, why
     # job -> (epoch seconds, step or None) of the last checkpoint its output says it wrote
     last_checkpoint: Callable[[str], tuple[float, int | None] | None] = lambda job_id: None
+    # The return-to-service gate: the node's pool (FleetWatch's records), its gate run kept
+    # for the node page and the counts (node, gate state), and its failed gates this week.
+    node_pool: Callable[[str], str] = lambda node: ""
+    gate_record: Callable[[str, dict[str, Any]], None] = lambda node, state: None
+    gate_failures: Callable[[str], int] = lambda node: 0
 
 
 @dataclass
@@ -493,6 +510,9 @@ def down_node(ctx: StepContext) -> Outcome:
     if not state.get("down"):
         # The simulation has no DOWN state: its down() drains, which holds work off as well.
         ctx.call("slurm.down", ctx.node, ctx.clients.slurm.down, ctx.node, _reason(ctx))
+        # With ReturnToService=2 a DOWN node is back in service the moment its slurmd
+        # registers again: held until its acceptance checks.
+        _gate_hold(ctx, ctx.node, Repair.RECOVER)
         state["down"] = True
     waiting = _stop_and_requeue(ctx, state, [ctx.node])
     if waiting is not None:
@@ -510,6 +530,7 @@ def _provider_ready(ctx: StepContext, node: str) -> tuple[bool, str]:
 def reboot(ctx: StepContext) -> Outcome:
     state = dict(ctx.state)
     if not state.get("requested"):
+        _gate_hold(ctx, ctx.node, Repair.REBOOT)
         ctx.call("provider.reboot", ctx.node, ctx.clients.provider.reboot, ctx.node,
                  _reason(ctx))
         state["requested"] = True
@@ -550,6 +571,7 @@ def reset_or_reboot(ctx: StepContext) -> Outcome:
         except ClientError as exc:
             if not exc.permanent:
                 raise
+            _gate_hold(ctx, ctx.node, Repair.REBOOT)
             ctx.call("provider.reboot", ctx.node, provider.reboot, ctx.node, _reason(ctx))
             state["action"], state["reset_refused"] = "reboot", str(exc)
     ready, status = _provider_ready(ctx, ctx.node)
@@ -626,6 +648,102 @@ def resume_node(ctx: StepContext) -> Outcome:
                     state)
     return Done(f"{node} back in service" + (f"; job(s) {', '.join(requeued)} running again"
                                              if requeued else ""), state)
+
+
+# --- the return-to-service gate ---------------------------------------------------------------
+
+
+def _gate_target(ctx: StepContext) -> tuple[str, Repair]:
+    """The node that goes back into service and what was done to it, from the steps before."""
+    new = (ctx.previous.get("replace_node", {}).get("new_node")
+           or ctx.previous.get("replace_if_not_back", {}).get("new_node"))
+    if new:
+        return new, Repair.REPLACE
+    if "reset_or_reboot" in ctx.previous:
+        action = ctx.previous["reset_or_reboot"].get("action")
+        return ctx.node, Repair.RESET if action == "reset" else Repair.REBOOT
+    if "reboot" in ctx.previous:
+        return ctx.node, Repair.REBOOT
+    if "wait_node_back" in ctx.previous:
+        return ctx.node, Repair.RECOVER
+    if "wait_link_stable" in ctx.previous:
+        return ctx.node, Repair.LINK
+    if "wait_cool" in ctx.previous:
+        return ctx.node, Repair.COOL
+    return ctx.node, Repair.MANUAL
+
+
+def _gate_plan(ctx: StepContext, node: str, repair: Repair, key: str) -> gate.GatePlan:
+    pool = ctx.facts.node_pool(node) if ctx.facts is not None else ""
+    return gate_plan(node, repair, key, pool, ctx.clients)
+
+
+def _gate_hold(ctx: StepContext, node: str, repair: Repair) -> None:
+    """Before a repair that can put the node back into Slurm service by itself (a Slurm reboot:
+    22.05 lifts the drain once the node is back, whatever nextstate says; a DOWN node under
+    ReturnToService=2), hold it in a reservation of its own: nothing but the acceptance checks
+    starts there; the gate adopts it. Nothing when no check would run after this repair."""
+    plan = _gate_plan(ctx, node, repair, f"r{ctx.remediation_id}-hold")
+    if not plan.checks:
+        return
+    current = ctx.clients.slurm.reservations()
+    if any(r.name.startswith(RESERVATION_PREFIX) and r.nodes == (node,) for r in current):
+        return  # held already (an earlier run of this step, a gate cut off)
+    ctx.call("slurm.reserve", f"{node} ({plan.reservation})", ctx.clients.slurm.reserve,
+             plan.reservation, node)
+
+
+def prove_healthy(ctx: StepContext) -> Outcome:
+    """The return-to-service gate (incidents/remediation/gate.py): acceptance checks on the
+    repaired node as Slurm jobs in a reservation holding it; passed, it is in service.
+
+    Failed: the node is drained again, the output recorded (audit trail, node page), and the
+    step fails: the repair goes back to a person with the checks' verdict (a retry runs the
+    checks again, from scratch); FLEETWATCH_GATE_RMA_AFTER failed gates of the node in a
+    week mark it for RMA. Could not run: the node is held (drained) and the step fails saying
+    why. Either way the resume step after this one never runs."""
+    state = dict(ctx.state)
+    node, repair = _gate_target(ctx)
+    # Replaced after all (recover_node): a hold on the old node stays. It was marked DOWN,
+    # and with ReturnToService=2 a DOWN node is back in service the moment its slurmd
+    # registers: the reservation keeps it out until a gate (node_gate_start) adopts it.
+    run = int(state.get("run", 0))
+    current = dict(state.get("gate") or {})
+    if not current or (current.get("done") and current.get("verdict") not in (gate.PASSED,
+                                                                              gate.UNCHECKED)):
+        # The first run, or a person's retry after a gate that did not pass: checks afresh.
+        if current:
+            state.setdefault("earlier", []).append(
+                {k: current.get(k) for k in ("key", "verdict", "why")})
+        run += 1
+        current = {}
+    key = f"r{ctx.remediation_id}-{run}"
+    plan = _gate_plan(ctx, node, repair, key)
+    progress = gate.gate_poll(ctx.clients.slurm, plan, current, ctx.call, ctx.clock.now())
+    state.update(run=run, gate=current, node=node, repair=str(repair),
+                 checks=[c.name for c in plan.checks], chosen_by=plan.chosen_by,
+                 gpu_model=plan.gpu_model)
+    if ctx.facts is not None:
+        ctx.facts.gate_record(node, {**current, "repair": str(repair), "status": progress.status,
+                                     "detail": progress.detail,
+                                     "checks": [c.name for c in plan.checks]})
+    if progress.status == gate.RUNNING:
+        return Wait(progress.detail, state)
+    if progress.status in (gate.PASSED, gate.UNCHECKED):
+        return Done(progress.detail, state)
+    message = progress.detail
+    if progress.status == gate.FAILED:
+        failures = ctx.facts.gate_failures(node) if ctx.facts is not None else 1
+        limit = int(settings.FLEETWATCH_GATE_RMA_AFTER)
+        if failures >= limit and ctx.facts is not None and not current.get("rma"):
+            ctx.facts.mark_rma(node, f"failed its acceptance checks {failures} times this week "
+                               f"(FLEETWATCH_GATE_RMA_AFTER={limit}): {progress.detail}")
+            current["rma"] = True
+        message += (f"; {node} is drained and marked for RMA ({failures} failed gates this week)"
+                    if current.get("rma") else
+                    f"; {node} is drained ({failures} of {limit} failed gates before RMA); "
+                    "repair it and retry this step to check it again")
+    raise StepFailed(message, state)
 
 
 def hold_switch_nodes(ctx: StepContext) -> Outcome:
@@ -861,6 +979,8 @@ STEP_KINDS: dict[str, StepKindSpec] = {
     "mark_rma": StepKindSpec(mark_rma, REPLACE),
     # Bounded by FLEETWATCH_FAIL_SLOW_CHECKPOINT_MINUTES itself (at most a day).
     "wait_checkpoint": StepKindSpec(wait_checkpoint, longest_wait=DAY_S),
+    # The gate keeps its own clocks (a check job's time limit, FLEETWATCH_GATE_START_MINUTES).
+    "prove_healthy": StepKindSpec(prove_healthy, RESUME, longest_wait=DAY_S),
 }
 assert all(spec.phase in (None, *PHASES) for spec in STEP_KINDS.values())
 

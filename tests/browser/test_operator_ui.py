@@ -159,8 +159,8 @@ def test_operator_injects_xid79_approves_and_watches_it_heal(
     expect(page.locator("[data-testid=incident-status]")).to_have_attribute(
         "data-status", "resolved", timeout=LIVE)
     steps = page.locator("[data-testid=steps] > li")
-    assert steps.count() == 7
-    for i in range(1, 8):
+    assert steps.count() == 8  # replace_node's, the acceptance checks (the gate) among them
+    for i in range(1, 9):
         expect(page.locator(f"[data-testid=step-{i}]")).to_have_attribute("data-status", "succeeded")
     assert _not_reloaded(page), "the incident page reloaded instead of updating in place"
     seen = page.evaluate("window.__fwSteps")

@@ -64,8 +64,10 @@ from tests.harness.slurm_cluster import SlurmCluster, missing_binaries, scontrol
 from tests.integration.test_kubernetes import _server_module, kubectl
 from tests.integration.test_playbook_real import (
     FAILED,
+    GPU_STATE,
     LEAVES,
     NODES,
+    ROOT,
     SPARE,
     SPARE_REASON,
     TRAIN_SCRIPT,
@@ -203,6 +205,11 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSources]:
         (slurm.root / "train.sh").write_text(TRAIN_SCRIPT.format(marks=slurm.root / "marks"))
         slurm.run("scontrol", "update", f"nodename={SPARE}", "state=DRAIN",
                   f"reason={SPARE_REASON}", check=True)
+        # The spare's acceptance checks run on its slurmd (this machine), not in a container:
+        # the check program from this checkout, a simulated GPU state for the spare.
+        for sub in ("gpu-state", "checks"):
+            (slurm.root / sub).mkdir()
+        (slurm.root / "gpu-state" / f"{SPARE}.json").write_text(json.dumps(GPU_STATE["passes"]))
         # What the containers get as Secrets: slurmctld's JWT key, the kubeconfig, a copy of
         # topology.conf (slurmrestd serves none); readable by the image's user only.
         secrets = root / "secrets"
@@ -253,7 +260,13 @@ def real(migrated: Fleet, sources: RealSources) -> MountedFleet:
         "FLEETWATCH_BUDGET_MAX_PERCENT": "50",
         "FLEETWATCH_COLLECT_INTERVAL": "2", "FLEETWATCH_STEP_POLL_SECONDS": "0.5",
         "FLEETWATCH_WATCHDOG_SECONDS": "2", "FLEETWATCH_STEP_LEASE_SECONDS": "8",
-        "FLEETWATCH_LOG_LEVEL": "INFO"})
+        "FLEETWATCH_LOG_LEVEL": "INFO",
+        # The return-to-service gate: paths on the nodes (the check job's output is not
+        # readable from the containers: the exit status is the verdict).
+        "FLEETWATCH_GATE_CHECK_DIR": str(ROOT / "deploy" / "checks"),
+        "FLEETWATCH_GATE_OUTPUT_DIR": str(slurm.root / "checks"),
+        "FLEETWATCH_GATE_ENV": (f"FLEETWATCH_CHECK_STATE={slurm.root / 'gpu-state'},"
+                                "FLEETWATCH_CHECK_SECONDS=1")})
     return fleet
 
 
@@ -331,9 +344,10 @@ def test_containers_on_real_slurm_prometheus_and_kubernetes_heal_an_xid_79_once(
         database_url, "SELECT id, root_cause, nodes::text FROM incidents_incident")
     assert (root_cause, json.loads(nodes)) == ("gpu_hardware", [FAILED])
     steps = query(database_url, "SELECT kind, status FROM incidents_step ORDER BY \"order\"")
+    (rem_id,), = query(database_url, "SELECT id FROM incidents_remediation")
     assert [kind for kind, _ in steps] == [
         "notify", "drain_and_cancel", "requeue", "check_no_auto_replace", "cordon_and_drain",
-        "replace_node", "resume"], steps
+        "replace_node", "prove_healthy", "resume"], steps
     assert all(status == "succeeded" for _, status in steps), steps
 
     # The audit trail: each outside change exactly once, although a worker died mid-step.
@@ -346,7 +360,11 @@ def test_containers_on_real_slurm_prometheus_and_kubernetes_heal_an_xid_79_once(
         ("slurm.comment", f"job {job} stopped"): 1, ("slurm.requeue", f"job {job}"): 1,
         ("slurm.comment", f"job {job} requeued"): 1, ("k8s.cordon", FAILED): 1,
         ("k8s.evict", TRAINER): 1, ("provider.replace", FAILED): 1,
-        ("slurm.resume", SPARE): 1}, changed
+        # The spare's acceptance checks over slurmrestd; the resume step then changes nothing.
+        ("slurm.reserve", f"{SPARE} (fleetwatch-gate-r{rem_id}-1)"): 1,
+        ("slurm.resume", f"{SPARE} (fleetwatch-gate-r{rem_id}-1)"): 1,
+        ("slurm.submit_check", f"{SPARE} fleetwatch-check-r{rem_id}-1-fleetwatch-check"): 1,
+        ("slurm.unreserve", f"{SPARE} (fleetwatch-gate-r{rem_id}-1)"): 1}, changed
     calls = {verb: call for verb, target, ok, data, call in entries
              if ok and json.loads(data).get("changed")}
     # Through slurmrestd (drain, cancel, resume) and scontrol with the JWT (requeue).

@@ -43,9 +43,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tests.drill.run import DrillResult
 
-# The outside actions the gpu_hardware playbook makes, each exactly once.
+# The outside actions the gpu_hardware playbook makes, each exactly once (with the spare's
+# acceptance checks: reserved, checked, released); slurm.resume and slurm.comment twice each
+# (the gate resumes the spare inside its reservation, the resume step finds it in service; the
+# job's comment when stopped and when requeued).
 EXPECTED_ACTIONS = ("notify", "slurm.drain", "slurm.cancel", "slurm.requeue", "k8s.cordon",
-                    "k8s.evict", "provider.replace", "slurm.resume")
+                    "k8s.evict", "provider.replace", "slurm.reserve", "slurm.submit_check",
+                    "slurm.unreserve")
+TWICE = ("slurm.comment", "slurm.resume")
 
 
 def _ts(value: Any) -> float | None:
@@ -95,7 +100,8 @@ def build(result: DrillResult) -> dict[str, Any]:
 
     sigterm = audit_at("slurm.cancel")
     requeued = audit_at("slurm.requeue")
-    resumed_spare = audit_at("slurm.resume")
+    # The spare is in service once its acceptance checks passed and their reservation is gone.
+    checks_from, resumed_spare = audit_at("slurm.reserve"), audit_at("slurm.unreserve")
     old_gone = seen(f"slurm.{FAILED}", lambda v: v in ("DRAINED", "DOWN+DRAIN"),
                     after=sigterm or 0.0)
     # Slurm's own StartTime of the new run (whole seconds); else when the poller saw it.
@@ -151,7 +157,8 @@ def build(result: DrillResult) -> dict[str, Any]:
     event("replacement Ready in Kubernetes", spare_ready, "Kubernetes Node condition")
     event("replacement step done", _ts(steps["replace_node"].finished_at)
           if "replace_node" in steps else None, "Step.finished_at")
-    event("spare resumed in Slurm", resumed_spare, "audit slurm.resume")
+    event("spare's acceptance checks started", checks_from, "audit slurm.reserve")
+    event("spare resumed in Slurm", resumed_spare, "audit slurm.unreserve (checks passed)")
     event("job running again", running_again,
           "scontrol StartTime" if result.restarted_at else "squeue")
     event("first step after the resume", first_step_at, "training log")
@@ -168,6 +175,9 @@ def build(result: DrillResult) -> dict[str, Any]:
         "operator": (result.approval["blocked_at"], result.approval["answered_at"])
         if result.approval else None,
         "job_start": (running_again, first_step_at) if running_again and first_step_at
+        else None,
+        # The return-to-service gate: the check job queued and running in its reservation.
+        "acceptance_checks": (checks_from, resumed_spare) if checks_from and resumed_spare
         else None,
     }
     could_run = [t for t in (requeued, old_gone, resumed_spare) if t is not None]
@@ -197,8 +207,8 @@ def build(result: DrillResult) -> dict[str, Any]:
         and annotations.get("fleetwatch.io/cordoned-by") == "fleetwatch",
         # The job's Slurm comment is written twice: when it is stopped, when it is requeued.
         "every_action_audited_once": all(counts.get(v) == 1 for v in EXPECTED_ACTIONS)
-        and counts.get("slurm.comment") == 2
-        and len(acted) == len(EXPECTED_ACTIONS) + 2 and all(e.ok for e in calls),
+        and all(counts.get(v) == 2 for v in TWICE)
+        and len(acted) == len(EXPECTED_ACTIONS) + 2 * len(TWICE) and all(e.ok for e in calls),
         "audit_chain_verifies": audit_verify().ok,
         "incident_resolved_with_phases": incident.status == Incident.Status.RESOLVED
         and {"detect", "drain", "requeue", "replace", "resume"} <= set(incident.phases),
@@ -325,7 +335,8 @@ def markdown(report: dict[str, Any]) -> str:
              "- node provider (delete to new node Ready)", "operator":
              "- operator (stopped to approved)", "slurm_start":
              "- Slurm start (cred_expire, scheduler)", "job_start":
-             "- training program start (to its first step)"}
+             "- training program start (to its first step)", "acceptance_checks":
+             "- the spare's acceptance checks (reservation to release)"}
     for key, name in names.items():
         if key in t["waits_on_others_s"]:
             row(name, t["waits_on_others_s"][key])

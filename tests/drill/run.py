@@ -368,6 +368,12 @@ class Drill:
         self.slurm.start()
         self.slurm.run("scontrol", "update", f"nodename={SPARE}", "state=DRAIN",
                        f"reason={SPARE_REASON}", check=True)
+        # The spare's acceptance checks (FleetWatch's own check program, run by its slurmd on
+        # this machine) read a simulated GPU state: these slurmd have no GPU.
+        for sub in ("gpu-state", "checks"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        (self.root / "gpu-state" / f"{SPARE}.json").write_text(json.dumps(
+            {"gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3"} for i in range(8)]}))
 
     def env(self) -> dict[str, str]:
         """FleetWatch's environment: only what an operator would set for real sources."""
@@ -390,6 +396,11 @@ class Drill:
             "FLEETWATCH_STEP_POLL_SECONDS": f"{c.step_poll:g}",
             "FLEETWATCH_SLURM_GRACE_SECONDS": str(c.grace),
             "FLEETWATCH_BASE_URL": f"http://127.0.0.1:{self.web_port}",
+            # The return-to-service gate: the check programs where the nodes have them.
+            "FLEETWATCH_GATE_CHECK_DIR": str(ROOT / "deploy" / "checks"),
+            "FLEETWATCH_GATE_OUTPUT_DIR": str(self.root / "checks"),
+            "FLEETWATCH_GATE_ENV": (f"FLEETWATCH_CHECK_STATE={self.root / 'gpu-state'},"
+                                    "FLEETWATCH_CHECK_SECONDS=1"),
         }
 
     def _spawn(self, name: str, argv: list[str]) -> None:

@@ -52,8 +52,16 @@ ACTIONS = {
     ("slurm.comment", "job 3001 stopped"), ("slurm.requeue", "job 3001"),
     ("slurm.comment", "job 3001 requeued"), ("k8s.cordon", BAD_NODE),
     ("k8s.evict", f"slurm/slurmd-{BAD_NODE}"), ("provider.replace", BAD_NODE),
-    ("slurm.resume", SPARE),
 }
+
+
+def gate_actions(remediation_id: int) -> set[tuple[str, str]]:
+    """The return-to-service gate's actions on the spare (its first run): held, resumed in its
+    reservation, checked, released; the resume step after it then finds it in service."""
+    held = f"{SPARE} (fleetwatch-gate-r{remediation_id}-1)"
+    return {("slurm.reserve", held), ("slurm.resume", held), ("slurm.unreserve", held),
+            ("slurm.submit_check",
+             f"{SPARE} fleetwatch-check-r{remediation_id}-1-fleetwatch-check")}
 RESCUED = re.compile(r"watchdog: re-queued step\(s\) \[([\d, ]+)\]")
 
 
@@ -278,7 +286,7 @@ def _assert_healed(chaos: Chaos, sim_state: Any) -> None:
     # is audited with changed False and is not a second action.)
     entries = list(AuditEntry.objects.filter(remediation=remediation).exclude(call=""))
     changed = Counter((e.verb, e.target) for e in entries if e.ok and e.data.get("changed"))
-    assert set(changed) == ACTIONS, changed
+    assert set(changed) == ACTIONS | gate_actions(remediation.pk), changed
     assert all(n == 1 for n in changed.values()), changed
     failed = Counter((e.verb, e.target) for e in entries if not e.ok)
     assert all(n <= 1 for n in failed.values()), failed

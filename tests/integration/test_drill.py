@@ -106,6 +106,11 @@ def _common(result: DrillResult) -> tuple[Incident, Remediation]:
         ("slurm.requeue", f"job {result.job_id}"),
         ("slurm.comment", f"job {result.job_id} requeued"), ("k8s.cordon", FAILED),
         ("k8s.evict", f"slurm/slurmd-{FAILED}"), ("provider.replace", FAILED),
+        # The spare's acceptance checks, then the resume step that finds it in service.
+        ("slurm.reserve", f"{SPARE} (fleetwatch-gate-r{rem.pk}-1)"),
+        ("slurm.resume", f"{SPARE} (fleetwatch-gate-r{rem.pk}-1)"),
+        ("slurm.submit_check", f"{SPARE} fleetwatch-check-r{rem.pk}-1-fleetwatch-check"),
+        ("slurm.unreserve", f"{SPARE} (fleetwatch-gate-r{rem.pk}-1)"),
         ("slurm.resume", SPARE)], [(e.verb, e.target, e.result) for e in calls]
     assert all(e.ok for e in calls)
     assert audit_verify().ok

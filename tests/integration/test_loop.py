@@ -17,7 +17,7 @@ from tests.conftest import Worker, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 STEP_KINDS = ["notify", "drain_and_cancel", "requeue", "check_no_auto_replace",
-              "cordon_and_drain", "replace_node", "resume"]
+              "cordon_and_drain", "replace_node", "prove_healthy", "resume"]
 
 
 def _last_run() -> int:
@@ -79,10 +79,16 @@ def test_xid79_heals_without_a_person(celery_worker_process: Worker, sim_state: 
     # and again once it is requeued; its owner has no address here, so nobody is messaged.
     assert [v for v, _, _ in calls] == [
         "notify", "slurm.drain", "slurm.comment", "slurm.cancel", "slurm.requeue",
-        "slurm.comment", "k8s.cordon", "k8s.evict", "provider.replace", "slurm.resume"]
+        "slurm.comment", "k8s.cordon", "k8s.evict", "provider.replace",
+        # the replacement's acceptance checks (the return-to-service gate), then the resume
+        # step, which finds it in service already
+        "slurm.reserve", "slurm.resume", "slurm.submit_check", "slurm.unreserve",
+        "slurm.resume"]
     assert all(ok for _, _, ok in calls)
     assert ("slurm.drain", "gpu-003", True) in calls
     assert ("slurm.resume", new_node, True) in calls
+    assert AuditEntry.objects.filter(remediation=remediation, verb="gate.passed",
+                                     target=new_node).exists()
     verbs = set(AuditEntry.objects.filter(incident=incident).values_list("verb", flat=True))
     assert {"incident.opened", "remediation.created", "step.started", "step.succeeded",
             "remediation.succeeded", "incident.resolved"} <= verbs
@@ -132,7 +138,7 @@ def test_no_auto_replace_label_stops_before_cordon(
     assert remediation.status == Remediation.Status.BLOCKED
     assert "fleetwatch.io/no-auto-replace" in remediation.blocked_reason
     statuses = list(remediation.steps.order_by("order").values_list("status", flat=True))
-    assert statuses == ["succeeded"] * 3 + ["blocked"] + ["pending"] * 3
+    assert statuses == ["succeeded"] * 3 + ["blocked"] + ["pending"] * 4
     state = sim_state()
     assert state["nodes"]["gpu-010"]["drained"]  # drained and requeued, as before the check
     assert not state["nodes"]["gpu-010"]["unschedulable"]  # but not cordoned

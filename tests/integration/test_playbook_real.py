@@ -5,6 +5,13 @@ with its node-pool stand-in (tests/harness/k8s_server.py), through the real clie
 comes from the simulator, over five simulated nodes named like the real ones: GPU health is not
 what this test is about, and the resume step only needs "these GPUs report, with no XID".
 
+The replacement then goes through the return-to-service gate (incidents/remediation/gate.py)
+for real: a reservation holding the spare, FleetWatch's own check program
+(deploy/checks/fleetwatch-check) as a Slurm job in it, reading a simulated GPU state for the
+spare (these slurmd have no GPU). A spare whose check passes is back in service, its reservation
+gone, and the job runs on it; one whose check fails never reaches service: drained with the
+check's verdict as its reason, the job still waiting, the remediation failed for a person.
+
 The engine runs in this process (no broker): each round runs or re-checks the first unfinished
 step, as a worker's queue would. What it did is checked with the real tools (``scontrol``,
 ``squeue``, ``kubectl``), the test server's request log and the audit trail.
@@ -44,7 +51,7 @@ from collectors.sim.fleet import SimFleet, SimTelemetry
 from incidents import lifecycle
 from incidents.audit import audit_verify
 from incidents.diagnosis import Diagnosis
-from incidents.models import AuditEntry, Incident, Remediation, Step
+from incidents.models import AuditEntry, GateRun, Incident, Remediation, Step
 from incidents.remediation import engine
 from incidents.remediation.playbooks import FOR_ROOT_CAUSE
 from tests.conftest import wait_for
@@ -53,11 +60,18 @@ from tests.integration.test_kubernetes import _server_module, kubectl
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
+ROOT = Path(__file__).resolve().parents[2]
 NODES = [f"gpu-00{i}" for i in range(1, 6)]
 LEAVES = {"leaf-a": ["gpu-001", "gpu-002", "gpu-003"], "leaf-b": ["gpu-004", "gpu-005"]}
 SPARE = "gpu-005"
 FAILED = "gpu-003"
 SPARE_REASON = "fleetwatch: spare pool"
+# What the check program reads for the spare instead of real GPUs (FLEETWATCH_CHECK_STATE).
+GPU_STATE = {
+    "passes": {"gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3"} for i in range(8)]},
+    "fails": {"gpus": [*({"index": i} for i in range(8) if i != 5),
+                       {"index": 5, "healthy": False, "error": "XID 79: fallen off the bus"}]},
+}
 
 # A training job in miniature: loops until SIGTERM, then leaves a marker named after the job
 # and the how-many-th run it is (what a checkpoint-on-SIGTERM handler would do) and exits.
@@ -97,6 +111,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory,
     root = tmp_path_factory.mktemp("slurm-pb")
     with SlurmCluster(root, NODES, LEAVES, kill_wait=2, install=slurm_install) as running:
         (root / "marks").mkdir()
+        (root / "gpu-state").mkdir()
+        (root / "checks").mkdir()
         (root / "train.sh").write_text(TRAIN_SCRIPT.format(marks=root / "marks"))
         # The spare: out of service, drained by FleetWatch (so FleetWatch may resume it).
         running.run("scontrol", "update", f"nodename={SPARE}", "state=DRAIN",
@@ -201,13 +217,26 @@ def drive(rem: Remediation, capture: Any, between: Callable[[], None], *,
     return rem
 
 
+def gate_settings(settings: Any, cluster: SlurmCluster) -> None:
+    """The gate as a site sets it up: the check programs where the nodes have them (this
+    checkout: the harness's slurmd run here), their output where FleetWatch reads it back."""
+    settings.FLEETWATCH_GATE_CHECK_DIR = str(ROOT / "deploy" / "checks")
+    settings.FLEETWATCH_GATE_OUTPUT_DIR = str(cluster.root / "checks")
+    settings.FLEETWATCH_GATE_ENV = {"FLEETWATCH_CHECK_STATE": str(cluster.root / "gpu-state"),
+                                    "FLEETWATCH_CHECK_SECONDS": "1"}
+    settings.FLEETWATCH_GATE_START_MINUTES = 2.0
+
+
+@pytest.mark.parametrize("verdict", ["passes", "fails"])
 def test_gpu_hardware_playbook_on_real_slurm_and_kubernetes(
         cluster: SlurmCluster, k8s: Any, settings: Any, tmp_path: Path, monkeypatch: Any,
-        django_capture_on_commit_callbacks: Any) -> None:
+        django_capture_on_commit_callbacks: Any, verdict: str) -> None:
     settings.FLEETWATCH_POLICY_MODE = "auto"
     settings.FLEETWATCH_PLAYBOOK_MODES = {}
     settings.FLEETWATCH_STEP_MODES = {}
     settings.FLEETWATCH_SLURM_GRACE_SECONDS = cluster.kill_wait
+    gate_settings(settings, cluster)
+    (cluster.root / "gpu-state" / f"{SPARE}.json").write_text(json.dumps(GPU_STATE[verdict]))
 
     # gpu-001 and gpu-004 busy, gpu-005 drained: the training job can only land on 002+003.
     blocker = sbatch(cluster, "-J", "other-team", "-N", "2", "-w", "gpu-001,gpu-004",
@@ -254,6 +283,11 @@ def test_gpu_hardware_playbook_on_real_slurm_and_kubernetes(
         if "requeue" in done and "requeued" not in seen:
             # Requeued, and nowhere to run: gpu-003 drained, the spare not yet resumed.
             seen["requeued"] = (squeue(cluster, job), scontrol(cluster, "job", job))
+        if "replace_node" in done and "prove_healthy" not in done:
+            # The gate at work: what an operator sees of the spare meanwhile.
+            seen.setdefault("gate", []).append((
+                cluster.run("scontrol", "show", "reservation").stdout,
+                squeue(cluster, job), scontrol(cluster, "node", SPARE)))
         if "cordon_and_drain" in done and "replace_node" not in done and "cordoned" not in seen:
             # Before the pool provider deletes the Node: cordoned, pods evicted.
             seen["cordoned"] = (kubectl(k8s, "get", "node", FAILED, "--no-headers").stdout,
@@ -266,9 +300,26 @@ def test_gpu_hardware_playbook_on_real_slurm_and_kubernetes(
         helper.join(timeout=60)
         api.close()
     steps = list(rem.steps.order_by("order").values_list("kind", "status", "detail"))
-    assert rem.status == "succeeded", steps
     incident.refresh_from_db()
     reason = f"fleetwatch: incident {incident.pk} gpu_hardware"
+    # While the spare was checked: held in its reservation (FleetWatch's user alone), resumed
+    # inside it, and the requeued job (which has nowhere else to go) never started on it.
+    held = [(r, state, n) for r, state, n in seen.get("gate", []) if SPARE in r]
+    assert held, seen.get("gate")
+    assert all(state == "PENDING" for _, state, _ in seen["gate"]), seen["gate"]
+    shown = scontrol_fields(held[0][0])
+    assert shown["ReservationName"] == f"fleetwatch-gate-r{rem.pk}-1"
+    assert (shown["Nodes"], shown["Users"]) == (SPARE, "root")
+    assert "No reservations in the system" in cluster.run("scontrol", "show",
+                                                           "reservation").stdout
+    gate_run = GateRun.objects.get(remediation=rem)
+    assert (gate_run.node, gate_run.repair, gate_run.checks) == (SPARE, "replace",
+                                                                 ["fleetwatch-check"])
+    if verdict == "fails":
+        spare_failed(cluster, rem, incident, job, steps, gate_run)
+        return
+    assert rem.status == "succeeded", steps
+    assert gate_run.status == "passed" and gate_run.results[0]["result"]["gpus"] == 8
 
     # --- Slurm, through scontrol/squeue ---
     node = scontrol(cluster, "node", FAILED)
@@ -323,7 +374,13 @@ def test_gpu_hardware_playbook_on_real_slurm_and_kubernetes(
         ("notify", "on-call"), ("slurm.drain", FAILED), ("slurm.comment", f"job {job} stopped"),
         ("slurm.cancel", f"job {job}"), ("slurm.requeue", f"job {job}"),
         ("slurm.comment", f"job {job} requeued"), ("k8s.cordon", FAILED),
-        ("k8s.evict", "train/trainer-1"), ("provider.replace", FAILED), ("slurm.resume", SPARE),
+        ("k8s.evict", "train/trainer-1"), ("provider.replace", FAILED),
+        # The gate: the spare held, resumed in its reservation, checked, the reservation gone
+        # (the resume step after it finds the spare in service already).
+        ("slurm.reserve", f"{SPARE} (fleetwatch-gate-r{rem.pk}-1)"),
+        ("slurm.resume", f"{SPARE} (fleetwatch-gate-r{rem.pk}-1)"),
+        ("slurm.submit_check", f"{SPARE} fleetwatch-check-r{rem.pk}-1-fleetwatch-check"),
+        ("slurm.unreserve", f"{SPARE} (fleetwatch-gate-r{rem.pk}-1)"),
     ]
     assert all(e.ok for e in calls)
     evict = next(e for e in calls if e.verb == "k8s.evict")
@@ -343,3 +400,34 @@ def test_gpu_hardware_playbook_on_real_slurm_and_kubernetes(
     assert incident.status == Incident.Status.RESOLVED
     assert incident.repaired_by == "automation"
     assert {"detect", "decide", "drain", "requeue", "replace", "resume"} <= set(incident.phases)
+
+
+def spare_failed(cluster: SlurmCluster, rem: Remediation, incident: Incident, job: str,
+                 steps: list[Any], gate_run: GateRun) -> None:
+    """The spare failed its check: it never reached Slurm service."""
+    assert rem.status == "failed", steps
+    kinds = {kind: (status, detail) for kind, status, detail in steps}
+    assert kinds["prove_healthy"][0] == "failed" and kinds["resume"][0] == "pending", kinds
+    failed = Step.objects.get(remediation=rem, kind="prove_healthy")
+    assert f"acceptance check fleetwatch-check failed on {SPARE}: GPU 5: XID 79" in failed.error
+    assert f"{SPARE} is drained (1 of 2 failed gates before RMA)" in failed.error
+    # Slurm: the spare drained again with the check's verdict, no reservation, the job waiting.
+    spare = scontrol(cluster, "node", SPARE)
+    assert "DRAIN" in spare["State"], spare
+    assert spare["Reason"].startswith(f"fleetwatch: acceptance check fleetwatch-check failed "
+                                      f"on {SPARE}: GPU 5: XID 79: fallen off the bus"), spare
+    time.sleep(2)
+    assert squeue(cluster, job) == "PENDING"
+    # The record: the gate's verdict with the check's output, in the audit trail and on the
+    # node's page (incidents.selectors feeds it).
+    assert gate_run.status == "failed" and gate_run.results[0]["exit_code"] == 1
+    assert '"ok": false' in gate_run.results[0]["output"]
+    entry = AuditEntry.objects.get(remediation=rem, verb="gate.failed")
+    assert entry.target == SPARE and not entry.ok
+    assert "GPU 5: XID 79" in entry.data["results"][0]["output"]
+    acted = [e.verb for e in AuditEntry.objects.filter(remediation=rem).exclude(call="")
+             .order_by("id") if e.data.get("changed")]
+    assert acted[-5:] == ["slurm.reserve", "slurm.resume", "slurm.submit_check", "slurm.drain",
+                          "slurm.unreserve"], acted
+    assert incident.status == Incident.Status.NEEDS_ATTENTION
+    assert audit_verify().ok

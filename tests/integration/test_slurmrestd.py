@@ -8,6 +8,7 @@ does not serve (25.11 dropped v0.0.40), slurmctld down behind a running slurmres
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ from tests.harness.slurm_cluster import free_port, scontrol_fields
 from tests.integration.test_kubernetes import _server_module
 from tests.integration.test_playbook_real import (
     FAILED,
+    GPU_STATE,
     LEAVES,
     NODES,
     SPARE,
@@ -48,6 +50,7 @@ from tests.integration.test_playbook_real import (
     TRAIN_SCRIPT,
     RecordingNotifier,
     drive,
+    gate_settings,
     k8s_seed,
 )
 
@@ -298,7 +301,8 @@ def test_gpu_hardware_playbook_through_slurmrestd(
         tmp_path_factory: pytest.TempPathFactory, settings: Any, tmp_path: Path,
         monkeypatch: Any, django_capture_on_commit_callbacks: Any) -> None:
     """tests/integration/test_playbook_real.py's scenario with SlurmRest for Slurm: drain with
-    FleetWatch's reason, cancel with SIGTERM, requeue, the job running again on the spare."""
+    FleetWatch's reason, cancel with SIGTERM, requeue, the spare's acceptance checks through
+    slurmrestd (reservation, job submit, reservation delete), the job running again on it."""
     # The budget lets one trainer pod out: the eviction does not wait here (the 429 path is
     # test_playbook_real's subject).
     seed = k8s_seed()
@@ -306,6 +310,9 @@ def test_gpu_hardware_playbook_through_slurmrestd(
     root = tmp_path_factory.mktemp("rest-pb")
     with start_cluster(root) as cluster:
         (root / "marks").mkdir()
+        (root / "gpu-state").mkdir()
+        (root / "checks").mkdir()
+        (root / "gpu-state" / f"{SPARE}.json").write_text(json.dumps(GPU_STATE["passes"]))
         (root / "train.sh").write_text(TRAIN_SCRIPT.format(marks=root / "marks"))
         cluster.run("scontrol", "update", f"nodename={SPARE}", "state=DRAIN",
                     f"reason={SPARE_REASON}", check=True)
@@ -327,6 +334,7 @@ def _playbook(cluster: Any, k8s: Any, settings: Any, tmp_path: Path, monkeypatch
     settings.FLEETWATCH_STEP_MODES = {}
     settings.FLEETWATCH_SLURM_GRACE_SECONDS = 2
     settings.FLEETWATCH_BASE_URL = "https://fleetwatch.example"
+    gate_settings(settings, cluster)
     blocker = sbatch(cluster, "-J", "other-team", "-N", "2", "-w", "gpu-001,gpu-004",
                      "--gres=gpu:8", "--wrap", "sleep 600")
     wait_for(lambda: running(cluster, blocker), 30, "the blocker job to run")
@@ -391,7 +399,13 @@ def _playbook(cluster: Any, k8s: Any, settings: Any, tmp_path: Path, monkeypatch
         ("slurm.requeue", f"job {job}", "scontrol"),
         ("slurm.comment", f"job {job} requeued", "POST"),
         ("k8s.cordon", FAILED, acted[6][2]), ("k8s.evict", "train/trainer-1", acted[7][2]),
-        ("provider.replace", FAILED, acted[8][2]), ("slurm.resume", SPARE, "POST"),
+        ("provider.replace", FAILED, acted[8][2]),
+        # The spare's acceptance checks, every call over slurmrestd (v0.0.44 creates
+        # reservations), then in service: the resume step after them changes nothing.
+        ("slurm.reserve", f"{SPARE} (fleetwatch-gate-r{rem.pk}-1)", "POST"),
+        ("slurm.resume", f"{SPARE} (fleetwatch-gate-r{rem.pk}-1)", "POST"),
+        ("slurm.submit_check", f"{SPARE} fleetwatch-check-r{rem.pk}-1-fleetwatch-check", "POST"),
+        ("slurm.unreserve", f"{SPARE} (fleetwatch-gate-r{rem.pk}-1)", "DELETE"),
     ]
     assert all(e.ok for e in calls)
     assert audit_verify().ok

@@ -126,7 +126,8 @@ def test_observe_drill_runs_the_loop_to_the_provider_and_changes_nothing(
     rem = incident.remediations.get()
     assert (rem.playbook, rem.status) == ("replace_node", Remediation.Status.SUCCEEDED)
     kinds = dict(rem.steps.values_list("kind", "status"))
-    assert kinds.pop("resume") == Step.Status.SKIPPED  # past the provider: not run
+    # Past the provider: not run (the acceptance checks of the spare and its resume).
+    assert kinds.pop("prove_healthy") == kinds.pop("resume") == Step.Status.SKIPPED
     assert set(kinds.values()) == {Step.Status.SUCCEEDED}
     # Each step's words say it was a rehearsal, not that the node was drained.
     drained = rem.steps.get(kind="drain_and_cancel").detail
@@ -430,8 +431,8 @@ def test_the_api_starts_a_drill_and_reports_it(
     assert report["status"] == "passed" and report["node"] == CANARY
     assert report["incident"] == Incident.objects.get(drill=drill).pk
     assert report["phases"]["total"] == drill.phases["total"]
-    assert [s["kind"] for s in report["remediation"]["steps"]][-2:] == ["replace_node",
-                                                                       "resume"]
+    assert [s["kind"] for s in report["remediation"]["steps"]][-3:] == [
+        "replace_node", "prove_healthy", "resume"]
     assert [t["title"] for t in report["timeline"] if t["type"] == "would"] == [
         f"would call {v} {t}" for v, t in zip(WOULD_CALLS, [
             "on-call", CANARY, CANARY, f"slurm/slurmd-{CANARY}", CANARY], strict=True)]

@@ -25,6 +25,7 @@ from collectors.clients.base import (
     ProviderStatus,
     SlurmJob,
     SlurmNode,
+    SlurmReservation,
 )
 from collectors.clock import ManualClock
 from collectors.models import Node
@@ -105,7 +106,8 @@ def test_every_root_cause_has_a_playbook_of_known_steps() -> None:
     risky = {s.kind: s.risk for p in PLAYBOOKS.values() for s in p.steps if s.risk}
     assert risky == {"replace_node": "replace", "reset_or_reboot": "reset_gpu",
                      "reboot": "reboot", "reboot_request": "reboot",
-                     "replace_if_not_back": "replace", "wait_checkpoint": "replace_working"}
+                     "replace_if_not_back": "replace", "wait_checkpoint": "replace_working",
+                     "prove_healthy": "return_to_service"}
 
 
 # --- playbooks on the simulated fleet ----------------------------------------------------------
@@ -123,7 +125,10 @@ def test_gpu_memory_resets_the_gpu_checks_it_and_resumes(
     assert rem.status == "succeeded", [(s.kind, s.status, s.detail) for s in rem.steps.all()]
     assert [v for v, _ in calls(rem)] == [
         "notify", "slurm.drain", "slurm.comment", "slurm.cancel", "slurm.requeue",
-        "slurm.comment", "provider.reset_gpu", "slurm.resume"]
+        "slurm.comment", "provider.reset_gpu",
+        # the acceptance checks: reserved, resumed inside the reservation, checked, released
+        "slurm.reserve", "slurm.resume", "slurm.submit_check", "slurm.unreserve",
+        "slurm.resume"]
     node = sim_fleet.snapshot()["nodes"]["gpu-003"]
     assert not node["drained"] and node["gpus"][2]["last_xid"] == 0
     assert sim_fleet.snapshot()["jobs"]["3001"]["state"] == "RUNNING"
@@ -247,6 +252,7 @@ class FakeWorld:
     ports: list[NicPort] = field(default_factory=list)
     provider_state: str = "ready"
     made: list[str] = field(default_factory=list)
+    reservations: list[SlurmReservation] = field(default_factory=list)
 
     def clients(self) -> Clients:
         world = self
@@ -292,6 +298,14 @@ class FakeWorld:
             def set_comment(self, job_id: str, text: str, field: str) -> ActionResult:
                 world.made.append(f"comment {job_id}")
                 return ActionResult(f"scontrol update jobid={job_id} {field}={text}", True)
+
+            def reservations(self) -> list[SlurmReservation]:
+                return world.reservations
+
+            def reserve(self, name: str, node: str) -> ActionResult:
+                world.made.append(f"reserve {node}")
+                world.reservations.append(SlurmReservation(name, (node,)))
+                return ActionResult(f"scontrol create reservation {name}", True)
 
         class Kubernetes:
             def nodes(self) -> list[K8sNode]:
@@ -361,8 +375,11 @@ def test_unreachable_node_is_marked_down_rebooted_and_replaced_only_if_it_stays_
                       k8s={"gpu-003": K8sNode("gpu-003", None, False)})
     out = EXECUTORS["down_node"](ctx_for(world, "down_node", root_cause="node_unreachable"))
     assert isinstance(out, Done) and out.result["requeued"] == ["3001"]
-    assert world.made == ["down gpu-003", "comment 3001", "cancel 3001", "requeue 3001",
-                          "comment 3001"]
+    # Held in a reservation of its own from the DOWN on: ReturnToService=2 would put it back
+    # in service unchecked the moment its slurmd registers.
+    assert world.made == ["down gpu-003", "reserve gpu-003", "comment 3001", "cancel 3001",
+                          "requeue 3001", "comment 3001"]
+    assert [r.name for r in world.reservations] == ["fleetwatch-gate-r0-hold"]
     out = EXECUTORS["reboot"](ctx_for(world, "reboot"))
     assert isinstance(out, Wait) and "rebooting" in out.detail
     world.provider_state = "ready"

@@ -121,7 +121,7 @@ def test_the_same_diagnosis_twice_is_one_incident_and_one_remediation(cluster: A
     assert rem.status == "running" and rem.requested_by == "system"
     assert list(rem.steps.values_list("kind", flat=True)) == [
         "notify", "drain_and_cancel", "requeue", "check_no_auto_replace", "cordon_and_drain",
-        "replace_node", "resume"]
+        "replace_node", "prove_healthy", "resume"]
     # Start pressed while it runs: the running one is returned, nothing new is created.
     opened = transitions.remediation_open(first, actor="user:x")
     assert not opened.created and opened.remediation.pk == rem.pk

@@ -37,10 +37,11 @@ VERSIONS = {
 }
 
 EXPECTED_NODES = [
-    SlurmNode("gpu-001", "MIXED", (), "", "gpu"),
-    SlurmNode("gpu-002", "MIXED", (), "", "gpu"),
-    SlurmNode("gpu-003", "IDLE", ("DRAIN",), "fleetwatch: incident 7 gpu_hardware", "gpu"),
-    SlurmNode("gpu-004", "DOWN", (), "admin: psu swap", "gpu"),
+    # gpus: the node's gpu GRES ("gpu:8"), what a check job asks for (the gate).
+    SlurmNode("gpu-001", "MIXED", (), "", "gpu", 8),
+    SlurmNode("gpu-002", "MIXED", (), "", "gpu", 8),
+    SlurmNode("gpu-003", "IDLE", ("DRAIN",), "fleetwatch: incident 7 gpu_hardware", "gpu", 8),
+    SlurmNode("gpu-004", "DOWN", (), "admin: psu swap", "gpu", 8),
 ]
 
 

@@ -714,7 +714,7 @@ def test_sources_page_empty_state_says_what_to_do(ops: Client) -> None:
 
 def test_policy_page_playbooks_modes_rails_and_no_secrets(ops: Client, settings: Any) -> None:
     settings.FLEETWATCH_PLAYBOOK_MODES = {"thermal": "approve"}
-    settings.FLEETWATCH_STEP_MODES = {"replace": "approve"}
+    settings.FLEETWATCH_STEP_MODES = {"replace": "approve", "return_to_service": "observe"}
     settings.FLEETWATCH_NOTIFY_SLACK_URL = "https://hooks.slack.com/services/T0/B0/s3cr3tpath"
     settings.FLEETWATCH_NOTIFY_WEBHOOK_URL = "https://bot:hunter2@hooks.example/fw?token=abc"
     settings.FLEETWATCH_NOTIFY_WEBHOOK_SECRET = "shh-its-a-secret"
@@ -729,10 +729,13 @@ def test_policy_page_playbooks_modes_rails_and_no_secrets(ops: Client, settings:
     assert "mode-approve" in thermal
     hardware = page[page.index('data-testid="mode-gpu_hardware"'):]
     hardware = hardware[:hardware.index("</tr>")]
-    # The playbook's mode, then each risk class's: replacing a node that still works
-    # (replace_working) waits for approval unless FLEETWATCH_STEP_MODES names it.
+    # The playbook's mode, then each risk class's: replace, reboot, reset_gpu, replacing a
+    # node that still works (replace_working: approve unless FLEETWATCH_STEP_MODES names it),
+    # and the return-to-service gate.
     assert re.findall(r">(auto|approve|observe)</span>", hardware) == ["auto", "approve", "auto",
-                                                                        "auto", "approve"]
+                                                                        "auto", "approve",
+                                                                        "observe"]
+    assert "risk: return_to_service" in page
     assert "FLEETWATCH_BUDGET_MAX_NODES" in page and "FLEETWATCH_STORM_INCIDENTS" in page
     assert "FLEETWATCH_COOLDOWN_MINUTES" in page and "FLEETWATCH_RMA_AFTER" in page
     assert "https://hooks.slack.com/services/…" in page
