@@ -33,6 +33,9 @@ PAGE_PERSON = "incidents.tasks.page_person"
 STEPS_RESCUE = "incidents.tasks.steps_rescue"
 WEBHOOK_DELIVER = "incidents.tasks.webhook_deliver"
 WEBHOOKS_RESCUE = "incidents.tasks.webhooks_rescue"
+LOAN_RUN = "incidents.tasks.loan_run"
+LENDING_TICK = "incidents.tasks.lending_tick"
+CAPACITY_SNAPSHOT = "incidents.tasks.capacity_snapshot"
 # Defined in incidents/audit.py before it moved to incidents/tasks.py: the beat's schedule and
 # queued messages still say this.
 AUDIT_CHECKPOINT = "incidents.audit.checkpoint"

@@ -130,6 +130,14 @@ def _beat_schedule(sender: Celery, **_: object) -> None:
     schedule["diagnosis-rescue"] = {"task": queueing.DIAGNOSIS_RESCUE,
                                     "schedule": settings.FLEETWATCH_WATCHDOG_SECONDS,
                                     "options": {"expires": settings.FLEETWATCH_WATCHDOG_SECONDS}}
+    # Lending (incidents/lending): the automatic decision, and the capacity chart's points.
+    schedule["lending-tick"] = {"task": queueing.LENDING_TICK,
+                                "schedule": settings.FLEETWATCH_LEND_TICK_SECONDS,
+                                "options": {"expires": settings.FLEETWATCH_LEND_TICK_SECONDS}}
+    schedule["capacity-snapshot"] = {
+        "task": queueing.CAPACITY_SNAPSHOT,
+        "schedule": settings.FLEETWATCH_CAPACITY_SNAPSHOT_SECONDS,
+        "options": {"expires": settings.FLEETWATCH_CAPACITY_SNAPSHOT_SECONDS}}
     if settings.FLEETWATCH_AUDIT_CHECKPOINT_MINUTES > 0:
         # The audit trail's signed head, into the log (see incidents/audit.py).
         schedule["audit-checkpoint"] = {
