@@ -148,11 +148,13 @@ def _slurmd_pods(pods: Sequence[K8sPod]) -> list[K8sPod]:
     return [p for p in pods if SLINKY_POD_NAME_LABEL in p.labels]
 
 
-def _workload(pods: Sequence[K8sPod]) -> list[K8sPod]:
-    """The pods a return evicts: not DaemonSet pods, mirror pods or Slinky's slurmd pod
-    (as ``kubectl drain --ignore-daemonsets`` leaves the first two), not those that ended."""
+def _workload(pods: Sequence[K8sPod], before: Sequence[str]) -> list[K8sPod]:
+    """The pods a return evicts: those that came during the loan (inference), not DaemonSet
+    pods, mirror pods or Slinky's slurmd pod (as ``kubectl drain --ignore-daemonsets``
+    leaves the first two), not those that ended."""
+    there = set(before)
     return [p for p in pods if p.owner_kind != "DaemonSet" and not p.mirror
-            and SLINKY_POD_NAME_LABEL not in p.labels
+            and SLINKY_POD_NAME_LABEL not in p.labels and f"{p.namespace}/{p.name}" not in there
             and p.phase not in ("Succeeded", "Failed")]
 
 
@@ -177,8 +179,12 @@ def lend_check(ctx: LoanContext) -> Outcome:
     if k8s.ready is not True:
         return Stop(f"{ctx.node} is not Ready in Kubernetes ({k8s.ready_reason or 'unknown'}):"
                     " nothing to lend", untouched=True)
-    slurmd = _slurmd_pods(ctx.clients.kubernetes.pods_on_node(ctx.node))
+    pods = ctx.clients.kubernetes.pods_on_node(ctx.node)
+    slurmd = _slurmd_pods(pods)
     ctx.state["before"] = {
+        # The pods already there (monitoring, a slurmd run as a pod): not inference, never
+        # evicted by the return.
+        "pods": sorted(f"{p.namespace}/{p.name}" for p in pods),
         "unschedulable": k8s.unschedulable,
         # The labels the lend changes, as they were (None: absent), and the taints it removes.
         "labels": {k: k8s.labels.get(k) for k in [*ctx.marks.labels, *ctx.marks.remove_labels]},
@@ -328,7 +334,8 @@ def _evict(ctx: LoanContext, pods: Sequence[K8sPod]) -> Wait | None:
 def return_evict(ctx: LoanContext) -> Outcome:
     if not _lent_in_k8s(ctx) or ctx.state.get("handover"):
         return Done("no inference pods of FleetWatch's making to evict")
-    left = _workload(ctx.clients.kubernetes.pods_on_node(ctx.node))
+    before = (ctx.state.get("before") or {}).get("pods") or []
+    left = _workload(ctx.clients.kubernetes.pods_on_node(ctx.node), before)
     if not left:
         evicted = ctx.state.get("evicted", [])
         return Done(f"{ctx.node} has no inference pods left"
@@ -336,7 +343,7 @@ def return_evict(ctx: LoanContext) -> Outcome:
     waiting = _evict(ctx, left)
     if waiting is not None:
         return waiting
-    left = _workload(ctx.clients.kubernetes.pods_on_node(ctx.node))
+    left = _workload(ctx.clients.kubernetes.pods_on_node(ctx.node), before)
     if left:
         return Wait(f"waiting for pod(s) {', '.join(f'{p.namespace}/{p.name}' for p in left)} "
                     f"to leave {ctx.node}")
