@@ -77,7 +77,8 @@ def loan_enqueue(loan_id: int, reason: str = "start", countdown: float = 0) -> N
     queueing.enqueue(queueing.LOAN_RUN, loan_id, reason, countdown=countdown)
 
 
-def _cluster(name: str | Cluster | None) -> Cluster:
+def cluster_named(name: str | Cluster | None) -> Cluster:
+    """The cluster (None or "": the default one); an unknown name is a ClientError."""
     if isinstance(name, Cluster):
         return name
     return cluster_get(name or settings.FLEETWATCH_CLUSTER)
@@ -138,7 +139,7 @@ def loan_lend(cluster: str | Cluster | None, node: str, *, actor: str, reason: s
     """Lend ``node`` to inference: a person's click (``mode`` auto: it starts now) or the
     policy's decision (``automatic``, in its pool's mode: approve waits for a person). Raises
     LendRefused with the reason when it may not be lent."""
-    cluster = _cluster(cluster)
+    cluster = cluster_named(cluster)
     with transaction.atomic():
         policy.decisions_serialized()
         uses = selectors.node_uses(cluster)
@@ -522,7 +523,7 @@ def lending_tick(cluster: str | Cluster | None = None, now: float | None = None,
                  ) -> decide.Decision:
     """Decide for one cluster (demand and idle history from the database, the rules from
     the settings) and act on it in each pool's mode; repairs take over lent nodes."""
-    cluster = _cluster(cluster)
+    cluster = cluster_named(cluster)
     now = time.time() if now is None else now
     uses = selectors.node_uses(cluster)
     demand = selectors.pending_demand(cluster)
@@ -600,7 +601,7 @@ def capacity_snapshot(cluster: str | Cluster | None = None,
                       at: datetime | None = None) -> list[CapacitySnapshot]:
     """One row per pool: GPUs by use, nodes lent, the cluster's pending demand. Old rows
     (FLEETWATCH_CAPACITY_RETENTION_DAYS) go."""
-    cluster = _cluster(cluster)
+    cluster = cluster_named(cluster)
     at = at or timezone.now()
     counts = selectors.capacity_counts(selectors.node_uses(cluster),
                                        selectors.pending_demand(cluster))

@@ -21,6 +21,7 @@ from incidents.models import (
     AuditEntry,
     Delivery,
     Incident,
+    Loan,
     Remediation,
     Step,
     WebhookSubscription,
@@ -45,6 +46,7 @@ class World:
     token_name: str  # a spare token, for the token endpoints to act on
     webhook: WebhookSubscription
     delivery: Delivery
+    loan: Loan  # a lend of OTHER_NODE proposed by the demand policy, waiting for a person
 
     def path_parameters(self, template: str) -> dict[str, str]:
         """This world's object for each parameter of an OpenAPI path (``/api/v1/nodes/{name}/``
@@ -52,7 +54,8 @@ class World:
         collection = template.split("/")[3]
         ids = {"incidents": self.incident.pk, "remediations": self.remediation.pk,
                "steps": self.failed_step.pk, "audit": self.audit.pk, "gpus": self.gpu.pk,
-               "webhooks": self.webhook.pk, "webhook-deliveries": self.delivery.pk}
+               "webhooks": self.webhook.pk, "webhook-deliveries": self.delivery.pk,
+               "loans": self.loan.pk}
         names = {"clusters": self.cluster.name, "nodes": self.node.name,
                  "tokens": self.token_name}
         values = {"id": str(ids.get(collection, 0)), "name": names.get(collection, "x"),
@@ -125,10 +128,14 @@ def build_world(settings: Any) -> World:
         subscription=webhook, event="incident.opened", event_id="e-1", incident=incident,
         payload={"event": "incident.opened"}, status=Delivery.Status.DELIVERED,
         attempts=1, response_code=200, delivered_at=now)
+    loan = Loan.objects.create(cluster=cluster, node=OTHER_NODE, pool="gpu",
+                               status=Loan.Status.PROPOSED, step="lend_check", mode="approve",
+                               automatic=True, requested_by="system",
+                               reason="idle in Slurm for 30 min, no pending demand")
     return World(cluster=cluster, node=node, gpu=node.gpus.get(index=1), job=job,
                  signal=signal, incident=incident, remediation=remediation, failed=failed,
                  failed_step=failed_step, audit=audit, token_name=token_name,
-                 webhook=webhook, delivery=delivery)
+                 webhook=webhook, delivery=delivery, loan=loan)
 
 
 def signal_body(node: str = NODE) -> dict[str, Any]:

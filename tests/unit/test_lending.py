@@ -132,7 +132,7 @@ def test_an_administrators_drain_or_cordon_is_never_lent(fleet: SimFleet) -> Non
     with fleet.transaction() as state:
         state["nodes"]["gpu-020"]["unschedulable"] = True  # cordoned, no FleetWatch mark
     collect()
-    with pytest.raises(LendRefused, match="gpu-019 is not training capacity.*administrator"):
+    with pytest.raises(LendRefused, match=r"gpu-019 is not training capacity.*administrator"):
         services.loan_lend(None, "gpu-019", actor="user:olivia")
     with pytest.raises(LendRefused, match="cordoned in Kubernetes by someone else"):
         services.loan_lend(None, "gpu-020", actor="user:olivia")

@@ -42,7 +42,8 @@ def page_patterns() -> list[tuple[str, str]]:
 
 def _url(route: str, world: World) -> str:
     values = {"<int:pk>": str(world.incident.pk), "<str:name>": NODE, "<str:slurm_id>": JOB,
-              "<page_action:action>": "approve"}
+              "<page_action:action>": "approve", "<int:loan>": str(world.loan.pk),
+              "<loan_action:action>": "approve"}
     for key, value in values.items():
         route = route.replace(key, value)
     assert "<" not in route and "(" not in route, f"no example value for {route}: add one"
@@ -58,7 +59,8 @@ def test_the_walk_finds_every_page_family() -> None:
     names = {name for _, name in page_patterns()}
     assert {"dashboard", "incident-list", "incident-detail", "incident-replay",
             "incident-postmortem", "audit-list", "node-list", "job-list", "source-list",
-            "policy", "incident-action", "inject-fault"} <= names
+            "policy", "incident-action", "inject-fault", "capacity", "loan-detail",
+            "loan-action"} <= names
 
 
 @pytest.mark.parametrize(("route", "name"), page_patterns())
