@@ -261,6 +261,12 @@ class KubernetesApi:
         try:
             body = json.loads(e.body) if e.body else {}
             message = str(body.get("message") or message)
+            # The API server's own why, where it gives one: which disruption budget refused an
+            # eviction and what it needs, which field a write got wrong.
+            causes = [str(c.get("message")) for c in (body.get("details") or {}).get("causes")
+                      or [] if isinstance(c, dict) and c.get("message")]
+            if causes and not all(c in message for c in causes):
+                message = f"{message} ({'; '.join(causes)})"
         except (ValueError, TypeError, AttributeError):
             pass
         return KubernetesApiError(f"{what}: {status} {message}".strip(), status=status,
