@@ -35,6 +35,7 @@ WEBHOOK_DELIVER = "incidents.tasks.webhook_deliver"
 WEBHOOKS_RESCUE = "incidents.tasks.webhooks_rescue"
 LOAN_RUN = "incidents.tasks.loan_run"
 LENDING_TICK = "incidents.tasks.lending_tick"
+LOANS_RESCUE = "incidents.tasks.loans_rescue"
 CAPACITY_SNAPSHOT = "incidents.tasks.capacity_snapshot"
 # Defined in incidents/audit.py before it moved to incidents/tasks.py: the beat's schedule and
 # queued messages still say this.

@@ -134,6 +134,9 @@ def _beat_schedule(sender: Celery, **_: object) -> None:
     schedule["lending-tick"] = {"task": queueing.LENDING_TICK,
                                 "schedule": settings.FLEETWATCH_LEND_TICK_SECONDS,
                                 "options": {"expires": settings.FLEETWATCH_LEND_TICK_SECONDS}}
+    schedule["loans-rescue"] = {"task": queueing.LOANS_RESCUE,
+                                "schedule": settings.FLEETWATCH_WATCHDOG_SECONDS,
+                                "options": {"expires": settings.FLEETWATCH_WATCHDOG_SECONDS}}
     schedule["capacity-snapshot"] = {
         "task": queueing.CAPACITY_SNAPSHOT,
         "schedule": settings.FLEETWATCH_CAPACITY_SNAPSHOT_SECONDS,

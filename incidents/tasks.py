@@ -99,10 +99,17 @@ def loan_run(loan_id: int, reason: str = "start") -> None:
 
 
 # The beat's, every FLEETWATCH_LEND_TICK_SECONDS: the automatic lending decision of each
-# cluster, then the loans whose message was lost.
+# cluster.
 @shared_task(name=queueing.LENDING_TICK, ignore_result=True)
 def lending_tick() -> None:
     lending.lending_tick_all()
+
+
+# The beat's, every FLEETWATCH_WATCHDOG_SECONDS: loans whose message a killed worker or a
+# restarted broker lost, queued again once their lease has run out.
+@shared_task(name=queueing.LOANS_RESCUE, ignore_result=True)
+def loans_rescue() -> None:
+    lending.loans_rescue()
 
 
 # The beat's, every FLEETWATCH_CAPACITY_SNAPSHOT_SECONDS: the capacity chart's points.

@@ -77,7 +77,7 @@ PROVISION_SECONDS = 120.0
 REBOOT_SECONDS = 90.0  # POST, kernel, driver, kubelet and slurmd back up
 LINK_FLAP_SECONDS = 5.0
 SWITCH_DOWN_SECONDS = 30.0
-# Test hook for the chaos tests: "k8s.evict=4,provider.replace=4" makes those actions sleep
+# Test hook for the chaos tests: "k8s.evict=4,provider.replace=4" (and k8s.relabel) makes those actions sleep
 # that many real seconds BEFORE they change anything (and before taking the fleet's lock), so
 # a test can kill the worker inside the outside call, when the change has not happened yet.
 ACTION_DELAY_ENV = "FLEETWATCH_SIM_ACTION_DELAY"
@@ -775,6 +775,7 @@ class SimKubernetes(_SimClient):
                 add_taints: Sequence[Taint], remove_taints: Sequence[str],
                 annotations: Mapping[str, str | None]) -> ActionResult:
         call = relabel_call(node, labels, add_taints, remove_taints, annotations)
+        _action_delay("k8s.relabel", self.fleet.clock)
         with self._state() as state:
             target = _node(state, node)
             now = (_node_labels(target), _node_taints(target), dict(target["annotations"]))

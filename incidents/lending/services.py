@@ -585,13 +585,12 @@ def _handovers(cluster: Cluster) -> None:
 
 
 def lending_tick_all() -> None:
-    """The beat's: every cluster's decision, then the loans whose message was lost."""
+    """The beat's: every cluster's decision."""
     for name in cluster_names():
         try:
             lending_tick(name)
         except Exception:  # one cluster's trouble must not stop the others' decisions
             log.exception("lending tick of cluster %s failed", name)
-    loans_rescue()
 
 
 # --- capacity snapshots --------------------------------------------------------------------------
