@@ -255,7 +255,9 @@ def capacity_counts(uses: list[NodeUse], demand: Demand) -> dict[str, dict[str, 
     for pool, members in sorted(pools.items()):
         out[pool] = {**_tally(members),
                      "nodes": len(members),
-                     "nodes_lent": sum(u.use == decide.LENT for u in members),
+                     "nodes_lent": sum(u.loan_status in (Loan.Status.LENT,
+                                                         Loan.Status.RETURN_PROPOSED)
+                                       for u in members),
                      "nodes_moving": sum(u.category == "moving" for u in members),
                      "nodes_training": sum(u.use in (decide.TRAINING_IDLE, decide.TRAINING_BUSY)
                                            for u in members),

@@ -81,7 +81,8 @@
       const role = roles[name];
       const marked = role === "failed" || role === "replacement";
       return {
-        type: "scatter", mode: "lines", x: s.x, y: s.y,
+        // A series of a point or two (a chart only just started) would draw no line: marks.
+        type: "scatter", mode: s.x.length < 3 ? "lines+markers" : "lines", x: s.x, y: s.y,
         name: marked ? `${name} (${role})` : name,
         line: marked ? { width: 4, color: role === "failed" ? COLORS.bad : COLORS.ok }
           : { width: role ? 1.5 : 2 },
