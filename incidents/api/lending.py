@@ -37,7 +37,7 @@ CLUSTER = OpenApiParameter("cluster", str, description="the cluster (the default
 
 def _cluster(request: Request) -> Cluster:
     try:
-        return services.cluster_named(request.query_params.get("cluster"))
+        return services.cluster_to_read(request.query_params.get("cluster"))
     except ClientError as exc:
         raise NotFound(str(exc)) from None
 

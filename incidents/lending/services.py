@@ -84,6 +84,16 @@ def cluster_named(name: str | Cluster | None) -> Cluster:
     return cluster_get(name or settings.FLEETWATCH_CLUSTER)
 
 
+def cluster_to_read(name: str | None) -> Cluster:
+    """The cluster a page or a read of the API shows (None or "": the default one), without
+    making its row: one not collected yet reads as empty (its stand-in, never saved, has an
+    id no row has). An unknown name is a ClientError."""
+    name = name or settings.FLEETWATCH_CLUSTER
+    if name not in cluster_names():
+        return cluster_get(name)  # raises, naming the clusters there are
+    return Cluster.objects.filter(name=name).first() or Cluster(pk=0, name=name)
+
+
 # --- a person's (or the policy's) actions ------------------------------------------------------
 
 

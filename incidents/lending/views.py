@@ -34,7 +34,9 @@ DONE = {
 
 def _cluster(request: HttpRequest) -> Cluster:
     try:
-        return services.cluster_named(request.GET.get("cluster") or request.POST.get("cluster"))
+        if request.method == "GET":
+            return services.cluster_to_read(request.GET.get("cluster"))
+        return services.cluster_named(request.POST.get("cluster"))
     except ClientError as exc:
         raise Http404(str(exc)) from None
 
