@@ -83,7 +83,9 @@ class LoanRun:
     returned_at: float | None = None
 
 
-def simulate(hours: float, nodes: int, seed: int) -> dict[str, Any]:
+def simulate(hours: float, nodes: int, seed: int, *, lend: bool = True) -> dict[str, Any]:
+    """The week, minute by minute; ``lend=False``: the same demand with nothing lent (the
+    baseline the cost of lending to training is measured against)."""
     from collectors.clients import Clients
     from collectors.clients.base import NoProvider
     from collectors.clock import ManualClock
@@ -103,7 +105,8 @@ def simulate(hours: float, nodes: int, seed: int) -> dict[str, Any]:
     clients = Clients(sim.SimSlurm(fleet), sim.SimKubernetes(fleet), sim.SimTelemetry(fleet),
                       NoProvider(), None)  # type: ignore[arg-type]  # nothing notifies here
     rules = decide.Policy(
-        floor={"*": decide.Share(percent=50)}, ceiling={"*": decide.Share(percent=40)},
+        floor={"*": decide.Share(percent=50)},
+        ceiling={"*": decide.Share(percent=40) if lend else decide.Share(count=0)},
         lend_below_gpus=0, return_above_gpus=0, idle_seconds=45 * MIN, quiet_seconds=45 * MIN,
         demand_seconds=10 * MIN, cooldown_seconds=HOUR, max_moves=2)
     marks = steps.Marks({"fleetwatch.io/lent-to": "inference"}, (),
@@ -406,8 +409,11 @@ def main(argv: list[str] | None = None) -> int:
         django.setup()
     started = time.perf_counter()
     result = simulate(args.hours, args.nodes, args.seed)
-    report: dict[str, Any] = {"curve": figures(result),
-                              "wall_seconds": round(time.perf_counter() - started, 1)}
+    report: dict[str, Any] = {"curve": figures(result)}
+    baseline = figures(simulate(args.hours, args.nodes, args.seed, lend=False))
+    report["curve"]["gpu_hours_training_waited_without_lending"] = \
+        baseline["gpu_hours_training_waited"]
+    report["wall_seconds"] = round(time.perf_counter() - started, 1)
     if scaled:
         report["scale"] = scaled
     args.out.mkdir(parents=True, exist_ok=True)
