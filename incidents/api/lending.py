@@ -21,7 +21,7 @@ from rest_framework.response import Response
 from rest_framework.routers import DefaultRouter
 
 from collectors.api.permissions import OPERATE, READ, READ_ONLY
-from collectors.api.serializers import ConflictSerializer
+from collectors.api.serializers import ConflictSerializer, ErrorSerializer
 from collectors.api.views import NamedNotFound
 from collectors.clients.base import ClientError
 from collectors.models import Cluster
@@ -31,6 +31,7 @@ from incidents.models import Loan
 from incidents.status import InvalidTransition
 
 CONFLICT = OpenApiResponse(ConflictSerializer, description="Does not fit the current state")
+NO_CLUSTER = OpenApiResponse(ErrorSerializer, description="No such cluster")
 CLUSTER = OpenApiParameter("cluster", str, description="the cluster (the default one when "
                                                         "absent)")
 
@@ -129,7 +130,7 @@ class CapacityHistorySerializer(serializers.Serializer):
     nodes = serializers.DictField(child=serializers.DictField())
 
 
-@extend_schema(parameters=[CLUSTER])
+@extend_schema(parameters=[CLUSTER], responses={200: CapacitySerializer, 404: NO_CLUSTER})
 class CapacityView(GenericAPIView):
     """Capacity now: GPUs by pool and use (Slurm training allocated, idle, drained; moving;
     Kubernetes inference allocated, idle; in repair; RMA), Slurm's pending demand, the nodes
@@ -144,7 +145,8 @@ class CapacityView(GenericAPIView):
 
 @extend_schema(parameters=[CLUSTER, OpenApiParameter(
     "range", str, enum=list(selectors.CHART_RANGES), description="day (the default) or week"),
-    OpenApiParameter("pool", str, description="one pool (all when absent)")])
+    OpenApiParameter("pool", str, description="one pool (all when absent)")],
+    responses={200: CapacityHistorySerializer, 404: NO_CLUSTER})
 class CapacityHistoryView(GenericAPIView):
     """Capacity over the last day or week, from the stored snapshots (one per pool every
     FLEETWATCH_CAPACITY_SNAPSHOT_SECONDS): what the capacity page's charts draw."""
