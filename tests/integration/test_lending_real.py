@@ -33,9 +33,10 @@ from collectors.clients.slurm import SlurmCli
 from collectors.knowledge.slurm import SLINKY_POD_NAME_LABEL
 from collectors.sim.fleet import SimFleet, SimTelemetry
 from incidents.audit import audit_verify
-from incidents.lending import services
+from incidents.lending import selectors, services
 from incidents.lending.services import LendRefused
 from incidents.models import AuditEntry, Loan
+from tests.conftest import wait_for
 from tests.harness.slurm_cluster import SlurmCluster, SlurmInstall, missing_binaries, scontrol_fields
 from tests.integration.test_kubernetes import _server_module, kubectl
 from tests.integration.test_playbook_real import RecordingNotifier
@@ -168,6 +169,17 @@ def test_lend_and_return_on_real_slurm_and_kubernetes(
     assert K8S_CORDONED_BY not in node["metadata"]["annotations"]
     table = kubectl(k8s, "get", "node", LENT, "--no-headers").stdout
     assert "SchedulingDisabled" not in table
+
+    # Training wants four whole nodes: two are free (gpu-001 is the administrator's, gpu-004
+    # lent), so it waits; its GPUs are Slurm's pending demand, as the capacity page reads it.
+    waiting = cluster.run("sbatch", "--parsable", "-N", "4", "--gres=gpu:8", "-o", "/dev/null",
+                          "--wrap", "sleep 60", check=True).stdout.strip()
+    wait_for(lambda: scontrol_fields(cluster.run("scontrol", "show", "job", waiting).stdout)
+             .get("JobState") == "PENDING", 30, "the job to wait")
+    collectors.collect_source("slurm", clients=clients)
+    demand = selectors.pending_demand(collectors.cluster_default())
+    assert (demand.known, demand.jobs, demand.gpus) == (True, 1, 32)
+    cluster.run("scancel", waiting, check=True)
 
     # Inference schedules there (its pod tolerates the taint); a second replica elsewhere.
     k8s.add_pod(_pod("llm-0", LENT))
