@@ -8,10 +8,12 @@ running with a default.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import overload
 
 from django.core.exceptions import ImproperlyConfigured
+
+from collectors.knowledge.kubernetes import TAINT_EFFECTS
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -161,3 +163,62 @@ def env_schedule(name: str, env: Env | None = None) -> float | str | None:
     if seconds < 1:
         raise ImproperlyConfigured(f"{name}={value!r}: an interval of at least one second")
     return seconds
+# The key of a per-pool map's value for every pool not named (FLEETWATCH_LEND_FLOOR="25%,gpu=4").
+EVERY_POOL = "*"
+
+
+def env_per_pool(name: str, default: str, check: Callable[[str], str | None],
+                 env: Env | None = None) -> dict[str, str]:
+    """``VALUE`` for every pool and ``POOL=VALUE`` for one, comma-separated: "25%,gpu=4"
+    (``*=25%`` says the same as ``25%``). ``check(value)`` answers what is wrong with a value,
+    or None. The answer always holds ``EVERY_POOL``."""
+    out = {EVERY_POOL: default}
+    for item in env_list(name, [], env):
+        pool, sep, value = item.partition("=")
+        pool, value = (pool.strip(), value.strip()) if sep else (EVERY_POOL, item.strip())
+        problem = "no pool name before '='" if not pool else check(value)
+        if problem:
+            raise ImproperlyConfigured(f"{name}: {item!r}: {problem} (expected VALUE or "
+                                       "POOL=VALUE, comma-separated)")
+        out[pool] = value
+    return out
+
+
+def env_labels(name: str, default: Mapping[str, str], env: Env | None = None) -> dict[str, str]:
+    """Kubernetes labels as ``key=value,key2=value2`` (a value may be empty: ``key=``)."""
+    raw = _raw(name, env)
+    if raw is None:
+        return dict(default)
+    out: dict[str, str] = {}
+    for item in env_list(name, [], env):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or any(c.isspace() for c in key.strip() + value.strip()):
+            raise ImproperlyConfigured(f"{name}: {item!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def env_taints(name: str, env: Env | None = None) -> list[tuple[str, str, str]]:
+    """Kubernetes taints as ``key=value:Effect`` or ``key:Effect``, comma-separated."""
+    out = []
+    for item in env_list(name, [], env):
+        spec, _, effect = item.rpartition(":")
+        key, _, value = spec.partition("=")
+        if not key.strip() or effect not in TAINT_EFFECTS:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not key[=value]:Effect with Effect "
+                                       f"one of {', '.join(TAINT_EFFECTS)}")
+        out.append((key.strip(), value.strip(), effect))
+    return out
+
+
+def env_taint_keys(name: str, env: Env | None = None) -> list[str]:
+    """Taints to remove, as ``kubectl taint NODE KEY[:Effect]-`` names them: ``key`` (every
+    effect) or ``key:Effect``, comma-separated."""
+    out = []
+    for item in env_list(name, [], env):
+        key, sep, effect = item.partition(":")
+        if not key.strip() or (sep and effect not in TAINT_EFFECTS):
+            raise ImproperlyConfigured(f"{name}: {item!r} is not key or key:Effect with Effect "
+                                       f"one of {', '.join(TAINT_EFFECTS)}")
+        out.append(item.strip())
+    return out

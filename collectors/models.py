@@ -195,12 +195,18 @@ class Job(models.Model):
     # sentence into one of them, FLEETWATCH_SLURM_COMMENT_FIELD).
     admin_comment = models.TextField(blank=True)
     comment = models.TextField(blank=True)
+    # What a waiting job asks for and why it waits: Slurm's pending demand, which lending
+    # reads (Resources, Priority: demand; JobHeldUser, Dependency: not yet).
+    gpus_requested = models.PositiveIntegerField(null=True, blank=True,
+                                                 help_text="GPUs the job asks for in all")
+    state_reason = models.CharField(max_length=64, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["cluster", "slurm_id"], name="job_unique_slurm_id")
         ]
+        indexes = [models.Index(fields=["cluster", "state"], name="job_cluster_state")]
         ordering = ["-updated_at"]
 
     def __str__(self) -> str:

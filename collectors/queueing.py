@@ -40,6 +40,10 @@ DRILL_FOLLOW = "incidents.tasks.drill_follow"
 DRILL_ALERT = "incidents.tasks.drill_alert"
 DRILL_SCHEDULED = "incidents.tasks.drill_scheduled"
 DRILLS_RESCUE = "incidents.tasks.drills_rescue"
+LOAN_RUN = "incidents.tasks.loan_run"
+LENDING_TICK = "incidents.tasks.lending_tick"
+LOANS_RESCUE = "incidents.tasks.loans_rescue"
+CAPACITY_SNAPSHOT = "incidents.tasks.capacity_snapshot"
 # Defined in incidents/audit.py before it moved to incidents/tasks.py: the beat's schedule and
 # queued messages still say this.
 AUDIT_CHECKPOINT = "incidents.audit.checkpoint"

@@ -495,6 +495,7 @@ def collect_slurm(cluster: Cluster, clients: Clients, run: RunLog) -> list[Signa
             submitted_at=_earliest(first_submit, seen.submitted_at),
             first_started_at=_earliest(first_start, seen.started_at),
             admin_comment=seen.admin_comment, comment=seen.comment,
+            gpus_requested=seen.gpus_requested, state_reason=seen.state_reason[:64],
             cluster=cluster, slurm_id=seen.job_id, name=seen.name, user=seen.user,
             state=seen.state, nodes=list(seen.nodes),
             gpus={node: list(indices) for node, indices in seen.gpus.items()},
@@ -508,7 +509,8 @@ def collect_slurm(cluster: Cluster, clients: Clients, run: RunLog) -> list[Signa
         rows, update_conflicts=True, unique_fields=["cluster", "slurm_id"],
         update_fields=["name", "user", "state", "nodes", "gpus", "restart_count", "step",
                        "checkpoint_step", "resumed_from_step", "started_at", "submitted_at",
-                       "first_started_at", "admin_comment", "comment", "updated_at"],
+                       "first_started_at", "admin_comment", "comment", "gpus_requested",
+                       "state_reason", "updated_at"],
         batch_size=2000)
     return drafts
 

@@ -153,6 +153,17 @@ def _beat_schedule(sender: Celery, **_: object) -> None:
             "task": queueing.FAIL_SLOW_SCAN,
             "schedule": settings.FLEETWATCH_FAIL_SLOW_INTERVAL_SECONDS,
             "options": {"expires": settings.FLEETWATCH_FAIL_SLOW_INTERVAL_SECONDS}}
+    # Lending (incidents/lending): the automatic decision, and the capacity chart's points.
+    schedule["lending-tick"] = {"task": queueing.LENDING_TICK,
+                                "schedule": settings.FLEETWATCH_LEND_TICK_SECONDS,
+                                "options": {"expires": settings.FLEETWATCH_LEND_TICK_SECONDS}}
+    schedule["loans-rescue"] = {"task": queueing.LOANS_RESCUE,
+                                "schedule": settings.FLEETWATCH_WATCHDOG_SECONDS,
+                                "options": {"expires": settings.FLEETWATCH_WATCHDOG_SECONDS}}
+    schedule["capacity-snapshot"] = {
+        "task": queueing.CAPACITY_SNAPSHOT,
+        "schedule": settings.FLEETWATCH_CAPACITY_SNAPSHOT_SECONDS,
+        "options": {"expires": settings.FLEETWATCH_CAPACITY_SNAPSHOT_SECONDS}}
     if settings.FLEETWATCH_AUDIT_CHECKPOINT_MINUTES > 0:
         # The audit trail's signed head, into the log (see incidents/audit.py).
         schedule["audit-checkpoint"] = {

@@ -21,10 +21,14 @@ from collectors.env import (
     env_choice,
     env_float,
     env_int,
+    env_labels,
     env_list,
     env_map,
+    env_per_pool,
     env_schedule,
     env_str,
+    env_taint_keys,
+    env_taints,
 )
 from collectors.knowledge import acceptance as _acceptance  # lower case: not a setting
 from collectors.knowledge import causes as _causes  # lower case: not a setting itself
@@ -36,6 +40,18 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 # Paths only: importing settings writes nothing. The programs that use the data folder make it
 # and its contents on first use (fleetwatch/datadir.py: manage.py, WSGI/ASGI, Celery, make run).
 DATA_DIR = data_dir()
+
+
+def _share_problem(value: str) -> str | None:
+    """What is wrong with a node count ("8") or a pool share ("50%"), or None."""
+    number = value[:-1] if value.endswith("%") else value
+    try:
+        parsed = float(number) if value.endswith("%") else int(number)
+    except ValueError:
+        return "not a node count (8) or a share of the pool (50%)"
+    if parsed < 0 or (value.endswith("%") and parsed > 100):
+        return "out of range (0..100% or a count of nodes)"
+    return None
 
 
 def _secret_key(deployed: str | None) -> str:
@@ -405,6 +421,63 @@ for _item in env_list("FLEETWATCH_GATE_ENV", []):
     if not _sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", _key.strip()):
         raise ImproperlyConfigured(f"FLEETWATCH_GATE_ENV: {_item!r} is not KEY=VALUE")
     FLEETWATCH_GATE_ENV[_key.strip()] = _value.strip()
+
+# --- Lending nodes between Slurm training and Kubernetes inference (README, "Lending") -----
+# What the demand policy does with its decisions: auto lends and returns, approve asks a
+# person first, observe records what it would do; per pool with FLEETWATCH_LEND_MODES
+# ("approve,gpu=auto"). A person's own lend or return on the capacity page runs at once.
+FLEETWATCH_LEND_MODE = env_choice("FLEETWATCH_LEND_MODE", "observe", _MODES)
+FLEETWATCH_LEND_MODES = env_per_pool(
+    "FLEETWATCH_LEND_MODES", FLEETWATCH_LEND_MODE,
+    lambda v: None if v in _MODES else f"not one of {', '.join(_MODES)}")
+# Per pool, as a node count ("8") or a share of the pool's nodes in service ("50%"): the
+# training capacity never lent (rounded up), and the most nodes lent at once (rounded down).
+FLEETWATCH_LEND_FLOOR = env_per_pool("FLEETWATCH_LEND_FLOOR", "50%", _share_problem)
+FLEETWATCH_LEND_CEILING = env_per_pool("FLEETWATCH_LEND_CEILING", "25%", _share_problem)
+# Demand and its hysteresis: nodes go out only after Slurm's pending GPU demand has stayed at
+# or below FLEETWATCH_LEND_BELOW_GPUS for FLEETWATCH_LEND_QUIET_MINUTES, and only nodes idle in
+# Slurm for FLEETWATCH_LEND_IDLE_MINUTES; they come back once demand has stayed above
+# FLEETWATCH_LEND_RETURN_ABOVE_GPUS for FLEETWATCH_LEND_RETURN_AFTER_MINUTES. A node back from a
+# loan is not lent again for FLEETWATCH_LEND_COOLDOWN_MINUTES; at most FLEETWATCH_LEND_MAX_MOVES
+# nodes of a pool go out per decision (every FLEETWATCH_LEND_TICK_SECONDS).
+FLEETWATCH_LEND_BELOW_GPUS = env_int("FLEETWATCH_LEND_BELOW_GPUS", 0, minimum=0)
+FLEETWATCH_LEND_RETURN_ABOVE_GPUS = env_int("FLEETWATCH_LEND_RETURN_ABOVE_GPUS", 0, minimum=0)
+if FLEETWATCH_LEND_BELOW_GPUS > FLEETWATCH_LEND_RETURN_ABOVE_GPUS:
+    raise ImproperlyConfigured(
+        f"FLEETWATCH_LEND_BELOW_GPUS={FLEETWATCH_LEND_BELOW_GPUS} is above "
+        f"FLEETWATCH_LEND_RETURN_ABOVE_GPUS={FLEETWATCH_LEND_RETURN_ABOVE_GPUS}: nodes would "
+        "be lent at a demand that brings them back")
+FLEETWATCH_LEND_IDLE_MINUTES = env_float("FLEETWATCH_LEND_IDLE_MINUTES", 30.0, minimum=0)
+FLEETWATCH_LEND_QUIET_MINUTES = env_float("FLEETWATCH_LEND_QUIET_MINUTES", 30.0, minimum=0)
+FLEETWATCH_LEND_RETURN_AFTER_MINUTES = env_float("FLEETWATCH_LEND_RETURN_AFTER_MINUTES", 5.0,
+                                                 minimum=0)
+FLEETWATCH_LEND_COOLDOWN_MINUTES = env_float("FLEETWATCH_LEND_COOLDOWN_MINUTES", 60.0, minimum=0)
+FLEETWATCH_LEND_MAX_MOVES = env_int("FLEETWATCH_LEND_MAX_MOVES", 2, minimum=1)
+FLEETWATCH_LEND_TICK_SECONDS = env_float("FLEETWATCH_LEND_TICK_SECONDS", 60.0, minimum=1.0)
+# A lend waits this long for the jobs running on the node to end, then gives the node back.
+FLEETWATCH_LEND_DRAIN_DEADLINE_MINUTES = env_float("FLEETWATCH_LEND_DRAIN_DEADLINE_MINUTES",
+                                                   60.0, minimum=0)
+# How a lent node is made schedulable for inference: labels set and taints added while lent,
+# labels and taints removed while lent (Slinky: the label its NodeSet selects, so the
+# operator scales the node's slurmd pod away) and put back on return.
+FLEETWATCH_LEND_LABELS = env_labels("FLEETWATCH_LEND_LABELS",
+                                    {"fleetwatch.io/lent-to": "inference"})
+FLEETWATCH_LEND_REMOVE_LABELS = env_list("FLEETWATCH_LEND_REMOVE_LABELS", [])
+FLEETWATCH_LEND_TAINTS = env_taints("FLEETWATCH_LEND_TAINTS")
+FLEETWATCH_LEND_REMOVE_TAINTS = env_taint_keys("FLEETWATCH_LEND_REMOVE_TAINTS")
+# An eviction a PodDisruptionBudget holds back is tried again after this long.
+FLEETWATCH_LEND_EVICT_RETRY_SECONDS = env_float("FLEETWATCH_LEND_EVICT_RETRY_SECONDS", 30.0,
+                                                minimum=1.0)
+# Run the return-to-service gate on a node coming back from inference before Slurm gets it.
+FLEETWATCH_LEND_GATE = env_bool("FLEETWATCH_LEND_GATE", False)
+# A lent GPU at least this busy (%) counts as allocated to inference on the capacity page; a
+# node without GPU telemetry counts this many GPUs.
+FLEETWATCH_LEND_BUSY_UTILIZATION = env_float("FLEETWATCH_LEND_BUSY_UTILIZATION", 5.0, minimum=0)
+FLEETWATCH_LEND_GPUS_PER_NODE = env_int("FLEETWATCH_LEND_GPUS_PER_NODE", 8, minimum=1)
+# The capacity chart's points: one per pool this often, kept this many days.
+FLEETWATCH_CAPACITY_SNAPSHOT_SECONDS = env_float("FLEETWATCH_CAPACITY_SNAPSHOT_SECONDS", 300.0,
+                                                 minimum=10.0)
+FLEETWATCH_CAPACITY_RETENTION_DAYS = env_int("FLEETWATCH_CAPACITY_RETENTION_DAYS", 8, minimum=1)
 # Where replacement, reboot and GPU reset come from: the simulation, Slurm's own reboot, a
 # Kubernetes node pool (delete the node, wait for a new one), or a site's program.
 FLEETWATCH_PROVIDER = _sources.provider

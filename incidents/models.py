@@ -537,3 +537,119 @@ class Drill(models.Model):
         end = self.finished_at or (timezone.now() if self.status == self.Status.RUNNING
                                    else None)
         return None if end is None else round((end - self.started_at).total_seconds(), 3)
+class Loan(models.Model):
+    """A node lent from Slurm training to Kubernetes inference, and its way back
+    (incidents/lending). One row carries both directions: the lend's steps, then the
+    return's. Its outside calls are audited (``data.loan`` names the loan) and recorded in
+    ``done_calls`` as each returns, so a run after a worker's death makes none twice."""
+
+    class Status(models.TextChoices):
+        PROPOSED = "proposed", "waiting for approval to lend"
+        LENDING = "lending", "lending"
+        LENT = "lent", "lent to inference"
+        RETURN_PROPOSED = "return_proposed", "waiting for approval to return"
+        RETURNING = "returning", "returning to training"
+        RETURNED = "returned", "returned to training"
+        FAILED = "failed", "stopped: needs a person"
+        CANCELLED = "cancelled", "cancelled"
+
+    # A node has at most one loan in these.
+    LIVE = (Status.PROPOSED, Status.LENDING, Status.LENT, Status.RETURN_PROPOSED,
+            Status.RETURNING, Status.FAILED)
+    # A worker runs its steps.
+    RUNNING = (Status.LENDING, Status.RETURNING)
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="loans")
+    node = models.CharField(max_length=128, help_text="the machine's (Kubernetes) name")
+    pool = models.CharField(max_length=64, blank=True)
+    status = models.CharField(max_length=20, choices=Status.choices)
+    step = models.CharField(max_length=32, blank=True, help_text="the step under way")
+    mode = models.CharField(max_length=16, choices=Remediation.Mode.choices,
+                            default=Remediation.Mode.AUTO)
+    automatic = models.BooleanField(default=False, help_text="lent by the demand policy")
+    requested_by = models.CharField(max_length=150)
+    reason = models.TextField(blank=True, help_text="why it was lent")
+    approved_by = models.CharField(max_length=150, blank=True)
+    hold_reason = models.TextField(blank=True, help_text="why an automatic lend waits for a "
+                                   "person")
+    return_requested_by = models.CharField(max_length=150, blank=True)
+    return_reason = models.TextField(blank=True)
+    return_automatic = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    lent_at = models.DateTimeField(null=True, blank=True)
+    return_requested_at = models.DateTimeField(null=True, blank=True)
+    returned_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Past this, a lend still waiting for the node's jobs to end is given up (the node goes
+    # back to Slurm): FLEETWATCH_LEND_DRAIN_DEADLINE_MINUTES from its start.
+    deadline = models.DateTimeField(null=True, blank=True)
+    detail = models.TextField(blank=True, help_text="what it is doing or waiting for")
+    error = models.TextField(blank=True)
+    # What the steps found and did (the node as it was before the lend, the slurmd pod,
+    # evictions waiting on a budget), read by the later steps and the return.
+    state: Any = models.JSONField(default=dict, blank=True)
+    done_calls = models.JSONField(default=list, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    # Held while a worker runs its steps outside any transaction (see Step.lease_until).
+    lease_until = models.DateTimeField(null=True, blank=True)
+    next_check_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "node"],
+                condition=Q(status__in=["proposed", "lending", "lent", "return_proposed",
+                                        "returning", "failed"]),
+                name="loan_one_live_per_node"),
+        ]
+        indexes = [models.Index(fields=["cluster", "status"], name="loan_cluster_status")]
+
+    def __str__(self) -> str:
+        return f"loan {self.pk} of {self.node} ({self.status})"
+
+    @property
+    def is_live(self) -> bool:
+        return self.status in self.LIVE
+
+    @property
+    def direction(self) -> str:
+        """"lend" or "return": which half of the loan its steps are in."""
+        return "return" if self.step.startswith("return") or self.status in (
+            self.Status.RETURN_PROPOSED, self.Status.RETURNING, self.Status.RETURNED) \
+            else "lend"
+
+
+class CapacitySnapshot(models.Model):
+    """A pool's GPUs by use at one moment (incidents/lending, every
+    FLEETWATCH_CAPACITY_SNAPSHOT_SECONDS): what the capacity chart draws. ``counts`` holds
+    GPUs per use (training_allocated, training_idle, training_drained, inference_allocated,
+    inference_idle, repairing, rma), nodes lent and in transit, and the cluster's pending
+    Slurm demand (pending_jobs, pending_gpus, pending_wait_seconds)."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    pool = models.CharField(max_length=64, blank=True)
+    at = models.DateTimeField(default=timezone.now)
+    counts = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["cluster", "at"], name="capacity_cluster_at")]
+
+    def __str__(self) -> str:
+        return f"capacity of {self.pool or 'no pool'} at {self.at:%H:%M}"
+
+
+class LendingState(models.Model):
+    """What the automatic lending decision remembers between two ticks, per cluster: since
+    when demand has been high or low, since when each training node has been idle, and what
+    an observe-mode decision last recorded (incidents/lending/decide.py ``Memory``)."""
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="+")
+    memory = models.JSONField(default=dict, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    last_decision = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"lending state of {self.cluster_id}"

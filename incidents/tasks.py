@@ -16,6 +16,7 @@ from django.db import DatabaseError
 
 from collectors import queueing
 from incidents import audit, deliveries, diagnosing, drills, gates, slowness, webhooks
+from incidents.lending import services as lending
 from incidents.remediation import engine
 
 
@@ -134,3 +135,30 @@ def drills_rescue() -> None:
              reject_on_worker_lost=True)
 def drill_alert(drill_id: int) -> None:
     drills.drill_alert(drill_id)
+# A loan's steps (incidents/lending): late-acked as remediation steps are, so a worker that dies
+# mid-step leaves the message for another; the loan's lease and its recorded calls make the
+# second run finish what the first began, once.
+@shared_task(name=queueing.LOAN_RUN, ignore_result=True, acks_late=True,
+             reject_on_worker_lost=True)
+def loan_run(loan_id: int, reason: str = "start") -> None:
+    lending.loan_run(loan_id, reason)
+
+
+# The beat's, every FLEETWATCH_LEND_TICK_SECONDS: the automatic lending decision of each
+# cluster.
+@shared_task(name=queueing.LENDING_TICK, ignore_result=True)
+def lending_tick() -> None:
+    lending.lending_tick_all()
+
+
+# The beat's, every FLEETWATCH_WATCHDOG_SECONDS: loans whose message a killed worker or a
+# restarted broker lost, queued again once their lease has run out.
+@shared_task(name=queueing.LOANS_RESCUE, ignore_result=True)
+def loans_rescue() -> None:
+    lending.loans_rescue()
+
+
+# The beat's, every FLEETWATCH_CAPACITY_SNAPSHOT_SECONDS: the capacity chart's points.
+@shared_task(name=queueing.CAPACITY_SNAPSHOT, ignore_result=True)
+def capacity_snapshot() -> None:
+    lending.capacity_snapshot_all()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.urls import path, register_converter
 
 from incidents import views
+from incidents.lending import views as lending
 
 
 class PageAction:
@@ -20,6 +21,15 @@ class PageAction:
 
 
 register_converter(PageAction, "page_action")
+
+
+class LoanAction(PageAction):
+    """A loan's buttons (lending.views.LOAN_ACTIONS); any other is a 404."""
+
+    regex = "|".join(lending.LOAN_ACTIONS)
+
+
+register_converter(LoanAction, "loan_action")
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -41,6 +51,12 @@ urlpatterns = [
     path("drills/run", views.drill_run, name="drill-run"),
     path("drills/<int:pk>/", views.drill_detail, name="drill-detail"),
     path("drills/<int:pk>/live", views.drill_live, name="drill-live"),
+    path("capacity/", lending.capacity_page, name="capacity"),
+    path("capacity/chart.json", lending.capacity_chart, name="capacity-chart"),
+    path("capacity/lend", lending.capacity_lend, name="capacity-lend"),
+    path("capacity/loans/<int:loan>/", lending.loan_detail, name="loan-detail"),
+    path("capacity/loans/<int:loan>/<loan_action:action>", lending.loan_action,
+         name="loan-action"),
     path("demo/inject", views.inject_fault, name="inject-fault"),
     # A job's page is the fleet's (collectors); why it died and its chart are read here.
     path("jobs/<str:slurm_id>/chart.json", views.job_chart, name="job-chart"),

@@ -13,6 +13,7 @@ answers ``None`` / empty ("read the whole state"), an action it cannot take rais
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,6 +26,11 @@ class ClientError(Exception):
     def __init__(self, message: str, *, permanent: bool = False) -> None:
         super().__init__(message)
         self.permanent = permanent
+
+
+class EvictionBlocked(ClientError):
+    """An eviction the pod's PodDisruptionBudget refuses for now (the Eviction API's 429):
+    transient, and worth saying as such ("waiting for the budget"), not as a failure."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,9 @@ class SlurmJob:
     submitted_at: float | None = None
     admin_comment: str = ""
     comment: str = ""
+    # How many GPUs the job asks for in all (--gpus, or --gres=gpu:N times its nodes): what a
+    # PENDING job waits for, the demand lending reads. None: Slurm did not say.
+    gpus_requested: int | None = None
 
 
 # The job comments a site may have FleetWatch write why it stopped a job into
@@ -120,6 +129,10 @@ class SlurmJob:
 JOB_COMMENT_FIELDS = ("admin_comment", "comment")
 # Between FleetWatch's words and what the comment held before (a user's own `--comment`).
 JOB_COMMENT_SEPARATOR = " | "
+
+
+# A Kubernetes taint: (key, value, effect), effect one of knowledge.kubernetes.TAINT_EFFECTS.
+Taint = tuple[str, str, str]
 
 
 @dataclass(frozen=True)
@@ -135,7 +148,7 @@ class K8sNode:
     # Detector's KernelDeadlock, AKS's IBLinkFlapping, ...).
     conditions: dict[str, tuple[str, str, str]] = field(default_factory=dict)
     # spec.taints as (key, value, effect): what keeps pods off the node besides the cordon.
-    taints: tuple[tuple[str, str, str], ...] = ()
+    taints: tuple[Taint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -328,6 +341,10 @@ class KubernetesClient(Protocol):
         ...
 
     def nodes(self) -> list[K8sNode]: ...
+    def node(self, name: str) -> K8sNode:
+        """One node as it is now; an unknown name is a permanent ClientError."""
+        ...
+
     def pods_on_node(self, node: str) -> list[K8sPod]: ...
     def node_changes(self, cursor: str | None, timeout_seconds: float) -> NodeChanges | None:
         """The nodes changed since ``cursor`` (see ``NodeChanges``); None from a source with
@@ -342,7 +359,19 @@ class KubernetesClient(Protocol):
 
     def cordon(self, node: str, reason: str) -> ActionResult: ...
     def uncordon(self, node: str) -> ActionResult: ...
-    def evict(self, namespace: str, pod: str) -> ActionResult: ...
+    def evict(self, namespace: str, pod: str) -> ActionResult:
+        """Through the Eviction API, honouring PodDisruptionBudgets: a budget that holds the
+        pod raises ``EvictionBlocked`` (try again later)."""
+        ...
+
+    def relabel(self, node: str, labels: Mapping[str, str | None],
+                add_taints: Sequence[Taint], remove_taints: Sequence[str],
+                annotations: Mapping[str, str | None]) -> ActionResult:
+        """Set the node's ``labels`` (None removes one), add ``add_taints`` (a taint with the
+        same key and effect is replaced), remove the taints named in ``remove_taints``
+        (``key`` or ``key:Effect``) and set ``annotations`` (FleetWatch's ``fleetwatch.io/``
+        marks), all in one change; unchanged when the node already is so."""
+        ...
 
     def slurm_nodes(self) -> dict[str, str] | None:
         """{Slurm node name: Kubernetes node} from slurm-operator's slurmd pods (Slinky);
@@ -455,6 +484,60 @@ def job_comment(current: str, text: str) -> str:
     return f"{text}{JOB_COMMENT_SEPARATOR}{theirs}" if theirs else text
 
 
+def taint_named(taint: Taint, spec: str) -> bool:
+    """Whether ``spec`` (``key`` or ``key:Effect``, as ``kubectl taint KEY[:EFFECT]-`` names
+    one) names ``taint``."""
+    key, _, effect = spec.partition(":")
+    return taint[0] == key and (not effect or taint[2] == effect)
+
+
+def relabelled(labels: Mapping[str, str], taints: Sequence[Taint],
+               annotations: Mapping[str, str], set_labels: Mapping[str, str | None],
+               add_taints: Sequence[Taint], remove_taints: Sequence[str],
+               set_annotations: Mapping[str, str | None],
+               ) -> tuple[dict[str, str], tuple[Taint, ...], dict[str, str]]:
+    """A node's labels, taints and annotations after ``KubernetesClient.relabel``: what every
+    implementation computes the same way (a taint added replaces the one with its key and
+    effect, in place; the API server refuses two)."""
+    def merged(now: Mapping[str, str], change: Mapping[str, str | None]) -> dict[str, str]:
+        out = dict(now)
+        for key, value in change.items():
+            if value is None:
+                out.pop(key, None)
+            else:
+                out[key] = value
+        return out
+
+    kept: list[Taint] = [(k, v, e) for k, v, e in taints
+                         if not any(taint_named((k, v, e), spec) for spec in remove_taints)]
+    for key, value, effect in add_taints:
+        at = next((i for i, t in enumerate(kept) if (t[0], t[2]) == (key, effect)), None)
+        if at is None:
+            kept.append((key, value, effect))
+        else:
+            kept[at] = (key, value, effect)
+    return merged(labels, set_labels), tuple(kept), merged(annotations, set_annotations)
+
+
+def relabel_call(node: str, labels: Mapping[str, str | None], add_taints: Sequence[Taint],
+                 remove_taints: Sequence[str], annotations: Mapping[str, str | None]) -> str:
+    """The change ``relabel`` makes, as an operator would type it with kubectl."""
+    def words(change: Mapping[str, str | None]) -> str:
+        return " ".join(f"{k}-" if v is None else shlex.quote(f"{k}={v}")
+                        for k, v in sorted(change.items()))
+
+    parts = []
+    if labels:
+        parts.append(f"kubectl label node {node} --overwrite {words(labels)}")
+    if add_taints or remove_taints:
+        taints = [shlex.quote(f"{k}={v}:{e}" if v else f"{k}:{e}") for k, v, e in add_taints]
+        taints += [f"{spec}-" for spec in remove_taints]
+        parts.append(f"kubectl taint node {node} --overwrite {' '.join(taints)}")
+    if annotations:
+        parts.append(f"kubectl annotate node {node} --overwrite {words(annotations)}")
+    return " && ".join(parts) or f"kubectl get node {node}  # nothing to change"
+
+
 def job_comment_check(field: str) -> None:
     if field not in JOB_COMMENT_FIELDS:
         raise ClientError(f"no job comment field {field!r} (one of "
@@ -462,4 +545,7 @@ def job_comment_check(field: str) -> None:
 K8S_ANNOTATION_PREFIX = "fleetwatch.io/"
 K8S_CORDONED_BY = "fleetwatch.io/cordoned-by"
 K8S_CORDON_REASON = "fleetwatch.io/cordon-reason"
+# On a node FleetWatch lent to inference: which loan (incidents/lending), so anyone reading the
+# node with kubectl sees who made it schedulable, and FleetWatch knows the labels are its own.
+K8S_LENT = "fleetwatch.io/lent"
 NO_AUTO_REPLACE_LABEL = "fleetwatch.io/no-auto-replace"

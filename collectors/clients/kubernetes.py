@@ -24,7 +24,7 @@ import math
 import os
 import shlex
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from functools import cached_property
@@ -40,9 +40,13 @@ from collectors.clients.base import (
     K8S_CORDONED_BY,
     ActionResult,
     ClientError,
+    EvictionBlocked,
     K8sEvent,
     K8sNode,
     K8sPod,
+    Taint,
+    relabel_call,
+    relabelled,
 )
 from collectors.knowledge.slurm import SLINKY_POD_HOSTNAME_LABEL, SLINKY_POD_NAME_LABEL
 
@@ -63,6 +67,10 @@ class KubernetesApiError(ClientError):
     def __init__(self, message: str, *, status: int = 0, permanent: bool = False) -> None:
         super().__init__(message, permanent=permanent)
         self.status = status
+
+
+class KubernetesEvictionBlocked(KubernetesApiError, EvictionBlocked):
+    """The Eviction API's 429: the pod's PodDisruptionBudget allows no disruption now."""
 
 
 class _Gone(Exception):
@@ -253,6 +261,12 @@ class KubernetesApi:
         try:
             body = json.loads(e.body) if e.body else {}
             message = str(body.get("message") or message)
+            # The API server's own why, where it gives one: which disruption budget refused an
+            # eviction and what it needs, which field a write got wrong.
+            causes = [str(c.get("message")) for c in (body.get("details") or {}).get("causes")
+                      or [] if isinstance(c, dict) and c.get("message")]
+            if causes and not all(c in message for c in causes):
+                message = f"{message} ({'; '.join(causes)})"
         except (ValueError, TypeError, AttributeError):
             pass
         return KubernetesApiError(f"{what}: {status} {message}".strip(), status=status,
@@ -346,6 +360,13 @@ class KubernetesApi:
         self.last_warnings = []
         items, _ = self._list("list nodes", self.core.list_node)
         return [n for n in (self._parse("list nodes", node_from, o) for o in items) if n]
+
+    def node(self, name: str) -> K8sNode:
+        obj = self._read_node(name)
+        try:
+            return node_from(obj)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise KubernetesApiError(f"get node {name}: malformed node ({e})") from e
 
     def pods_on_node(self, node: str) -> list[K8sPod]:
         self.last_warnings = []
@@ -555,6 +576,49 @@ class KubernetesApi:
             return ActionResult(call, True, done, {"request": f"PATCH /api/v1/nodes/{node}"})
         raise KubernetesApiError(f"{verb} {node}: the node kept changing", permanent=False)
 
+    def relabel(self, node: str, labels: Mapping[str, str | None],
+                add_taints: Sequence[Taint], remove_taints: Sequence[str],
+                annotations: Mapping[str, str | None]) -> ActionResult:
+        """Labels, taints and annotations in one patch, conditional on the resourceVersion
+        just read (a node changed under us, 409, is read again): the taint list is sent
+        whole, as ``kubectl taint`` does, so a taint someone else added meanwhile is never
+        dropped by a stale copy."""
+        call = relabel_call(node, labels, add_taints, remove_taints, annotations)
+        for attempt in range(3):
+            obj = self._read_node(node)
+            meta = obj.get("metadata") or {}
+            current = node_from(obj)
+            new_labels, new_taints, new_annotations = relabelled(
+                current.labels, current.taints, current.annotations, labels, add_taints,
+                remove_taints, annotations)
+            if (new_labels, new_taints, new_annotations) == (
+                    current.labels, current.taints, current.annotations):
+                return ActionResult(call, False, f"{node} already labelled and tainted so")
+            # A merge patch: labels and annotations merge key by key (None removes one); the
+            # taints are replaced as one list (null: none left).
+            patch: Obj = {"metadata": {
+                "resourceVersion": meta.get("resourceVersion"),
+                "labels": {k: new_labels.get(k) for k in {*current.labels, *new_labels}
+                           if current.labels.get(k) != new_labels.get(k)},
+                "annotations": {k: new_annotations.get(k)
+                                for k in {*current.annotations, *new_annotations}
+                                if current.annotations.get(k) != new_annotations.get(k)}}}
+            if new_taints != current.taints:
+                patch["spec"] = {"taints": [
+                    {"key": k, "effect": e, **({"value": v} if v else {})}
+                    for k, v, e in new_taints] or None}
+            try:
+                self._call(f"relabel {node}", self.core.patch_node, node, patch,
+                           _preload_content=False)
+            except KubernetesApiError as e:
+                if e.status == 409 and attempt < 2:
+                    continue
+                raise
+            return ActionResult(call, True, f"{node} labelled and tainted",
+                                {"request": f"PATCH /api/v1/nodes/{node}",
+                                 "labels": new_labels, "taints": [list(t) for t in new_taints]})
+        raise KubernetesApiError(f"relabel {node}: the node kept changing", permanent=False)
+
     def evict(self, namespace: str, pod: str) -> ActionResult:
         """Evict through the policy/v1 Eviction API, which honours PodDisruptionBudgets: a 429
         (not yet) is retried with backoff for up to ``evict_max_wait`` seconds."""
@@ -606,7 +670,7 @@ class KubernetesApi:
                     raise
                 left = self.evict_max_wait - (time.monotonic() - started)
                 if left <= 0:
-                    raise KubernetesApiError(
+                    raise KubernetesEvictionBlocked(
                         f"{what}: a PodDisruptionBudget blocks the eviction ({e}); still "
                         f"blocked after {attempts} attempts in {self.evict_max_wait:.0f}s",
                         status=429, permanent=False) from e

@@ -451,6 +451,34 @@ def job_gpus(nodes: tuple[str, ...], details: Any) -> dict[str, tuple[int, ...]]
     return out
 
 
+# One GPU entry of a TRES string: "gres:gpu:8" (22.05), "gres/gpu:2", "gres/gpu:a100:2" (23.02+),
+# or "gres/gpu=2" / "gres/gpu:a100=2" in tres_req_str; a TRES string lists several, with commas.
+_TRES_GPU_RE = re.compile(r"^(?:gres[:/])?gpu(?::[^:=,]+)?[:=](\d+)$")
+
+
+def tres_gpus(text: str) -> int | None:
+    """The GPUs a TRES string names (summed over GPU types); None when it names none."""
+    found = [int(m.group(1)) for part in text.split(",")
+             if (m := _TRES_GPU_RE.match(part.strip()))]
+    return sum(found) if found else None
+
+
+def job_gpus_requested(record: Mapping[str, Any]) -> int | None:
+    """How many GPUs the job asks for in all: ``--gpus`` (tres_per_job), else ``--gres=gpu:N``
+    or ``--gpus-per-node`` (tres_per_node) times its node count, else what tres_req_str says.
+    0 when the job names no GPU anywhere; None when it asks per node and the node count is
+    not said."""
+    per_job = tres_gpus(_text(record.get("tres_per_job"), "tres_per_job"))
+    if per_job is not None:
+        return per_job
+    per_node = tres_gpus(_text(record.get("tres_per_node"), "tres_per_node"))
+    if per_node is not None:
+        nodes = number(record.get("node_count"))
+        return None if nodes is None else per_node * nodes
+    requested = tres_gpus(_text(record.get("tres_req_str"), "tres_req_str"))
+    return requested if requested is not None else 0
+
+
 def parse_job(record: Any) -> SlurmJob:
     if not isinstance(record, Mapping):
         raise ValueError(f"job record is a {type(record).__name__}")
@@ -483,6 +511,7 @@ def parse_job(record: Any) -> SlurmJob:
         submitted_at=float(submit) if submit else None,
         admin_comment=_text(record.get("admin_comment"), "admin_comment"),
         comment=_text(record.get("comment"), "comment"),
+        gpus_requested=job_gpus_requested(record),
     )
 
 

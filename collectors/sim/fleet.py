@@ -63,9 +63,12 @@ from collectors.clients.base import (
     SlurmJob,
     SlurmNode,
     SlurmReservation,
+    Taint,
     TelemetryChanges,
     job_comment,
     job_comment_check,
+    relabel_call,
+    relabelled,
 )
 from collectors.clock import SYSTEM_CLOCK, Clock
 from collectors.knowledge import dcgm
@@ -82,7 +85,7 @@ PROVISION_SECONDS = 120.0
 REBOOT_SECONDS = 90.0  # POST, kernel, driver, kubelet and slurmd back up
 LINK_FLAP_SECONDS = 5.0
 SWITCH_DOWN_SECONDS = 30.0
-# Test hook for the chaos tests: "k8s.evict=4,provider.replace=4" makes those actions sleep
+# Test hook for the chaos tests: "k8s.evict=4,provider.replace=4" (and k8s.relabel) makes those actions sleep
 # that many real seconds BEFORE they change anything (and before taking the fleet's lock), so
 # a test can kill the worker inside the outside call, when the change has not happened yet.
 ACTION_DELAY_ENV = "FLEETWATCH_SIM_ACTION_DELAY"
@@ -557,6 +560,19 @@ def set_source_down(state: State, source: str, down: bool) -> str:
     return f"source {source} {'down' if down else 'up'}"
 
 
+def _node_labels(node: State) -> dict[str, str]:
+    """The node's Kubernetes labels: the pool and zone the fleet gives it, with what
+    ``relabel`` set and removed (absent in fleets written before labels could change)."""
+    labels = {"fleetwatch.io/pool": node["pool"], "topology.kubernetes.io/zone": node["leaf"]}
+    for key in node.get("labels_removed") or []:
+        labels.pop(key, None)
+    return {**labels, **(node.get("labels") or {})}
+
+
+def _node_taints(node: State) -> tuple[Taint, ...]:
+    return tuple((str(k), str(v), str(e)) for k, v, e in node.get("taints") or [])
+
+
 def _node(state: State, name: str) -> State:
     try:
         return state["nodes"][name]
@@ -830,6 +846,8 @@ class SimSlurm(_SimClient):
                     if job["state"] != "PENDING" else {},
                     submitted_at=job.get("submitted_at"),
                     admin_comment=job.get("admin_comment", ""), comment=job.get("comment", ""),
+                    gpus_requested=int(job["num_nodes"])
+                    * int(job.get("gpus_per_node", GPUS_PER_NODE)),
                 )
                 for job in sorted(state["jobs"].values(), key=lambda j: int(j["id"]))
             ] + [
@@ -1060,11 +1078,16 @@ class SimKubernetes(_SimClient):
         with self._state() as state:
             return [
                 K8sNode(name, node["ready"], node["unschedulable"], dict(node["annotations"]),
-                        {"fleetwatch.io/pool": node["pool"],
-                         "topology.kubernetes.io/zone": node["leaf"]})
+                        _node_labels(node), taints=_node_taints(node))
                 for name, node in sorted(state["nodes"].items())
                 if node["in_service"]
             ]
+
+    def node(self, name: str) -> K8sNode:
+        for node in self.nodes():
+            if node.name == name:
+                return node
+        raise ClientError(f'nodes "{name}" not found', permanent=True)
 
     def slurm_nodes(self) -> None:
         return None  # the simulated fleet's Slurm and Kubernetes names are the same
@@ -1106,6 +1129,26 @@ class SimKubernetes(_SimClient):
             for key in [k for k in target["annotations"] if k.startswith(K8S_ANNOTATION_PREFIX)]:
                 del target["annotations"][key]
             return ActionResult(call, True, f"{node} uncordoned")
+
+    def relabel(self, node: str, labels: Mapping[str, str | None],
+                add_taints: Sequence[Taint], remove_taints: Sequence[str],
+                annotations: Mapping[str, str | None]) -> ActionResult:
+        call = relabel_call(node, labels, add_taints, remove_taints, annotations)
+        _action_delay("k8s.relabel", self.fleet.clock)
+        with self._state() as state:
+            target = _node(state, node)
+            now = (_node_labels(target), _node_taints(target), dict(target["annotations"]))
+            new_labels, new_taints, new_annotations = relabelled(
+                *now, labels, add_taints, remove_taints, annotations)
+            if (new_labels, new_taints, new_annotations) == now:
+                return ActionResult(call, False, f"{node} already labelled and tainted so")
+            # The pool and zone labels are the fleet's own: only what differs is kept.
+            base = _node_labels({**target, "labels": {}, "labels_removed": []})
+            target["labels"] = {k: v for k, v in new_labels.items() if base.get(k) != v}
+            target["labels_removed"] = sorted(set(base) - set(new_labels))
+            target["taints"] = [list(t) for t in new_taints]
+            target["annotations"] = new_annotations
+            return ActionResult(call, True, f"{node} labelled and tainted")
 
     def evict(self, namespace: str, pod: str) -> ActionResult:
         call = f"POST /api/v1/namespaces/{namespace}/pods/{pod}/eviction"

@@ -9,6 +9,7 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework.routers import DefaultRouter
 
 from collectors.api import urls as fleet_api
+from incidents.api import lending as lending_api
 from incidents.api import views
 from incidents.api import webhooks as webhook_api
 
@@ -21,6 +22,7 @@ router.register("audit", views.AuditEntryViewSet, basename="audit")
 router.register("drills", views.DrillViewSet, basename="drill")
 router.register("tokens", views.TokenViewSet, basename="token")
 webhook_api.register(router)
+lending_api.register(router)
 
 
 @csrf_exempt  # it changes nothing, and a refused CSRF check would hide the real answer
@@ -40,6 +42,9 @@ def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
 urlpatterns = [
     path("policy/", views.PolicyView.as_view(), name="policy"),
     path("jobs/<str:slurm_id>/why/", views.JobWhyView.as_view(), name="job-why"),
+    path("capacity/", lending_api.CapacityView.as_view(), name="capacity"),
+    path("capacity/history/", lending_api.CapacityHistoryView.as_view(),
+         name="capacity-history"),
     *router.urls,
     re_path(r"^(?P<rest>.*)$", not_found),
 ]

@@ -101,8 +101,51 @@ class Facts:
     gate_failures: Callable[[str], int] = lambda node: 0
 
 
+class OutsideCalls:
+    """``call``: make one outside call, audited once, and not again after a restart.
+
+    What runs a sequence of outside calls that must survive a worker's death (a remediation's
+    step, a node's loan: incidents/lending) keeps ``done_calls`` (the calls completed, saved by
+    ``on_call_done`` as each returns) and hands ``audit`` its way of recording one."""
+
+    # (verb, target, result, error, duration_ms of the outside call)
+    audit: Callable[[str, str, ActionResult | None, str | None, float | None], None]
+    done_calls: set[str]
+    on_call_done: Callable[[str], None] | None
+
+    def call(self, verb: str, target: str, fn: Callable[..., ActionResult],
+             *args: Any) -> ActionResult:
+        key = f"{verb} {target}"
+        if key in self.done_calls:
+            # Made by an earlier run that died before saving its result: not made again, not
+            # audited again (its audit entry exists).
+            return ActionResult(f"({verb} {target}: done before a restart)", False,
+                                "done by an earlier run")
+        # Timed around the outside call alone (monotonic: immune to clock steps), so the
+        # audit shows how long Slurm, Kubernetes or the provider took, not our bookkeeping.
+        started = time.monotonic()
+        try:
+            result = fn(*args)
+        except Exception as exc:
+            # A client bug or an unwrapped error is still an outside call with an unknown
+            # outcome: it is audited like a ClientError, then raised for the engine to handle.
+            error = str(exc) if isinstance(exc, ClientError) else f"{type(exc).__name__}: {exc}"
+            # A provider that ran a program says what it ran and what came back.
+            failed = (ActionResult(cast(Any, exc).call, False, error, dict(getattr(exc, "data", {})))
+                      if getattr(exc, "call", "") else None)
+            self.audit(verb, target, failed, error, (time.monotonic() - started) * 1000)
+            raise
+        # A call that reached nothing outside (no owner address to tell) has no time to show.
+        self.audit(verb, target, result, None,
+                   (time.monotonic() - started) * 1000 if result.call else None)
+        self.done_calls.add(key)
+        if self.on_call_done is not None:
+            self.on_call_done(key)
+        return result
+
+
 @dataclass
-class StepContext:
+class StepContext(OutsideCalls):
     incident_id: int
     root_cause: str
     explanation: str
@@ -139,36 +182,16 @@ class StepContext:
 
     def call(self, verb: str, target: str, fn: Callable[..., ActionResult],
              *args: Any) -> ActionResult:
+        """``OutsideCalls.call``, and a fire drill's rehearsal: a call it does not make for
+        real is recorded as "would call" instead (see ``Rehearsal``)."""
         key = f"{verb} {target}"
-        if key in self.done_calls:
-            if self.rehearsal is not None and verb.startswith(PROVIDER_VERB_PREFIX):
+        if self.rehearsal is not None:
+            if key in self.done_calls and verb.startswith(PROVIDER_VERB_PREFIX):
                 # A drill's run cut off after its would-call at the provider: still the end.
                 raise RehearsalStop(verb, target, self.rehearsal.drill_id)
-            # Made by an earlier run of this step that died before saving its result: not
-            # made again, not audited again (its audit entry exists).
-            return ActionResult(f"({verb} {target}: done before a restart)", False,
-                                "done by an earlier run of this step")
-        if self.rehearsal is not None and verb not in self.rehearsal.real_verbs:
-            return self._would_call(verb, target, key, self.rehearsal)
-        # Timed around the outside call alone (monotonic: immune to clock steps), so the
-        # audit shows how long Slurm, Kubernetes or the provider took, not our bookkeeping.
-        started = time.monotonic()
-        try:
-            result = fn(*args)
-        except Exception as exc:
-            # A client bug or an unwrapped error is still an outside call with an unknown
-            # outcome: it is audited like a ClientError, then raised for the engine to handle.
-            error = str(exc) if isinstance(exc, ClientError) else f"{type(exc).__name__}: {exc}"
-            # A provider that ran a program says what it ran and what came back.
-            failed = (ActionResult(cast(Any, exc).call, False, error, dict(getattr(exc, "data", {})))
-                      if getattr(exc, "call", "") else None)
-            self.audit(verb, target, failed, error, (time.monotonic() - started) * 1000)
-            raise
-        # A call that reached nothing outside (no owner address to tell) has no time to show.
-        self.audit(verb, target, result, None,
-                   (time.monotonic() - started) * 1000 if result.call else None)
-        self._call_done(key)
-        return result
+            if key not in self.done_calls and verb not in self.rehearsal.real_verbs:
+                return self._would_call(verb, target, key, self.rehearsal)
+        return super().call(verb, target, fn, *args)
 
     def _call_done(self, key: str) -> None:
         self.done_calls.add(key)

@@ -3,7 +3,8 @@
    Charts: every element with data-chart reads JSON from its data-src and redraws in place
    every few seconds. "grid" is the dashboard's GPU health heatmap; "timeseries" draws one
    field of the JSON (data-field: {name: {x, y}}) as one line per name, with the fault and
-   resolution marked when data-marks is set. Elements sharing a data-src share one fetch.
+   resolution marked when data-marks is set, stacked when data-stack is set. Elements sharing
+   a data-src share one fetch.
 
    Live regions (htmx polling): a confirmation a person has opened (<details open>), or a
    field they are typing in, is not swapped away under them; the poll waits until it is
@@ -81,11 +82,14 @@
       const role = roles[name];
       const marked = role === "failed" || role === "replacement";
       return {
-        type: "scatter", mode: "lines", x: s.x, y: s.y,
+        // A series of a point or two (a chart only just started) would draw no line: marks.
+        type: "scatter", mode: s.x.length < 3 ? "lines+markers" : "lines", x: s.x, y: s.y,
         name: marked ? `${name} (${role})` : name,
         line: marked ? { width: 4, color: role === "failed" ? COLORS.bad : COLORS.ok }
           : { width: role ? 1.5 : 2 },
         opacity: role && !marked ? 0.6 : 1,
+        // data-stack: the lines add up (the capacity page's GPUs by use).
+        ...(el.dataset.stack ? { stackgroup: "one", line: { width: 0.5 } } : {}),
       };
     });
     if (!traces.length) { say(el, "No samples in this window."); return; }

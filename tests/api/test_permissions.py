@@ -78,6 +78,15 @@ NEEDS: dict[tuple[str, str], str] = {
     ("PATCH", "/api/v1/webhooks/{id}/"): ADMIN_ONLY,
     ("DELETE", "/api/v1/webhooks/{id}/"): ADMIN_ONLY,
     ("POST", "/api/v1/webhooks/{id}/test/"): ADMIN_ONLY,
+    ("GET", "/api/v1/capacity/"): READ,
+    ("GET", "/api/v1/capacity/history/"): READ,
+    ("GET", "/api/v1/loans/"): READ,
+    ("POST", "/api/v1/loans/"): OPERATE,
+    ("GET", "/api/v1/loans/{id}/"): READ,
+    ("POST", "/api/v1/loans/{id}/approve/"): OPERATE,
+    ("POST", "/api/v1/loans/{id}/decline/"): OPERATE,
+    ("POST", "/api/v1/loans/{id}/return/"): OPERATE,
+    ("POST", "/api/v1/loans/{id}/retry/"): OPERATE,
 }
 
 # Who may do what, by role (the issue: the UI's roles on every endpoint), and which token

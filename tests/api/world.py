@@ -22,6 +22,7 @@ from incidents.models import (
     Delivery,
     Drill,
     Incident,
+    Loan,
     Remediation,
     Step,
     WebhookSubscription,
@@ -47,6 +48,7 @@ class World:
     webhook: WebhookSubscription
     delivery: Delivery
     drill: Drill  # a fire drill that failed, with its reason and phases
+    loan: Loan  # a lend of OTHER_NODE proposed by the demand policy, waiting for a person
 
     def path_parameters(self, template: str) -> dict[str, str]:
         """This world's object for each parameter of an OpenAPI path (``/api/v1/nodes/{name}/``
@@ -55,7 +57,7 @@ class World:
         ids = {"incidents": self.incident.pk, "remediations": self.remediation.pk,
                "steps": self.failed_step.pk, "audit": self.audit.pk, "gpus": self.gpu.pk,
                "webhooks": self.webhook.pk, "webhook-deliveries": self.delivery.pk,
-               "drills": self.drill.pk}
+               "drills": self.drill.pk, "loans": self.loan.pk}
         names = {"clusters": self.cluster.name, "nodes": self.node.name,
                  "tokens": self.token_name}
         values = {"id": str(ids.get(collection, 0)), "name": names.get(collection, "x"),
@@ -138,10 +140,14 @@ def build_world(settings: Any) -> World:
         phases={"inject": 0.2, "detect": 1.5, "decide": 0.3, "total": 12.0},
         events=[{"at": (now - timedelta(hours=3)).isoformat(), "what": "started",
                  "detail": "schedule"}])
+    loan = Loan.objects.create(cluster=cluster, node=OTHER_NODE, pool="gpu",
+                               status=Loan.Status.PROPOSED, step="lend_check", mode="approve",
+                               automatic=True, requested_by="system",
+                               reason="idle in Slurm for 30 min, no pending demand")
     return World(cluster=cluster, node=node, gpu=node.gpus.get(index=1), job=job,
                  signal=signal, incident=incident, remediation=remediation, failed=failed,
                  failed_step=failed_step, audit=audit, token_name=token_name,
-                 webhook=webhook, delivery=delivery, drill=drill)
+                 webhook=webhook, delivery=delivery, drill=drill, loan=loan)
 
 
 def signal_body(node: str = NODE) -> dict[str, Any]:

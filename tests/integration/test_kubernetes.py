@@ -157,6 +157,31 @@ def test_kubectl_cordon_and_uncordon(k8s: Any) -> None:
     assert not k8s.get("nodes", "", "gpu-003")["spec"].get("unschedulable")
 
 
+def test_kubectl_label_and_taint(k8s: Any) -> None:
+    """kubectl label (a JSON merge patch) and kubectl taint (a strategic merge patch carrying
+    the whole taint list: taints are an atomic list, merged by no key), as lending relies on."""
+    assert kubectl(k8s, "label", "node", "gpu-001", "team=llm").stdout.strip() == \
+        "node/gpu-001 labeled"
+    assert kubectl(k8s, "taint", "node", "gpu-001", "gpu=true:NoSchedule").stdout.strip() == \
+        "node/gpu-001 tainted"
+    kubectl(k8s, "taint", "node", "gpu-001", "spot:NoExecute")
+    node = k8s.get("nodes", "", "gpu-001")
+    assert node["metadata"]["labels"]["team"] == "llm"
+    # kubectl puts the newest first.
+    assert node["spec"]["taints"] == [{"key": "spot", "effect": "NoExecute"},
+                                      {"key": "gpu", "value": "true", "effect": "NoSchedule"}]
+    assert ("PATCH", "/api/v1/nodes/gpu-001?fieldManager=kubectl-taint&fieldValidation=Strict",
+            "application/strategic-merge-patch+json") in list(k8s.requests)
+    # Removing one taint keeps the other: kubectl sent the list without it.
+    kubectl(k8s, "taint", "node", "gpu-001", "gpu:NoSchedule-")
+    kubectl(k8s, "label", "node", "gpu-001", "team-")
+    node = k8s.get("nodes", "", "gpu-001")
+    assert node["spec"]["taints"] == [{"key": "spot", "effect": "NoExecute"}]
+    assert "team" not in node["metadata"]["labels"]
+    already = kubectl(k8s, "taint", "node", "gpu-001", "spot:NoExecute", check=False)
+    assert already.returncode != 0 and "already has spot taint(s)" in already.stderr
+
+
 def test_kubectl_drain_evicts_all_but_daemonset_and_mirror_pods(k8s: Any) -> None:
     result = kubectl(k8s, "drain", "gpu-001", "--ignore-daemonsets", "--delete-emptydir-data",
                      "--timeout=30s")
@@ -269,6 +294,47 @@ def test_client_cordons_and_uncordons_only_its_own(k8s: Any, api: KubernetesApi)
     with pytest.raises(ClientError) as unknown:
         api.cordon("gpu-999", "x")
     assert unknown.value.permanent
+
+
+def test_client_relabels_and_kubectl_reads_it_back(k8s: Any, api: KubernetesApi) -> None:
+    """What lending does to a node: labels set and removed, a taint added and one removed,
+    FleetWatch's annotation, in one patch; what someone else set is kept."""
+    kubectl(k8s, "taint", "node", "gpu-001", "team=infra:PreferNoSchedule")
+    kubectl(k8s, "taint", "node", "gpu-001", "training=true:NoSchedule")
+    result = api.relabel("gpu-001", {"fleetwatch.io/lent-to": "inference",
+                                     "fleetwatch.io/pool": None},
+                         [("fleetwatch.io/inference", "true", "NoSchedule")], ["training"],
+                         {"fleetwatch.io/lent": "loan 7"})
+    assert result.changed
+    assert result.call.startswith("kubectl label node gpu-001 --overwrite fleetwatch.io/lent-to")
+    node = json.loads(kubectl(k8s, "get", "node", "gpu-001", "-o", "json").stdout)
+    labels = node["metadata"]["labels"]
+    assert labels["fleetwatch.io/lent-to"] == "inference" and "fleetwatch.io/pool" not in labels
+    assert node["spec"]["taints"] == [
+        {"key": "team", "value": "infra", "effect": "PreferNoSchedule"},
+        {"key": "fleetwatch.io/inference", "value": "true", "effect": "NoSchedule"}]
+    assert node["metadata"]["annotations"]["fleetwatch.io/lent"] == "loan 7"
+    described = kubectl(k8s, "describe", "node", "gpu-001").stdout
+    assert "fleetwatch.io/inference=true:NoSchedule" in described
+    # Asked again: nothing to change, no request made.
+    before = len(k8s.requests)
+    assert not api.relabel("gpu-001", {"fleetwatch.io/lent-to": "inference"},
+                           [("fleetwatch.io/inference", "true", "NoSchedule")], ["training"],
+                           {"fleetwatch.io/lent": "loan 7"}).changed
+    assert not [r for r in list(k8s.requests)[before:] if r[0] == "PATCH"]
+    # Undone: every taint of FleetWatch's gone (the last one: no taints field left).
+    kubectl(k8s, "taint", "node", "gpu-001", "team-")
+    assert api.relabel("gpu-001", {"fleetwatch.io/lent-to": None, "fleetwatch.io/pool": "gpu"},
+                       [], ["fleetwatch.io/inference:NoSchedule"],
+                       {"fleetwatch.io/lent": None}).changed
+    node = k8s.get("nodes", "", "gpu-001")
+    assert not node["spec"].get("taints") and node["metadata"]["labels"]["fleetwatch.io/pool"] \
+        == "gpu"
+    assert "fleetwatch.io/lent" not in node["metadata"]["annotations"]
+    # A taint the server refuses is a permanent error, in its words.
+    with pytest.raises(ClientError) as refused:
+        api.relabel("gpu-001", {}, [("bad key!", "", "NoSchedule")], [], {})
+    assert refused.value.permanent and "spec.taints[0].key" in str(refused.value)
 
 
 def test_client_evicts_through_the_eviction_api(k8s: Any, api: KubernetesApi) -> None:

@@ -27,6 +27,8 @@ FORBIDDEN: tuple[tuple[str, str, str], ...] = (
     ("incidents.diagnosis", "incidents.", "diagnosis is pure: plain data in, plain data out"),
     ("incidents.diagnosis", "django", "diagnosis is pure: no database, no settings"),
     ("collectors.knowledge", "django", "the shared facts are importable without Django"),
+    ("incidents.lending.decide", "django", "the lending decision is pure: plain data in and out"),
+    ("incidents.lending.decide", "incidents.", "the lending decision is pure: plain data in and out"),
 )
 
 

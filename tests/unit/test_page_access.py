@@ -43,7 +43,8 @@ def page_patterns() -> list[tuple[str, str]]:
 def _url(route: str, world: World) -> str:
     pk = world.drill.pk if route.startswith("drills/") else world.incident.pk
     values = {"<int:pk>": str(pk), "<str:name>": NODE, "<str:slurm_id>": JOB,
-              "<page_action:action>": "approve"}
+              "<page_action:action>": "approve", "<int:loan>": str(world.loan.pk),
+              "<loan_action:action>": "approve"}
     for key, value in values.items():
         route = route.replace(key, value)
     assert "<" not in route and "(" not in route, f"no example value for {route}: add one"
@@ -60,7 +61,7 @@ def test_the_walk_finds_every_page_family() -> None:
     assert {"dashboard", "incident-list", "incident-detail", "incident-replay",
             "incident-postmortem", "audit-list", "node-list", "job-list", "source-list",
             "policy", "incident-action", "inject-fault", "drill-list", "drill-detail",
-            "drill-run"} <= names
+            "drill-run", "capacity", "loan-detail", "loan-action"} <= names
 
 
 @pytest.mark.parametrize(("route", "name"), page_patterns())

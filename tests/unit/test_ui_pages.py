@@ -213,6 +213,8 @@ def bounded_pages(fleet: Fleet) -> dict[str, str]:
         "audit-filtered": "/audit/?actor=system&verb=slurm&range=24h",
         "sources": "/sources/",
         "policy": "/policy/",
+        "capacity": "/capacity/",
+        "capacity-chart": "/capacity/chart.json?range=week",
     }
 
 
@@ -271,7 +273,8 @@ def test_page_queries_do_not_grow_with_the_fleet(
 
 # --- what each page shows -------------------------------------------------------------------
 
-ALL_PAGES = ["/", "/incidents/", "/nodes/", "/jobs/", "/audit/", "/sources/", "/policy/"]
+ALL_PAGES = ["/", "/incidents/", "/nodes/", "/jobs/", "/audit/", "/sources/", "/capacity/",
+             "/policy/"]
 
 
 def test_every_page_needs_a_login(client: Client) -> None:
