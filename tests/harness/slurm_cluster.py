@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from tests.harness.parallel import machine_lock
 from tests.harness.processes import stop_process_group
 
 SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "scontrol", "sinfo", "squeue", "sbatch",
@@ -295,9 +296,12 @@ class SlurmCluster:
         """
         if self._rest is not None and self._rest.poll() is None:
             return
-        if subprocess.run(["id", "slurmrestd"], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "-r", "-M", "-U", "-s", "/usr/sbin/nologin", "slurmrestd"],
-                           check=True, capture_output=True)
+        # Under a lock: two clusters starting at once (xdist workers) would both find no user
+        # and the second useradd would fail.
+        with machine_lock("useradd-slurmrestd"):
+            if subprocess.run(["id", "slurmrestd"], capture_output=True).returncode != 0:
+                subprocess.run(["useradd", "-r", "-M", "-U", "-s", "/usr/sbin/nologin",
+                                "slurmrestd"], check=True, capture_output=True)
         self.rest_port = self.rest_port or free_port()
         # Once it has dropped to its user it reads slurm.conf (and gres.conf, topology.conf
         # beside it): the folders above them must let it through (pytest's are 0700).

@@ -30,6 +30,9 @@ KMSG = Path("/dev/kmsg")
 needs_kmsg = pytest.mark.skipif(
     not (KMSG.exists() and os.access(KMSG, os.R_OK | os.W_OK)),
     reason="needs /dev/kmsg, readable and writable (root): CI runs as root")
+# Under xdist, every test that reads or writes this machine's real /dev/kmsg runs on one worker,
+# one at a time: another's reader would take this module's lines (tests/harness/parallel.py).
+pytestmark = pytest.mark.xdist_group("kmsg")
 
 
 def kmsg_write(text: str) -> None:
