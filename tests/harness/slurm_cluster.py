@@ -353,9 +353,21 @@ class SlurmCluster:
         """Nodes whose RebootProgram ran and that wait for complete_reboot()."""
         return sorted(p.name.removeprefix("reboot-") for p in (self.root / "run").glob("reboot-*"))
 
+    # slurmctld takes a node for rebooted when the boot time it registers with (whole seconds:
+    # the registration's time less the uptime slurmd reports) is not before the second the
+    # reboot was asked in (waiting_for_node_boot() in node_mgr.c); a slurmd started again within
+    # that second, or reporting an uptime of 1 s, is "still waiting for boot" until
+    # ResumeTimeout marks the node DOWN. Two seconds after the RebootProgram ran (after the
+    # request) it cannot be.
+    BOOT_AFTER_REQUEST = 2.0
+
     def complete_reboot(self, node: str) -> None:
         """Finish a node's reboot: its slurmd comes back reporting a fresh boot."""
-        (self.root / "run" / f"reboot-{node}").unlink(missing_ok=True)
+        marker = self.root / "run" / f"reboot-{node}"
+        with contextlib.suppress(FileNotFoundError):
+            asked = marker.stat().st_mtime
+            time.sleep(max(0.0, int(asked) + self.BOOT_AFTER_REQUEST - time.time()))
+        marker.unlink(missing_ok=True)
         self.restart_node(node)
 
     # --- waiting --------------------------------------------------------------------------------

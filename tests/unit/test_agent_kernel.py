@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import uuid
@@ -306,12 +307,17 @@ def fake_journalctl(tmp_path: Path, entries: list[dict[str, Any]], *,
     out = tmp_path / "entries.jsonl"
     out.write_text("".join(json.dumps(e) + "\n" for e in entries))
     script = tmp_path / "journalctl"
-    body = (f"import sys, time\nopen({str(tmp_path / 'argv')!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
     if fail:
-        body += f"sys.stderr.write({fail!r} + '\\n'); sys.exit(1)\n"
-    else:
-        body += (f"sys.stdout.write(open({str(out)!r}).read()); sys.stdout.flush()\n"
-                 "time.sleep(60)\n")
+        # A shell script: it fails at once, as the real journalctl (a native program) does,
+        # within the 0.2 s open_kernel_log() gives it; a Python one may not start that fast on
+        # a busy machine (the suite's other workers).
+        script.write_text(f"#!/bin/sh\necho \"$*\" >> {shlex.quote(str(tmp_path / 'argv'))}\n"
+                          f"echo {shlex.quote(fail)} >&2\nexit 1\n")
+        script.chmod(0o755)
+        return script
+    body = (f"import sys, time\nopen({str(tmp_path / 'argv')!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
+    body += (f"sys.stdout.write(open({str(out)!r}).read()); sys.stdout.flush()\n"
+             "time.sleep(60)\n")
     script.write_text(f"#!{sys.executable}\n{body}")
     script.chmod(0o755)
     return script
