@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +15,8 @@ from django.db import connection
 
 from collectors.roles import OPERATOR, VIEWER, user_with_role
 from collectors.sim.fleet import SimFleet
+from tests.harness import parallel
+from tests.harness.parallel import ParallelSetupError, worker_environment
 from tests.harness.processes import stop_process_group
 from tests.harness.slurm_cluster import RELEASES as SLURM_RELEASES
 from tests.harness.slurm_cluster import SlurmInstall, install_for
@@ -166,7 +170,114 @@ def slurm_install(request: pytest.FixtureRequest) -> SlurmInstall:
     return install
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # An xdist worker hands what its daemons said to the controller, which prints the summary.
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["slurm_versions"] = sorted(_SLURM_VERSIONS_RAN)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    _SLURM_VERSIONS_RAN.update(getattr(node, "workeroutput", {}).get("slurm_versions", ()))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if _SLURM_VERSIONS_RAN:
         terminalreporter.write_sep("-", "Slurm versions these tests ran against: "
                                    + ", ".join(sorted(_SLURM_VERSIONS_RAN)))
+
+
+# --- pytest-xdist (`make test` runs the suite on several workers: tests/harness/parallel.py) ----
+
+_GROUPS_DIR: list[Path] = []  # the controller's folder for the workers' group files
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
+    """Each worker its own Redis database and data folder, in its environment from the start,
+    before it imports the settings."""
+    lines = []
+    for spec in specs:
+        try:
+            env = worker_environment(spec.id, os.environ)
+        except ParallelSetupError as exc:
+            raise pytest.UsageError(str(exc)) from exc
+        spec.env.update(env)
+        lines.append(f"{spec.id}: " + ", ".join(f"{k}={v}" for k, v in sorted(env.items())))
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and config.option.verbose >= 0:
+        for line in lines:
+            reporter.write_line(f"xdist {line}")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    if not _GROUPS_DIR:
+        _GROUPS_DIR.append(Path(tempfile.mkdtemp(prefix="fleetwatch-xdist-groups-")))
+    node.workerinput[parallel.GROUPS_KEY] = str(_GROUPS_DIR[0])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getoption("dist") != "loadgroup" or not _GROUPS_DIR:
+        return None
+    return parallel.group_scheduling(config, log, _GROUPS_DIR[0])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for folder in _GROUPS_DIR:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# Fixture scopes above the test: what a module's (or class's) tests share and pay for once.
+_SHARED_SCOPES = frozenset({"class", "module", "package"})
+# What the workers are handed first: the slow, waiting tests before the quick ones, so no worker
+# starts a minutes-long module while the others have run out of work.
+_FIRST = ("tests/deploy/", "tests/integration/", "tests/browser/", "tests/api/")
+
+
+def _scope(item: pytest.Item, name: str) -> str | None:
+    """The scope of a fixture of this suite's the test uses (None for the plugins' own, such
+    as pytest-django's class-scoped no-op for unittest classes, which every test uses)."""
+    defs = item._fixtureinfo.name2fixturedefs.get(name)  # type: ignore[attr-defined]
+    return defs[-1].scope if defs and defs[-1].baseid else None
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The group a test runs in under ``--dist loadgroup`` (one worker runs a group's tests one
+    after another): its ``xdist_group`` mark's name; else, if it uses a fixture set up once per
+    module (a Slurm cluster, the live stack, a built image), its module's, per value of any
+    parameter above the test's own scope (each value makes its own instance of the fixture
+    anyway); else None, a group of its own."""
+    mark = item.get_closest_marker("xdist_group")
+    if mark is not None:
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    if not any(_scope(item, name) in _SHARED_SCOPES for name in item.fixturenames):
+        return None
+    group = item.nodeid.split("::", 1)[0]
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        above = [f"{name}={callspec.params[name]}" for name in sorted(callspec.params)
+                 if _scope(item, name) in _SHARED_SCOPES | {"session"}]
+        if above:
+            group += "[" + ",".join(above) + "]"
+    return group
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker: the slow directories first (xdist hands work out in the order
+    collected), and each test's group written for the controller's scheduler."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, first in enumerate(_FIRST) if item.nodeid.startswith(first)),
+                    len(_FIRST))
+
+    items.sort(key=rank)
+    if parallel.GROUPS_KEY in workerinput:
+        groups = {item.nodeid: group for item in items if (group := xdist_group(item))}
+        parallel.groups_write(Path(workerinput[parallel.GROUPS_KEY]), workerinput["workerid"],
+                              groups)

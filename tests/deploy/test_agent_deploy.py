@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.deploy.test_manifests import render  # kubectl kustomize, parsed
+from tests.harness.parallel import machine_lock
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 KUSTOMIZE_DIR = ROOT / "deploy" / "kubernetes" / "agent"
@@ -25,6 +26,9 @@ BUILD = ROOT / "deploy" / "agent" / "build-image.sh"
 PACKAGE = ROOT / "collectors" / "agent" / "pyproject.toml"
 KUBERNETES_VERSION = "1.30.0"  # the oldest release the manifests are checked against
 IMAGE = "localhost/fleetwatch-agent"
+# The image's agent reads the real /dev/kmsg, and a test writes to it: under xdist the kernel
+# log's tests run on one worker, one at a time (another's lines would reach this agent).
+pytestmark = pytest.mark.xdist_group("kmsg")
 
 
 @pytest.fixture(scope="module")
@@ -220,8 +224,10 @@ def limits() -> list[str]:
 def image() -> str:
     podman_or_skip()
     started = time.monotonic()
-    done = subprocess.run([str(BUILD)], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          check=False)
+    # One image build at a time on this machine (the server's shares the base image).
+    with machine_lock("image-build"):
+        done = subprocess.run([str(BUILD)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     print(f"build-image.sh: {time.monotonic() - started:.1f} s; {done.stdout.splitlines()[-1]}")
     return f"{IMAGE}:latest"

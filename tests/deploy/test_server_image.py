@@ -23,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from tests.deploy.test_agent_deploy import PODMAN, limits, podman_logs, running
+from tests.harness.parallel import machine_lock
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BUILD = ROOT / "deploy" / "image" / "build.sh"
@@ -39,12 +40,15 @@ def podman_or_skip() -> None:
         pytest.skip("podman is not installed and apt-get cannot install it here")
 
 
-@pytest.fixture(scope="module")
-def image() -> str:
+def build_image() -> str:
+    """deploy/image/build.sh from this checkout: the ``image`` fixture (tests/deploy/conftest.py,
+    once per test run). One build at a time on this machine: two would race on the shared base
+    image and the tags."""
     podman_or_skip()
     started = time.monotonic()
-    done = subprocess.run([str(BUILD)], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          check=False)
+    with machine_lock("image-build"):
+        done = subprocess.run([str(BUILD)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     print(f"build.sh: {time.monotonic() - started:.1f} s; {done.stdout.splitlines()[-1]}")
     return IMAGE

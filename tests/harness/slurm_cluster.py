@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from tests.harness.parallel import machine_lock
 from tests.harness.processes import stop_process_group
 
 SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "scontrol", "sinfo", "squeue", "sbatch",
@@ -295,9 +296,12 @@ class SlurmCluster:
         """
         if self._rest is not None and self._rest.poll() is None:
             return
-        if subprocess.run(["id", "slurmrestd"], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "-r", "-M", "-U", "-s", "/usr/sbin/nologin", "slurmrestd"],
-                           check=True, capture_output=True)
+        # Under a lock: two clusters starting at once (xdist workers) would both find no user
+        # and the second useradd would fail.
+        with machine_lock("useradd-slurmrestd"):
+            if subprocess.run(["id", "slurmrestd"], capture_output=True).returncode != 0:
+                subprocess.run(["useradd", "-r", "-M", "-U", "-s", "/usr/sbin/nologin",
+                                "slurmrestd"], check=True, capture_output=True)
         self.rest_port = self.rest_port or free_port()
         # Once it has dropped to its user it reads slurm.conf (and gres.conf, topology.conf
         # beside it): the folders above them must let it through (pytest's are 0700).
@@ -349,9 +353,21 @@ class SlurmCluster:
         """Nodes whose RebootProgram ran and that wait for complete_reboot()."""
         return sorted(p.name.removeprefix("reboot-") for p in (self.root / "run").glob("reboot-*"))
 
+    # slurmctld takes a node for rebooted when the boot time it registers with (whole seconds:
+    # the registration's time less the uptime slurmd reports) is not before the second the
+    # reboot was asked in (waiting_for_node_boot() in node_mgr.c); a slurmd started again within
+    # that second, or reporting an uptime of 1 s, is "still waiting for boot" until
+    # ResumeTimeout marks the node DOWN. Two seconds after the RebootProgram ran (after the
+    # request) it cannot be.
+    BOOT_AFTER_REQUEST = 2.0
+
     def complete_reboot(self, node: str) -> None:
         """Finish a node's reboot: its slurmd comes back reporting a fresh boot."""
-        (self.root / "run" / f"reboot-{node}").unlink(missing_ok=True)
+        marker = self.root / "run" / f"reboot-{node}"
+        with contextlib.suppress(FileNotFoundError):
+            asked = marker.stat().st_mtime
+            time.sleep(max(0.0, int(asked) + self.BOOT_AFTER_REQUEST - time.time()))
+        marker.unlink(missing_ok=True)
         self.restart_node(node)
 
     # --- waiting --------------------------------------------------------------------------------

@@ -21,7 +21,10 @@ from incidents.models import Incident, Step
 from incidents.tokens import agent_token_create
 from tests.conftest import Worker, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+# xdist_group: the real /dev/kmsg's tests run on one worker, one at a time (another's lines
+# would reach this agent, and this one's theirs).
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True),
+              pytest.mark.xdist_group("kmsg")]
 
 ROOT = Path(__file__).resolve().parents[2]
 KMSG = Path("/dev/kmsg")

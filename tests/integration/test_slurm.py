@@ -215,6 +215,10 @@ def test_requeue_hold_keeps_the_job_pending(cluster: SlurmCluster, client: Slurm
         assert held.changed
         assert held.call == f"scontrol requeuehold {job_id}"
         wait_for(marker(cluster, job_id, 0).exists, 90, "the job's SIGTERM handler to run")
+        # Its handler has run; the job is COMPLETING until its processes are gone (seconds on
+        # a busy machine), then held.
+        wait_for(lambda: squeue(cluster, job_id) not in {"RUNNING", "COMPLETING"}, 60,
+                 f"job {job_id} to end its run")
         assert squeue(cluster, job_id) == "PENDING"
         assert "held" in squeue(cluster, job_id, "%r").lower()
         seen = job(client, job_id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import uuid
@@ -30,6 +31,9 @@ KMSG = Path("/dev/kmsg")
 needs_kmsg = pytest.mark.skipif(
     not (KMSG.exists() and os.access(KMSG, os.R_OK | os.W_OK)),
     reason="needs /dev/kmsg, readable and writable (root): CI runs as root")
+# Under xdist, every test that reads or writes this machine's real /dev/kmsg runs on one worker,
+# one at a time: another's reader would take this module's lines (tests/harness/parallel.py).
+pytestmark = pytest.mark.xdist_group("kmsg")
 
 
 def kmsg_write(text: str) -> None:
@@ -303,12 +307,17 @@ def fake_journalctl(tmp_path: Path, entries: list[dict[str, Any]], *,
     out = tmp_path / "entries.jsonl"
     out.write_text("".join(json.dumps(e) + "\n" for e in entries))
     script = tmp_path / "journalctl"
-    body = (f"import sys, time\nopen({str(tmp_path / 'argv')!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
     if fail:
-        body += f"sys.stderr.write({fail!r} + '\\n'); sys.exit(1)\n"
-    else:
-        body += (f"sys.stdout.write(open({str(out)!r}).read()); sys.stdout.flush()\n"
-                 "time.sleep(60)\n")
+        # A shell script: it fails at once, as the real journalctl (a native program) does,
+        # within the 0.2 s open_kernel_log() gives it; a Python one may not start that fast on
+        # a busy machine (the suite's other workers).
+        script.write_text(f"#!/bin/sh\necho \"$*\" >> {shlex.quote(str(tmp_path / 'argv'))}\n"
+                          f"echo {shlex.quote(fail)} >&2\nexit 1\n")
+        script.chmod(0o755)
+        return script
+    body = (f"import sys, time\nopen({str(tmp_path / 'argv')!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
+    body += (f"sys.stdout.write(open({str(out)!r}).read()); sys.stdout.flush()\n"
+             "time.sleep(60)\n")
     script.write_text(f"#!{sys.executable}\n{body}")
     script.chmod(0o755)
     return script
