@@ -89,6 +89,11 @@ def build(result: DrillResult) -> dict[str, Any]:
     def audit_at(verb: str) -> float | None:
         return next((_ts(e.at) for e in calls if e.verb == verb and e.ok), None)
 
+    def call_started(verb: str) -> float | None:
+        entry = next((e for e in calls if e.verb == verb and e.ok), None)
+        at = _ts(entry.at) if entry is not None else None
+        return None if at is None or entry is None else at - (entry.duration_ms or 0.0) / 1000
+
     cause = (Evidence.objects.filter(incident=incident, role="cause")
              .select_related("signal").order_by("signal__observed_at").first())
     signal = cause.signal if cause is not None else None
@@ -100,8 +105,10 @@ def build(result: DrillResult) -> dict[str, Any]:
 
     sigterm = audit_at("slurm.cancel")
     requeued = audit_at("slurm.requeue")
-    # The spare is in service once its acceptance checks passed and their reservation is gone.
-    checks_from, resumed_spare = audit_at("slurm.reserve"), audit_at("slurm.unreserve")
+    # The spare is in service once its acceptance checks passed and their reservation is gone:
+    # from the start of that call (its audit entry is written after it returns, and the job
+    # waiting for the spare starts within a second of the deletion).
+    checks_from, resumed_spare = audit_at("slurm.reserve"), call_started("slurm.unreserve")
     old_gone = seen(f"slurm.{FAILED}", lambda v: v in ("DRAINED", "DOWN+DRAIN"),
                     after=sigterm or 0.0)
     # Slurm's own StartTime of the new run (whole seconds); else when the poller saw it.

@@ -125,7 +125,11 @@ def _common(result: DrillResult) -> tuple[Incident, Remediation]:
     # Every timing is there and in order of the story.
     t = {e["event"]: e["t"] for e in r["timeline"]}
     assert 0 < t["incident opened"] < t["node drained in Slurm"] < t["job requeued"] \
-        < t["spare resumed in Slurm"] < t["job running again"] < t["first step after the resume"]
+        < t["spare's acceptance checks started"] < t["spare resumed in Slurm"]
+    # The waiting job starts on the spare within a second of its reservation's deletion, and
+    # Slurm's StartTime has whole seconds.
+    assert t["spare resumed in Slurm"] < t["job running again"] + 1.0
+    assert t["job running again"] < t["first step after the resume"]
     assert r["timings"]["fleetwatch_share_s"] is not None
     assert 0 < r["timings"]["fleetwatch_share_s"] < r["timings"]["downtime_s"]
     return incident, rem
