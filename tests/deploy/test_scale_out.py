@@ -29,7 +29,7 @@ from tests.deploy.test_server_image import (
 
 # The playbook's outside actions for an XID 79 on gpu-003 (verb, target), as the
 # process-level chaos test counts them.
-from tests.integration.test_chaos import ACTIONS, BAD_NODE, SPARE
+from tests.integration.test_chaos import ACTIONS, BAD_NODE, SPARE, gate_actions
 
 # The image's fixtures come from conftest.py: this module gets a database and a /data of its
 # own.
@@ -113,7 +113,9 @@ def test_scaled_out_containers_heal_an_xid_79_and_a_killed_worker_repeats_no_act
                                   "WHERE call <> ''")
     changed = Counter((verb, target) for verb, target, ok, data in entries
                       if ok and json.loads(data).get("changed"))
-    assert set(changed) == ACTIONS, changed
+    # The spare's return-to-service gate (one remediation: id 1) is among them.
+    [(remediation_id,)] = query(database_url, "SELECT id FROM incidents_remediation")
+    assert set(changed) == ACTIONS | gate_actions(remediation_id), changed
     assert all(count == 1 for count in changed.values()), changed
     state = json.loads((f.data / "sim-fleet.json").read_text())
     assert state["jobs"]["3001"]["state"] == "RUNNING"

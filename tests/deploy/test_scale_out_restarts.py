@@ -48,7 +48,7 @@ from tests.deploy.test_server_image import (
     wait_for_health,
     wait_for_log,
 )
-from tests.integration.test_chaos import ACTIONS, BAD_NODE, SPARE
+from tests.integration.test_chaos import ACTIONS, BAD_NODE, SPARE, gate_actions
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1200)]
 
@@ -293,7 +293,9 @@ def test_redis_and_postgres_restarting_under_the_containers_lose_and_repeat_no_s
                                   "WHERE call <> ''")
     changed = Counter((verb, target) for verb, target, ok, data in entries
                       if ok and json.loads(data).get("changed"))
-    assert set(changed) == ACTIONS, changed
+    # The spare's return-to-service gate (one remediation: id 1) is among them.
+    [(remediation_id,)] = query(database_url, "SELECT id FROM incidents_remediation")
+    assert set(changed) == ACTIONS | gate_actions(remediation_id), changed
     assert all(count == 1 for count in changed.values()), changed
     state = json.loads((f.data / "sim-fleet.json").read_text())
     assert state["jobs"]["3001"]["state"] == "RUNNING"

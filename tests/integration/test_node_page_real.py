@@ -97,8 +97,12 @@ def test_node_page_reads_prometheus_and_the_pods_of_its_kubernetes_name(
     assert re.findall(r'data-testid="readings-row-(\d+)"', readings) == [str(g) for g in range(8)]
     gpu = _row(readings, "readings-row-3")
     assert re.search(r"\d{3} W <span class=\"muted\">of 700 W</span>", gpu)
-    assert 'readings-pcie-3">Gen5 x16 <span class="muted">of Gen5 x16</span></td>' in gpu
-    assert "1,980 MHz · 2,619 MHz" in gpu
+    # Gen5 x16 under load (an idle GPU's link steps down to Gen1, said as power saving).
+    assert re.search(r'readings-pcie-3">Gen[15] x16 <span class="muted">of Gen5 x16</span>',
+                     gpu), gpu
+    assert "below its maximum" not in gpu
+    # Boost SM clocks (a little under 1,980 MHz between scrapes), or idle ones; memory 2,619.
+    assert re.search(r"[\d,]+ MHz · 2,619 MHz", gpu), gpu
     assert 'data-testid="readings-missing"' not in readings
 
     pods = _section(page, "node-pods")
