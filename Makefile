@@ -31,12 +31,13 @@ MYPY := FLEETWATCH_FLEET=sim $(BIN)/mypy
 # (tests/harness/slurm_build.py; FLEETWATCH_SLURM_TARBALL, FLEETWATCH_SLURM_CACHE): ~5 minutes
 # the first time, nothing after.
 # The suite runs on TEST_WORKERS pytest-xdist workers: most of its time is spent waiting on
-# Slurm daemons, Celery workers, podman and the browser, so 4 pay off on 2 cores. Each worker
+# Slurm daemons, Celery workers, podman and the browser, so several pay off on 2 cores (2 by
+# default: at 4, waits tuned for a quiet machine timed out in runs beside other load). Each worker
 # gets its own test database, Redis database (the broker's number plus its index: 9-12 for the
 # default db 9) and data folder (tests/harness/parallel.py). Tests sharing a module-scoped
 # fixture stay on one worker (--dist loadgroup). One process: TEST_WORKERS=0, or -n 0 or
 # -p no:xdist in PYTEST_ARGS (--pdb too).
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 2
 XDIST_ARGS = $(if $(or $(findstring no:xdist,$(PYTEST_ARGS)),$(findstring --pdb,$(PYTEST_ARGS))),,\
   -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 test: install
