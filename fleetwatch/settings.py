@@ -421,6 +421,15 @@ for _item in env_list("FLEETWATCH_GATE_ENV", []):
     if not _sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", _key.strip()):
         raise ImproperlyConfigured(f"FLEETWATCH_GATE_ENV: {_item!r} is not KEY=VALUE")
     FLEETWATCH_GATE_ENV[_key.strip()] = _value.strip()
+# Pools Kubernetes schedules (no Slurm): the gate holds such a node with a cordon and a
+# fleetwatch.io/gate taint and runs its checks as batch/v1 Jobs in FLEETWATCH_GATE_NAMESPACE,
+# in the image FLEETWATCH_GATE_IMAGE (which must hold the check programs at
+# FLEETWATCH_GATE_CHECK_DIR: FleetWatch's own image does, at /opt/fleetwatch/checks); passed,
+# the node is uncordoned. The playbooks' Slurm steps pass over such a node when Slurm does
+# not know it.
+FLEETWATCH_KUBERNETES_POOLS = frozenset(env_list("FLEETWATCH_KUBERNETES_POOLS", []))
+FLEETWATCH_GATE_NAMESPACE = env_str("FLEETWATCH_GATE_NAMESPACE", "fleetwatch")
+FLEETWATCH_GATE_IMAGE = env_str("FLEETWATCH_GATE_IMAGE", "")
 
 # --- Lending nodes between Slurm training and Kubernetes inference (README, "Lending") -----
 # What the demand policy does with its decisions: auto lends and returns, approve asks a

@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from collectors import queueing
 from collectors.clients import get_clients
-from collectors.clients.base import ActionResult, ClientError
+from collectors.clients.base import K8S_CORDONED_BY, ActionResult, ClientError
 from collectors.knowledge.acceptance import Repair, selection_for
 from collectors.knowledge.causes import Risk
 from collectors.models import Cluster, Node
@@ -39,7 +39,7 @@ from collectors.roles import SYSTEM
 from incidents.audit import audit_lock, audit_record
 from incidents.models import GateRun, Remediation, Step
 from incidents.remediation import gate
-from incidents.remediation.gate_plan import gate_plan
+from incidents.remediation.gate_plan import gate_plan, gate_poll
 from incidents.remediation.policy import step_mode
 from incidents.retry import retry_transient
 from incidents.status import InvalidTransition
@@ -237,11 +237,17 @@ def gate_advance(gate_id: int) -> str:
     try:
         plan = gate_plan(run.node, run.repair, run.key, node_pool(run.cluster_id, run.node),
                          clients)
-        progress = gate.gate_poll(clients.slurm, plan, state, call, time.time())
+        progress = gate_poll(clients, plan, state, call, time.time())
         if progress.status == gate.UNCHECKED and not state.get("resumed_unchecked"):
-            # No check configured for it: the gate is how it goes back, so it resumes it, and
-            # the verdict says it went back unchecked.
-            call("slurm.resume", f"{run.node} (unchecked)", clients.slurm.resume, run.node)
+            # No check configured for it: the gate is how it goes back, so it resumes it (in
+            # Kubernetes: lifts FleetWatch's cordon), and the verdict says it went unchecked.
+            if plan.scheduler == gate.KUBERNETES:
+                node = clients.kubernetes.node(run.node)
+                if node.unschedulable and node.annotations.get(K8S_CORDONED_BY) == "fleetwatch":
+                    call("k8s.uncordon", f"{run.node} (unchecked)", clients.kubernetes.uncordon,
+                         run.node)
+            else:
+                call("slurm.resume", f"{run.node} (unchecked)", clients.slurm.resume, run.node)
             state["resumed_unchecked"] = True
     except ClientError as exc:  # refused before the gate could hold the node (a bad plan)
         progress = gate.Progress(gate.CANNOT_RUN, str(exc))

@@ -81,8 +81,28 @@ class CheckJobSpec:
 
 
 @dataclass(frozen=True)
+class PodCheckSpec:
+    """A Kubernetes Job FleetWatch creates to check a node of a pool Kubernetes schedules (the
+    return-to-service gate's Kubernetes path): one pod running ``script`` (``/bin/sh -c``) in
+    ``image`` on ``node`` alone, asking for ``gpus`` GPUs (``nvidia.com/gpu``: every GPU the
+    node offers), no retry, ``minutes`` as its deadline. ``labels`` mark it as FleetWatch's
+    (``fleetwatch.io/gate``: the gate's key), so the gate finds it again after a crash."""
+
+    name: str  # the Job's name: a DNS-1123 label of at most 63 characters
+    namespace: str
+    node: str
+    image: str
+    script: str
+    minutes: int
+    gpus: int | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class CheckJob:
-    """What Slurm says of a check job, and its output where FleetWatch can read it."""
+    """What the scheduler says of a check job (a Slurm batch job or a Kubernetes Job, in
+    Slurm's words: PENDING, RUNNING, COMPLETED, FAILED, TIMEOUT, CANCELLED), and its output
+    where FleetWatch can read it."""
 
     job_id: str
     name: str
@@ -149,6 +169,7 @@ class K8sNode:
     conditions: dict[str, tuple[str, str, str]] = field(default_factory=dict)
     # spec.taints as (key, value, effect): what keeps pods off the node besides the cordon.
     taints: tuple[Taint, ...] = ()
+    gpus: int | None = None  # status.allocatable nvidia.com/gpu; None: none advertised
 
 
 @dataclass(frozen=True)
@@ -378,6 +399,23 @@ class KubernetesClient(Protocol):
         None from a source that runs no Slurm in pods (the simulation)."""
         ...
 
+    def submit_check(self, spec: PodCheckSpec) -> ActionResult:
+        """Create the check Job (``data["job_id"]``: its name); a Job of that name that exists
+        already is that one (a retried step creates nothing twice)."""
+        ...
+
+    def check_job(self, namespace: str, name: str) -> CheckJob | None:
+        """The check Job's state in Slurm's words (PENDING until its pod runs, with the
+        scheduler's or the kubelet's reason; RUNNING; COMPLETED; FAILED; TIMEOUT past its
+        deadline), its pod's exit code and, once ended, its pod's log; None once the Job is
+        gone."""
+        ...
+
+    def cancel_check(self, namespace: str, name: str) -> ActionResult:
+        """Delete the check Job and its pod (a gate that gave up on it); unchanged when it is
+        gone already. A Job without FleetWatch's ``fleetwatch.io/gate`` label is refused."""
+        ...
+
 
 class TelemetryClient(Protocol):
     @property
@@ -549,3 +587,6 @@ K8S_CORDON_REASON = "fleetwatch.io/cordon-reason"
 # node with kubectl sees who made it schedulable, and FleetWatch knows the labels are its own.
 K8S_LENT = "fleetwatch.io/lent"
 NO_AUTO_REPLACE_LABEL = "fleetwatch.io/no-auto-replace"
+# The return-to-service gate on a node of a pool Kubernetes schedules: a NoSchedule taint whose
+# value is the gate's key (only the check Job tolerates it), and the label on its Jobs.
+K8S_GATE = "fleetwatch.io/gate"

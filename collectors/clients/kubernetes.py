@@ -38,12 +38,15 @@ from kubernetes.config.config_exception import ConfigException
 from collectors.clients.base import (
     K8S_CORDON_REASON,
     K8S_CORDONED_BY,
+    K8S_GATE,
     ActionResult,
+    CheckJob,
     ClientError,
     EvictionBlocked,
     K8sEvent,
     K8sNode,
     K8sPod,
+    PodCheckSpec,
     Taint,
     relabel_call,
     relabelled,
@@ -53,6 +56,11 @@ from collectors.knowledge.slurm import SLINKY_POD_HOSTNAME_LABEL, SLINKY_POD_NAM
 Obj = dict[str, Any]
 
 CORDONED_BY_VALUE = "fleetwatch"
+GPU_RESOURCE = "nvidia.com/gpu"
+CHECK_CONTAINER = "check"
+# A finished check Job stays this long for a person to read (kubectl logs job/NAME), then
+# Kubernetes' TTL controller removes it: the gate has its output by then.
+CHECK_JOB_TTL_SECONDS = 7 * 24 * 3600
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 405, 406, 415, 422})
 PAGE_SIZE = 500
@@ -123,8 +131,19 @@ def node_from(obj: Obj) -> K8sNode:
                    for t in spec.get("taints") or [] if isinstance(t, dict))
     return K8sNode(name=name, ready=ready, conditions=others, taints=taints,
                    unschedulable=bool(spec.get("unschedulable")),
+                   gpus=_gpus((obj.get("status") or {}).get("allocatable")),
                    annotations=_str_map(meta.get("annotations"), "metadata.annotations"),
                    labels=_str_map(meta.get("labels"), "metadata.labels"), ready_reason=reason)
+
+
+def _gpus(allocatable: Any) -> int | None:
+    """The node's allocatable ``nvidia.com/gpu`` (the device plugin's count); None when it
+    advertises none or the quantity is not a whole number."""
+    value = (allocatable or {}).get(GPU_RESOURCE) if isinstance(allocatable, dict) else None
+    try:
+        return int(str(value)) if value is not None else None
+    except ValueError:
+        return None
 
 
 def pod_from(obj: Obj) -> K8sPod:
@@ -181,6 +200,89 @@ def _rv_int(value: Any) -> int | None:
         return None
 
 
+# --- the return-to-service gate's check Jobs ---------------------------------------------------
+
+
+def check_job_manifest(spec: PodCheckSpec) -> Obj:
+    """The batch/v1 Job of one acceptance check: one pod, never retried (a check that fails is
+    the verdict, not a flake to retry), pinned to the node by a required node affinity on its
+    name (what the DaemonSet controller uses: the scheduler still checks the node's resources,
+    unlike ``nodeName``), asking for every GPU so nothing shares the node with it.
+
+    It tolerates every NoSchedule taint: the node is cordoned and carries the gate's own taint
+    (the check is the one pod meant to run there), and GPU nodes often carry a taint of their
+    own. NoExecute taints are not tolerated: a node going NotReady or unreachable evicts the
+    check, which then fails rather than hanging."""
+    labels = {"app.kubernetes.io/managed-by": "fleetwatch",
+              "app.kubernetes.io/component": "acceptance-check", **dict(spec.labels)}
+    container: Obj = {"name": CHECK_CONTAINER, "image": spec.image,
+                      "command": ["/bin/sh", "-c", spec.script],
+                      "imagePullPolicy": "IfNotPresent"}
+    if spec.gpus:
+        container["resources"] = {"limits": {GPU_RESOURCE: str(spec.gpus)}}
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": max(1, spec.minutes) * 60,
+            "ttlSecondsAfterFinished": CHECK_JOB_TTL_SECONDS,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                                                  {"nodeSelectorTerms": [{"matchFields": [
+                                                      {"key": "metadata.name", "operator": "In",
+                                                       "values": [spec.node]}]}]}}},
+                    "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [container],
+                }}}}
+
+
+def check_job_state(job: Obj, pod: Obj | None) -> tuple[str, int | None, str]:
+    """(state in Slurm's words, the check container's exit code, why it waits or ended) of a
+    check Job and its newest pod."""
+    status = job.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []
+                  if isinstance(c, dict) and c.get("status") == "True"}
+    container = _check_container(pod)
+    terminated = (container.get("state") or {}).get("terminated") or {}
+    code = terminated.get("exitCode")
+    exit_code = int(code) if isinstance(code, int) else None
+    if "Complete" in conditions:
+        return "COMPLETED", exit_code if exit_code is not None else 0, ""
+    failed = conditions.get("Failed") or conditions.get("FailureTarget")
+    if failed is not None:
+        reason = str(failed.get("reason") or "")
+        why = f"{reason}: {failed.get('message') or ''}".strip(": ")
+        return ("TIMEOUT" if reason == "DeadlineExceeded" else "FAILED"), exit_code, why
+    if pod is None:
+        return "PENDING", None, "no pod yet"
+    pod_status = pod.get("status") or {}
+    if pod_status.get("phase") in ("Succeeded", "Failed"):
+        # The pod ended; the Job's condition follows on the controller's next pass.
+        return ("COMPLETED" if pod_status["phase"] == "Succeeded" else "FAILED"), exit_code, ""
+    if pod_status.get("phase") == "Running":
+        return "RUNNING", None, ""
+    unscheduled = next((c for c in pod_status.get("conditions") or []
+                        if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
+    if unscheduled is not None:
+        return "PENDING", None, (f"{unscheduled.get('reason') or 'Unschedulable'}: "
+                                 f"{unscheduled.get('message') or ''}").strip(": ")
+    waiting = (container.get("state") or {}).get("waiting") or {}
+    if waiting:
+        return "PENDING", None, (f"{waiting.get('reason') or 'Waiting'}: "
+                                 f"{waiting.get('message') or ''}").strip(": ")
+    return "PENDING", None, str(pod_status.get("phase") or "Pending")
+
+
+def _check_container(pod: Obj | None) -> Obj:
+    statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or []
+    return next((c for c in statuses if c.get("name") == CHECK_CONTAINER),
+                statuses[0] if statuses else {})
+
+
 class KubernetesApi:
     """``KubernetesClient`` over the Kubernetes API, with the change feeds the collector
     watches (``node_changes``, ``event_changes``)."""
@@ -233,6 +335,10 @@ class KubernetesApi:
     @cached_property
     def events_v1(self) -> client.EventsV1Api:
         return client.EventsV1Api(self.api_client)
+
+    @cached_property
+    def batch(self) -> client.BatchV1Api:
+        return client.BatchV1Api(self.api_client)
 
     def close(self) -> None:
         if "api_client" in self.__dict__:  # built, so there is a pool to close
@@ -676,3 +782,85 @@ class KubernetesApi:
                         status=429, permanent=False) from e
                 time.sleep(min(delay, left))
                 delay = min(delay * 2, most)
+
+    # --- the return-to-service gate's check Jobs ---
+
+    def submit_check(self, spec: PodCheckSpec) -> ActionResult:
+        call = (f"kubectl create -n {spec.namespace} -f - <<< '<Job {spec.name}: "
+                f"{spec.image} on {spec.node}, {spec.gpus or 0} GPU(s), "
+                f"{spec.minutes} min deadline>'")
+        what = f"create job {spec.namespace}/{spec.name}"
+        try:
+            self._call(what, self.batch.create_namespaced_job, spec.namespace,
+                       check_job_manifest(spec), _preload_content=False)
+        except KubernetesApiError as e:
+            if e.status == 409:  # created before (a retried poll): that Job is this check
+                return ActionResult(call, False, f"check Job {spec.namespace}/{spec.name} "
+                                    "exists already", {"job_id": spec.name})
+            raise
+        return ActionResult(call, True, f"check Job {spec.namespace}/{spec.name} created on "
+                            f"{spec.node}", {"job_id": spec.name,
+                                             "request": f"POST /apis/batch/v1/namespaces/"
+                                                        f"{spec.namespace}/jobs"})
+
+    def check_job(self, namespace: str, name: str) -> CheckJob | None:
+        what = f"get job {namespace}/{name}"
+        try:
+            job = self._json(what, self._call(what, self.batch.read_namespaced_job, name,
+                                              namespace, _preload_content=False))
+        except KubernetesApiError as e:
+            if e.status == 404:
+                return None
+            raise
+        # The Job's own selector (its controller-uid), so a same-named Job's leftover pods
+        # are not read as this one's; job-name where a Job has none to show.
+        match = ((job.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        selector = ",".join(f"{k}={v}" for k, v in sorted(match.items())) or f"job-name={name}"
+        pods, _ = self._list(f"list pods of job {namespace}/{name}",
+                             self.core.list_namespaced_pod, namespace=namespace,
+                             label_selector=selector)
+        pods = [p for p in pods if isinstance(p, dict)]
+        pod = max(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp")
+                                          or ""), default=None)
+        state, exit_code, why = check_job_state(job, pod)
+        node = str(((pod or {}).get("spec") or {}).get("nodeName") or "")
+        output: str | None = None
+        if state not in ("PENDING", "RUNNING") and pod is not None:
+            output = self._pod_log(namespace, str(pod["metadata"]["name"]))
+        return CheckJob(name, name, state, exit_code, why, (node,) if node else (), output)
+
+    def _pod_log(self, namespace: str, pod: str) -> str | None:
+        """The check pod's log (its last 64 KiB), None where the API cannot give it (the
+        pod is gone, its node does not answer)."""
+        what = f"log of pod {namespace}/{pod}"
+        try:
+            response = self._call(what, self.core.read_namespaced_pod_log, pod, namespace,
+                                  container=CHECK_CONTAINER, limit_bytes=65536,
+                                  _preload_content=False)
+        except KubernetesApiError:
+            return None
+        data = response.data
+        return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+
+    def cancel_check(self, namespace: str, name: str) -> ActionResult:
+        call = f"kubectl delete job -n {namespace} {name} --cascade=background"
+        what = f"delete job {namespace}/{name}"
+        try:
+            job = self._json(what, self._call(what, self.batch.read_namespaced_job, name,
+                                              namespace, _preload_content=False))
+        except KubernetesApiError as e:
+            if e.status == 404:
+                return ActionResult(call, False, f"check Job {namespace}/{name} is gone already")
+            raise
+        if K8S_GATE not in ((job.get("metadata") or {}).get("labels") or {}):
+            raise KubernetesApiError(f"Job {namespace}/{name} has no {K8S_GATE} label: not "
+                                     "FleetWatch's; not deleting it", permanent=True)
+        try:
+            # Background: the pod goes with the Job (batch/v1 would orphan it by default).
+            self._call(what, self.batch.delete_namespaced_job, name, namespace,
+                       propagation_policy="Background", _preload_content=False)
+        except KubernetesApiError as e:
+            if e.status == 404:
+                return ActionResult(call, False, f"check Job {namespace}/{name} is gone already")
+            raise
+        return ActionResult(call, True, f"check Job {namespace}/{name} deleted with its pod")

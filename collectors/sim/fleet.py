@@ -44,6 +44,7 @@ from collectors.clients.base import (
     K8S_ANNOTATION_PREFIX,
     K8S_CORDON_REASON,
     K8S_CORDONED_BY,
+    K8S_GATE,
     SLURM_NAME_PREFIX,
     SLURM_REASON_PREFIX,
     ActionResult,
@@ -58,6 +59,7 @@ from collectors.clients.base import (
     K8sPod,
     NicPort,
     NodeChanges,
+    PodCheckSpec,
     ProviderStatus,
     Replacement,
     SlurmJob,
@@ -282,6 +284,7 @@ def advance(state: State, now: float, speed: float) -> None:
 
     _advance_reboots(state, now, speed)
     _advance_checks(state, now, speed)
+    _advance_pod_checks(state, now, speed)
     _schedule(state, now)
 
 
@@ -395,6 +398,30 @@ def _advance_checks(state: State, now: float, speed: float) -> None:
                 job["state_reason"] = f"ReqNodeNotAvail, UnavailableNodes:{job['node']}"
         if job["state"] == "RUNNING" and job["ends_at"] is not None and job["ends_at"] <= now:
             _check_verdict(job, node)
+
+
+def _advance_pod_checks(state: State, now: float, speed: float) -> None:
+    """The Kubernetes check Jobs (SimKubernetes.submit_check): a pod starts once its node is
+    Ready and no pod but DaemonSets' is on it, and tolerates every NoSchedule taint (a cordon
+    included); it ends CHECK_SECONDS later with the verdict the Slurm check jobs give."""
+    for job in state.get("pod_checks", {}).values():
+        node = state["nodes"].get(job["node"])
+        if job["state"] == "PENDING":
+            if node is None or not node["in_service"]:
+                job["state_reason"] = (f"Unschedulable: 0/{len(state['nodes'])} nodes are "
+                                       f"available: node {job['node']} not found")
+            elif not node["ready"]:
+                job["state_reason"] = ("Unschedulable: 1 node(s) had untolerated taint "
+                                       "{node.kubernetes.io/not-ready: }")
+            elif any(p["node"] == job["node"] and p["owner_kind"] != "DaemonSet"
+                     for p in state["pods"]):
+                job["state_reason"] = "Unschedulable: 1 Insufficient nvidia.com/gpu"
+            else:
+                job.update(state="RUNNING", started_at=now, ends_at=now + CHECK_SECONDS / speed,
+                           state_reason="")
+        if job["state"] == "RUNNING" and job["ends_at"] is not None and job["ends_at"] <= now:
+            _check_verdict(job, node)
+            job["state_reason"] = "" if job["exit_code"] == 0 else "BackoffLimitExceeded"
 
 
 def _check_verdict(job: State, node: State | None) -> None:
@@ -1078,7 +1105,7 @@ class SimKubernetes(_SimClient):
         with self._state() as state:
             return [
                 K8sNode(name, node["ready"], node["unschedulable"], dict(node["annotations"]),
-                        _node_labels(node), taints=_node_taints(node))
+                        _node_labels(node), taints=_node_taints(node), gpus=len(node["gpus"]))
                 for name, node in sorted(state["nodes"].items())
                 if node["in_service"]
             ]
@@ -1149,6 +1176,46 @@ class SimKubernetes(_SimClient):
             target["taints"] = [list(t) for t in new_taints]
             target["annotations"] = new_annotations
             return ActionResult(call, True, f"{node} labelled and tainted")
+
+    def submit_check(self, spec: PodCheckSpec) -> ActionResult:
+        call = f"kubectl create -n {spec.namespace} job {spec.name}  # on {spec.node}"
+        now = self.fleet.clock.now()
+        with self._state() as state:
+            checks = state.setdefault("pod_checks", {})
+            key = f"{spec.namespace}/{spec.name}"
+            if key in checks:
+                return ActionResult(call, False, f"check Job {key} exists already",
+                                    {"job_id": spec.name})
+            checks[key] = {"id": spec.name, "name": spec.name, "node": spec.node,
+                           "labels": dict(spec.labels), "minutes": spec.minutes,
+                           "state": "PENDING", "submitted_at": now, "started_at": None,
+                           "ends_at": None, "exit_code": None, "state_reason": "no pod yet",
+                           "output": ""}
+            _advance_pod_checks(state, now, self.fleet.speed)
+            return ActionResult(call, True, f"check Job {key} created on {spec.node}",
+                                {"job_id": spec.name})
+
+    def check_job(self, namespace: str, name: str) -> CheckJob | None:
+        with self._state() as state:
+            _advance_pod_checks(state, self.fleet.clock.now(), self.fleet.speed)
+            job = state.get("pod_checks", {}).get(f"{namespace}/{name}")
+            if job is None:
+                return None
+            ended = job["state"] not in ("PENDING", "RUNNING")
+            return CheckJob(job["id"], job["name"], job["state"], job["exit_code"],
+                            job["state_reason"], (job["node"],) if job["started_at"] else (),
+                            job["output"] if ended else None)
+
+    def cancel_check(self, namespace: str, name: str) -> ActionResult:
+        call = f"kubectl delete job -n {namespace} {name} --cascade=background"
+        with self._state() as state:
+            job = state.get("pod_checks", {}).get(f"{namespace}/{name}")
+            if job is None:
+                return ActionResult(call, False, f"check Job {namespace}/{name} is gone already")
+            if K8S_GATE not in job["labels"]:
+                raise ClientError(f"Job {namespace}/{name} is not FleetWatch's", permanent=True)
+            del state["pod_checks"][f"{namespace}/{name}"]
+            return ActionResult(call, True, f"check Job {namespace}/{name} deleted with its pod")
 
     def evict(self, namespace: str, pod: str) -> ActionResult:
         call = f"POST /api/v1/namespaces/{namespace}/pods/{pod}/eviction"

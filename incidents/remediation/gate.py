@@ -41,7 +41,7 @@ import json
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from collectors.clients.base import (
     SLURM_REASON_PREFIX,
@@ -59,13 +59,14 @@ from collectors.knowledge.acceptance import (
     threshold_env,
 )
 
+SLURM, KUBERNETES = "slurm", "kubernetes"
 PASSED, FAILED, CANNOT_RUN, RUNNING, UNCHECKED = (
     "passed", "failed", "cannot_run", "running", "unchecked")
 VERDICTS = (PASSED, FAILED, CANNOT_RUN, UNCHECKED)
 
 # Job states that mean it is still to run or running (the rest have ended).
-_QUEUED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
-_ACTIVE = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "SIGNALING", "STOPPED",
+QUEUED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
+ACTIVE = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "SIGNALING", "STOPPED",
                      "STAGE_OUT", "RESIZING"})
 # How much of a check's output the gate keeps (the audit trail, the node's page).
 OUTPUT_KEPT = 4000
@@ -99,6 +100,11 @@ class GatePlan:
     gpu_model: str = ""
     thresholds: Mapping[str, float] = field(default_factory=dict)
     environment: Mapping[str, str] = field(default_factory=dict)  # FLEETWATCH_GATE_ENV
+    # Where the checks run: SLURM, or KUBERNETES for a pool Kubernetes schedules
+    # (FLEETWATCH_KUBERNETES_POOLS): then as Jobs of ``image`` in ``namespace``.
+    scheduler: str = "slurm"
+    namespace: str = ""
+    image: str = ""
 
     @property
     def reservation(self) -> str:
@@ -179,7 +185,7 @@ def check_verdict(job: CheckJob) -> str:
     return FAILED
 
 
-class _Wait(Exception):
+class Wait(Exception):
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
         self.detail = detail
@@ -191,9 +197,32 @@ def held_words(state: Mapping[str, Any], node: str) -> str:
     return f"{node} stays drained"
 
 
+class Runner(Protocol):
+    """Where the checks run: Slurm (a reservation, batch jobs) or Kubernetes (a cordon and a
+    taint, Jobs; incidents/remediation/gate_k8s.py). Each method is one idempotent part of a
+    poll; ``Wait`` means "not yet", a ClientError that Slurm or the API server is down
+    (transient) or that the gate cannot run (permanent)."""
+
+    scheduler: str  # "Slurm", "Kubernetes": in what the gate says
+
+    def hold(self, plan: GatePlan, state: dict[str, Any], now: float) -> None: ...
+    def submit(self, plan: GatePlan, check: PlannedCheck, state: dict[str, Any]) -> str: ...
+    def read(self, plan: GatePlan, check: PlannedCheck, job_id: str) -> CheckJob | None: ...
+    def forgotten(self, job_id: str) -> str: ...
+    def output_at(self, plan: GatePlan, check: PlannedCheck, job_id: str) -> str: ...
+    def finish(self, plan: GatePlan, state: dict[str, Any]) -> None: ...
+    def held(self, state: Mapping[str, Any], node: str) -> str: ...
+
+
 def gate_poll(slurm: SlurmClient, plan: GatePlan, state: dict[str, Any], call: Call,
               now: float) -> Progress:
-    """Advance the gate as far as it goes now; ``state`` is updated in place (save it)."""
+    """Advance the gate on Slurm as far as it goes now; ``state`` is updated in place (save
+    it)."""
+    return poll(SlurmRunner(slurm, call), plan, state, now)
+
+
+def poll(runner: Runner, plan: GatePlan, state: dict[str, Any], now: float) -> Progress:
+    """Advance the gate as far as it goes now, wherever ``runner`` runs its checks."""
     if state.get("done"):
         return Progress(state["verdict"], state["why"])
     state.setdefault("started_at", now)
@@ -207,12 +236,12 @@ def gate_poll(slurm: SlurmClient, plan: GatePlan, state: dict[str, Any], call: C
     try:
         if not state.get("verdict"):
             try:
-                _hold(slurm, plan, state, call, now)
-                _check(slurm, plan, state, call, now)
-            except _Wait as wait:
+                runner.hold(plan, state, now)
+                _check(runner, plan, state, now)
+            except Wait as wait:
                 state.pop("unreachable_since", None)
                 return Progress(RUNNING, wait.detail)
-        _finish(slurm, plan, state, call)
+        runner.finish(plan, state)
         state.pop("unreachable_since", None)
         state["done"] = True
         return Progress(state["verdict"], state["why"])
@@ -221,25 +250,27 @@ def gate_poll(slurm: SlurmClient, plan: GatePlan, state: dict[str, Any], call: C
             since = state.setdefault("unreachable_since", now)
             waited = now - since
             if waited < plan.start_seconds:
-                return Progress(RUNNING, f"Slurm did not answer ({exc}); {held_words(state, plan.node)}"
-                                f"; trying again ({waited:.0f}s of {plan.start_seconds:.0f}s)")
+                return Progress(RUNNING, f"{runner.scheduler} did not answer ({exc}); "
+                                f"{runner.held(state, plan.node)}; trying again "
+                                f"({waited:.0f}s of {plan.start_seconds:.0f}s)")
             if not state.get("verdict"):
-                _conclude(state, CANNOT_RUN, f"Slurm did not answer for {waited:.0f}s ({exc})")
-            # Even checks that passed leave the node held until their reservation is gone.
+                _conclude(state, CANNOT_RUN, f"{runner.scheduler} did not answer for "
+                          f"{waited:.0f}s ({exc})")
+            # Even checks that passed leave the node held until their hold is lifted.
             return Progress(CANNOT_RUN, f"{state['why']}; not cleaned up yet: "
-                            f"{held_words(state, plan.node)}")
+                            f"{runner.held(state, plan.node)}")
         if not state.get("verdict"):
             _conclude(state, CANNOT_RUN, str(exc))
             try:
-                _finish(slurm, plan, state, call)
+                runner.finish(plan, state)
             except ClientError as again:
                 return Progress(CANNOT_RUN, f"{state['why']}; clean-up failed ({again}): "
-                                f"{held_words(state, plan.node)}")
+                                f"{runner.held(state, plan.node)}")
             state["done"] = True
             return Progress(state["verdict"], state["why"])
         # Refused while cleaning up: whatever the checks said, the node is not in service.
         return Progress(CANNOT_RUN, f"{state['why']}; clean-up refused ({exc}): "
-                        f"{held_words(state, plan.node)}")
+                        f"{runner.held(state, plan.node)}")
 
 
 def _conclude(state: dict[str, Any], verdict: str, why: str) -> None:
@@ -250,12 +281,52 @@ def _node(slurm: SlurmClient, name: str) -> SlurmNode | None:
     return next((n for n in slurm.nodes() if n.name == name), None)
 
 
-def _give_up_after(plan: GatePlan, state: dict[str, Any], now: float, what: str) -> None:
+def give_up_after(plan: GatePlan, state: dict[str, Any], now: float, what: str) -> None:
     waited = now - float(state["started_at"])
     if waited >= plan.start_seconds:
         raise ClientError(f"{what} for {waited:.0f}s (FLEETWATCH_GATE_START_MINUTES)",
                           permanent=True)
-    raise _Wait(f"{what} ({waited:.0f}s of {plan.start_seconds:.0f}s)")
+    raise Wait(f"{what} ({waited:.0f}s of {plan.start_seconds:.0f}s)")
+
+
+class SlurmRunner:
+    """The checks as Slurm batch jobs in a reservation holding the node alone."""
+
+    scheduler = "Slurm"
+
+    def __init__(self, slurm: SlurmClient, call: Call) -> None:
+        self.slurm, self.call = slurm, call
+
+    def hold(self, plan: GatePlan, state: dict[str, Any], now: float) -> None:
+        _hold(self.slurm, plan, state, self.call, now)
+
+    def submit(self, plan: GatePlan, check: PlannedCheck, state: dict[str, Any]) -> str:
+        name = plan.job_name(check.name)
+        spec = CheckJobSpec(name=name, node=plan.node, reservation=state["reservation"],
+                            script=check_script(check, plan, state.get("gpus")),
+                            minutes=check.minutes, output=plan.output(check.name),
+                            partition=state.get("partition", ""), gpus=state.get("gpus"))
+        result = self.call("slurm.submit_check", f"{plan.node} {name}", self.slurm.submit_check,
+                           spec)
+        job_id = str(result.data.get("job_id") or "")
+        if not job_id:  # made before a crash (skipped by call): found again by its name
+            job_id = next((j.job_id for j in self.slurm.jobs() if j.name == name), "")
+        return job_id
+
+    def read(self, plan: GatePlan, check: PlannedCheck, job_id: str) -> CheckJob | None:
+        return self.slurm.check_job(job_id, plan.output(check.name))
+
+    def forgotten(self, job_id: str) -> str:
+        return f"job {job_id} ended and slurmctld forgot it (MinJobAge) before its result was read"
+
+    def output_at(self, plan: GatePlan, check: PlannedCheck, job_id: str) -> str:
+        return plan.output(check.name).replace("%j", job_id)
+
+    def finish(self, plan: GatePlan, state: dict[str, Any]) -> None:
+        _finish(self.slurm, plan, state, self.call)
+
+    def held(self, state: Mapping[str, Any], node: str) -> str:
+        return held_words(state, node)
 
 
 def _hold(slurm: SlurmClient, plan: GatePlan, state: dict[str, Any], call: Call,
@@ -265,13 +336,13 @@ def _hold(slurm: SlurmClient, plan: GatePlan, state: dict[str, Any], call: Call,
         return
     node = _node(slurm, plan.node)
     if node is None:
-        _give_up_after(plan, state, now, f"waiting for {plan.node} to register with Slurm")
+        give_up_after(plan, state, now, f"waiting for {plan.node} to register with Slurm")
         return
     flags = set(node.flags)
     ours = node.reason.startswith(SLURM_REASON_PREFIX)
     if "NOT_RESPONDING" in flags or (node.state == "DOWN" and not ours) or \
             node.state in ("FUTURE", "UNKNOWN"):
-        _give_up_after(plan, state, now, f"waiting for {plan.node} to answer Slurm "
+        give_up_after(plan, state, now, f"waiting for {plan.node} to answer Slurm "
                        f"({'+'.join((node.state, *node.flags))})")
     if "DRAIN" in flags and not ours:
         raise ClientError(f"{plan.node} was drained by someone else ({node.reason!r}): theirs "
@@ -293,10 +364,10 @@ def _hold(slurm: SlurmClient, plan: GatePlan, state: dict[str, Any], call: Call,
                  f"{SLURM_REASON_PREFIX} acceptance checks before service (gate {plan.key})")
             state["drained_by_gate"] = True
         running = sorted(j.job_id for j in slurm.jobs()
-                         if plan.node in j.nodes and j.state in _ACTIVE
+                         if plan.node in j.nodes and j.state in ACTIVE
                          and not j.name.startswith(CHECK_JOB_PREFIX))
         if running:
-            raise _Wait(f"waiting for job(s) {', '.join(running)} on {plan.node} to end "
+            raise Wait(f"waiting for job(s) {', '.join(running)} on {plan.node} to end "
                         "before its acceptance checks")
         call("slurm.reserve", f"{plan.node} ({reservation})", slurm.reserve, reservation,
              plan.node)
@@ -309,9 +380,8 @@ def _hold(slurm: SlurmClient, plan: GatePlan, state: dict[str, Any], call: Call,
     state.setdefault("gpus", node.gpus)
 
 
-def _check(slurm: SlurmClient, plan: GatePlan, state: dict[str, Any], call: Call,
-           now: float) -> None:
-    """Step 2: each check as a job in the reservation, one after the other."""
+def _check(runner: Runner, plan: GatePlan, state: dict[str, Any], now: float) -> None:
+    """Step 2: each check as a job on the held node, one after the other."""
     jobs: dict[str, str] = state.setdefault("jobs", {})
     submitted: dict[str, float] = state.setdefault("submitted", {})
     results: list[dict[str, Any]] = state.setdefault("results", [])
@@ -319,27 +389,18 @@ def _check(slurm: SlurmClient, plan: GatePlan, state: dict[str, Any], call: Call
     for check in plan.checks:
         if check.name in done:
             continue
-        name = plan.job_name(check.name)
         if check.name not in jobs:
-            spec = CheckJobSpec(name=name, node=plan.node, reservation=state["reservation"],
-                                script=check_script(check, plan, state.get("gpus")),
-                                minutes=check.minutes, output=plan.output(check.name),
-                                partition=state.get("partition", ""), gpus=state.get("gpus"))
-            result = call("slurm.submit_check", f"{plan.node} {name}", slurm.submit_check, spec)
-            job_id = str(result.data.get("job_id") or "")
-            if not job_id:  # made before a crash (skipped by call): found again by its name
-                job_id = next((j.job_id for j in slurm.jobs() if j.name == name), "")
+            job_id = runner.submit(plan, check, state)
             if not job_id:
-                raise ClientError(f"check job {name} was submitted but Slurm no longer holds "
-                                  "it", permanent=True)
+                raise ClientError(f"check job {plan.job_name(check.name)} was submitted but "
+                                  f"{runner.scheduler} no longer holds it", permanent=True)
             jobs[check.name], submitted[check.name] = job_id, now
         job_id = jobs[check.name]
-        job = slurm.check_job(job_id, plan.output(check.name))
+        job = runner.read(plan, check, job_id)
         if job is None:
             results.append({"check": check.name, "job_id": job_id, "verdict": CANNOT_RUN,
-                            "summary": f"job {job_id} ended and slurmctld forgot it (MinJobAge) "
-                                       "before its result was read"})
-        elif job.state in _QUEUED:
+                            "summary": runner.forgotten(job_id)})
+        elif job.state in QUEUED:
             waited = now - submitted.get(check.name, now)
             if waited >= plan.start_seconds:
                 results.append({"check": check.name, "job_id": job_id, "verdict": CANNOT_RUN,
@@ -348,10 +409,10 @@ def _check(slurm: SlurmClient, plan: GatePlan, state: dict[str, Any], call: Call
                                     f"({job.state_reason or job.state}; "
                                     "FLEETWATCH_GATE_START_MINUTES)")})
             else:
-                raise _Wait(f"check {check.name} queued on {plan.node} (job {job_id}: "
+                raise Wait(f"check {check.name} queued on {plan.node} (job {job_id}: "
                             f"{job.state_reason or job.state})")
-        elif job.state in _ACTIVE:
-            raise _Wait(f"check {check.name} running on {plan.node} (job {job_id}, up to "
+        elif job.state in ACTIVE:
+            raise Wait(f"check {check.name} running on {plan.node} (job {job_id}, up to "
                         f"{check.minutes} min)")
         else:
             found = result_line(job.output)
@@ -362,7 +423,7 @@ def _check(slurm: SlurmClient, plan: GatePlan, state: dict[str, Any], call: Call
                 else _summary(job, found),
                 "result": found, "output": (job.output or "")[-OUTPUT_KEPT:],
                 "output_readable": job.output is not None,
-                "output_path": plan.output(check.name).replace("%j", job_id)})
+                "output_path": runner.output_at(plan, check, job_id)})
         last = results[-1]
         if last["verdict"] != PASSED:
             word = "failed" if last["verdict"] == FAILED else "could not run"

@@ -7,6 +7,7 @@ the steps can build a plan without importing the lifecycle modules that import t
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.conf import settings
 
@@ -14,6 +15,7 @@ from collectors.clients import Clients
 from collectors.clients.base import ClientError
 from collectors.knowledge.acceptance import selection_for
 from incidents.remediation import gate
+from incidents.remediation.gate_k8s import gate_poll_kubernetes
 
 log = logging.getLogger(__name__)
 
@@ -40,4 +42,28 @@ def gate_plan(node: str, repair: str, key: str, pool: str, clients: Clients) -> 
         key=key, node=node, repair=str(repair), checks=checks, chosen_by=entry, pool=pool,
         output_dir=settings.FLEETWATCH_GATE_OUTPUT_DIR,
         start_seconds=float(settings.FLEETWATCH_GATE_START_MINUTES) * 60.0, gpu_model=model,
-        thresholds=dict(figures), environment=dict(settings.FLEETWATCH_GATE_ENV))
+        thresholds=dict(figures), environment=dict(settings.FLEETWATCH_GATE_ENV),
+        scheduler=gate.KUBERNETES if kubernetes_pool(pool) else gate.SLURM,
+        namespace=settings.FLEETWATCH_GATE_NAMESPACE, image=settings.FLEETWATCH_GATE_IMAGE)
+
+
+def kubernetes_pool(pool: str) -> bool:
+    """Whether Kubernetes, not Slurm, schedules the pool's nodes (FLEETWATCH_KUBERNETES_POOLS):
+    the gate then holds the node with a cordon and runs its checks as Kubernetes Jobs."""
+    return bool(pool) and pool in settings.FLEETWATCH_KUBERNETES_POOLS
+
+
+def gate_poll(clients: Clients, plan: gate.GatePlan, state: dict[str, Any], call: gate.Call,
+              now: float) -> gate.Progress:
+    """Advance the gate where its node's pool runs work: Slurm, or Kubernetes."""
+    if plan.scheduler == gate.KUBERNETES:
+        if plan.checks and not plan.image:
+            # Said as the gate's verdict (the node held), not raised: a setting to fix.
+            state.setdefault("started_at", now)
+            state.update(key=plan.key, verdict=gate.CANNOT_RUN, done=True, why=(
+                f"{plan.node} is in pool {plan.pool}, which Kubernetes schedules "
+                "(FLEETWATCH_KUBERNETES_POOLS), and FLEETWATCH_GATE_IMAGE names no image to "
+                f"run the acceptance checks in; {plan.node} is left as it is, not resumed"))
+            return gate.Progress(gate.CANNOT_RUN, state["why"])
+        return gate_poll_kubernetes(clients.kubernetes, plan, state, call, now)
+    return gate.gate_poll(clients.slurm, plan, state, call, now)

@@ -31,7 +31,7 @@ from collectors.knowledge import dcgm
 from collectors.knowledge.acceptance import RESERVATION_PREFIX, Repair
 from collectors.knowledge.xid import takes_gpu_out
 from incidents.remediation import gate
-from incidents.remediation.gate_plan import gate_plan
+from incidents.remediation.gate_plan import gate_plan, gate_poll, kubernetes_pool
 
 
 @dataclass
@@ -304,8 +304,30 @@ def _notify_call(ctx: StepContext, subject: str) -> ActionResult:
                                        f"{ctx.remediation_id}-notify"})
 
 
+def _slurm_less(ctx: StepContext, node: str) -> str:
+    """Why the playbook's Slurm steps pass over ``node`` ("" when they do not): it is in a pool
+    Kubernetes schedules (FLEETWATCH_KUBERNETES_POOLS) and Slurm does not know it. A node of
+    any other pool missing from Slurm is still waited for (it may be registering), and Slurm
+    not answering raises as ever: a missing source is never read as a missing node."""
+    pool = _node_pool(ctx, node)
+    if not kubernetes_pool(pool) or any(n.name == node for n in ctx.clients.slurm.nodes()):
+        return ""
+    return f"{node} is not a Slurm node (pool {pool}, which Kubernetes schedules)"
+
+
+def _node_pool(ctx: StepContext, node: str) -> str:
+    if ctx.facts is None:
+        return ""
+    # A replacement not yet recorded joins the pool of the node it replaces.
+    return ctx.facts.node_pool(node) or (ctx.facts.node_pool(ctx.node) if node != ctx.node
+                                         else "")
+
+
 def drain_and_cancel(ctx: StepContext) -> Outcome:
     state = dict(ctx.state)
+    outside = _slurm_less(ctx, ctx.node) if not state.get("drained") else ""
+    if outside:
+        return Done(f"{outside}: nothing to drain in Slurm", {"jobs": [], "slurm": False})
     if not state.get("drained"):
         ctx.call("slurm.drain", ctx.node, ctx.clients.slurm.drain, ctx.node, _reason(ctx))
         state["drained"] = True
@@ -432,6 +454,10 @@ def resume(ctx: StepContext) -> Outcome:
         problems = _health_problems(ctx, new)
         if problems:
             return Wait(f"waiting for {new} to be healthy: {'; '.join(problems)}", state)
+        outside = _slurm_less(ctx, new)
+        if outside:
+            # Its service is Kubernetes': the gate before this step uncordoned it.
+            return Done(f"{outside}: {new} in service in Kubernetes", {**state, "resumed": True})
         ctx.call("slurm.resume", new, ctx.clients.slurm.resume, new)
         state["resumed"] = True
     requeued = ctx.previous.get("requeue", {}).get("requeued", [])
@@ -457,7 +483,8 @@ def _health_problems(ctx: StepContext, node: str, *, slurm_down_ok: bool = False
     problems = []
     slurm = {n.name: n for n in ctx.clients.slurm.nodes()}
     if node not in slurm:
-        problems.append("not registered in Slurm")
+        if not kubernetes_pool(_node_pool(ctx, node)):
+            problems.append("not registered in Slurm")
     elif "NOT_RESPONDING" in slurm[node].flags:
         problems.append("Slurm says it is not responding")
     elif slurm[node].state == "DOWN" and not (
@@ -660,6 +687,10 @@ def resume_node(ctx: StepContext) -> Outcome:
         problems = _health_problems(ctx, node, slurm_down_ok=True)
         if problems:
             return Wait(f"waiting for {node} to be healthy: {'; '.join(problems)}", state)
+        outside = _slurm_less(ctx, node)
+        if outside:
+            return Done(f"{outside}: {node} in service in Kubernetes",
+                        {**state, "resumed": True, "node": node})
         ctx.call("slurm.resume", node, ctx.clients.slurm.resume, node)
         state["resumed"], state["node"] = True, node
     requeued = [j for kind in ("requeue", "down_node", "requeue_dead_jobs")
@@ -697,8 +728,7 @@ def _gate_target(ctx: StepContext) -> tuple[str, Repair]:
 
 
 def _gate_plan(ctx: StepContext, node: str, repair: Repair, key: str) -> gate.GatePlan:
-    pool = ctx.facts.node_pool(node) if ctx.facts is not None else ""
-    return gate_plan(node, repair, key, pool, ctx.clients)
+    return gate_plan(node, repair, key, _node_pool(ctx, node), ctx.clients)
 
 
 def _gate_hold(ctx: StepContext, node: str, repair: Repair) -> None:
@@ -707,8 +737,8 @@ def _gate_hold(ctx: StepContext, node: str, repair: Repair) -> None:
     ReturnToService=2), hold it in a reservation of its own: nothing but the acceptance checks
     starts there; the gate adopts it. Nothing when no check would run after this repair."""
     plan = _gate_plan(ctx, node, repair, f"r{ctx.remediation_id}-hold")
-    if not plan.checks:
-        return
+    if not plan.checks or plan.scheduler == gate.KUBERNETES:
+        return  # (Kubernetes keeps a node's cordon through its reboot: the hold is that)
     current = ctx.clients.slurm.reservations()
     if any(r.name.startswith(RESERVATION_PREFIX) and r.nodes == (node,) for r in current):
         return  # held already (an earlier run of this step, a gate cut off)
@@ -742,7 +772,7 @@ def prove_healthy(ctx: StepContext) -> Outcome:
         current = {}
     key = f"r{ctx.remediation_id}-{run}"
     plan = _gate_plan(ctx, node, repair, key)
-    progress = gate.gate_poll(ctx.clients.slurm, plan, current, ctx.call, ctx.clock.now())
+    progress = gate_poll(ctx.clients, plan, current, ctx.call, ctx.clock.now())
     state.update(run=run, gate=current, node=node, repair=str(repair),
                  checks=[c.name for c in plan.checks], chosen_by=plan.chosen_by,
                  gpu_model=plan.gpu_model)
