@@ -185,6 +185,7 @@ class K8sPod:
     uid: str = ""
     annotations: dict[str, str] = field(default_factory=dict)
     terminating: bool = False
+    gpus: int = 0  # nvidia.com/gpu its containers ask for (limits, else requests)
 
 
 @dataclass(slots=True)

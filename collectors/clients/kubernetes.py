@@ -162,7 +162,24 @@ def pod_from(obj: Obj) -> K8sPod:
         labels=_str_map(meta.get("labels"), "metadata.labels"),
         owner_kind=str(controller.get("kind") or ""), phase=str(status.get("phase") or ""),
         mirror=MIRROR_ANNOTATION in annotations, ready=ready, uid=str(meta.get("uid") or ""),
-        annotations=annotations, terminating=bool(meta.get("deletionTimestamp")))
+        annotations=annotations, terminating=bool(meta.get("deletionTimestamp")),
+        gpus=_pod_gpus(obj.get("spec") or {}))
+
+
+def _pod_gpus(spec: Obj) -> int:
+    """The GPUs a pod holds: its containers' nvidia.com/gpu (an extended resource is asked
+    for in limits, requests equal to them when given); a quantity not a whole number counts 0."""
+    total = 0
+    for container in spec.get("containers") or []:
+        resources = (container or {}).get("resources") or {}
+        value = (resources.get("limits") or {}).get(GPU_RESOURCE,
+                                                     (resources.get("requests") or {}).get(
+                                                         GPU_RESOURCE, 0))
+        try:
+            total += int(str(value))
+        except ValueError:
+            continue
+    return total
 
 
 def event_from_core(obj: Obj) -> K8sEvent | None:

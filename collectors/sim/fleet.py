@@ -402,7 +402,7 @@ def _advance_checks(state: State, now: float, speed: float) -> None:
 
 def _advance_pod_checks(state: State, now: float, speed: float) -> None:
     """The Kubernetes check Jobs (SimKubernetes.submit_check): a pod starts once its node is
-    Ready and no pod but DaemonSets' is on it, and tolerates every NoSchedule taint (a cordon
+    Ready and no other pod holds a GPU there, and tolerates every NoSchedule taint (a cordon
     included); it ends CHECK_SECONDS later with the verdict the Slurm check jobs give."""
     for job in state.get("pod_checks", {}).values():
         node = state["nodes"].get(job["node"])
@@ -413,8 +413,7 @@ def _advance_pod_checks(state: State, now: float, speed: float) -> None:
             elif not node["ready"]:
                 job["state_reason"] = ("Unschedulable: 1 node(s) had untolerated taint "
                                        "{node.kubernetes.io/not-ready: }")
-            elif any(p["node"] == job["node"] and p["owner_kind"] != "DaemonSet"
-                     for p in state["pods"]):
+            elif any(p["node"] == job["node"] and p.get("gpus") for p in state["pods"]):
                 job["state_reason"] = "Unschedulable: 1 Insufficient nvidia.com/gpu"
             else:
                 job.update(state="RUNNING", started_at=now, ends_at=now + CHECK_SECONDS / speed,
@@ -1126,7 +1125,7 @@ class SimKubernetes(_SimClient):
             ready = bool(_node(state, node)["ready"])
             return [
                 K8sPod(p["namespace"], p["name"], p["node"], dict(p["labels"]), p["owner_kind"],
-                       ready=ready)
+                       ready=ready, gpus=int(p.get("gpus", 0)))
                 for p in state["pods"]
                 if p["node"] == node
             ]

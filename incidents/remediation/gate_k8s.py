@@ -5,7 +5,7 @@ what incidents/remediation/gate.py does with Slurm:
 
 1. **Hold.** The node is cordoned (FleetWatch's cordon, ``fleetwatch.io/cordoned-by``; one a
    repair left is kept) and tainted ``fleetwatch.io/gate=<key>:NoSchedule``: no user's pod is
-   scheduled there, even if someone uncordons it meanwhile. Pods still running on it (other than
+   scheduled there, even if someone uncordons it meanwhile. Pods holding its GPUs (other than
    DaemonSets' and static pods) are waited for. A node cordoned by someone else is theirs, and the
    gate cannot run; a node not Ready (or not registered yet) is waited for, up to
    ``start_seconds``.
@@ -48,7 +48,6 @@ from incidents.remediation.gate import (
     GatePlan,
     PlannedCheck,
     Progress,
-    Wait,
     check_script,
     give_up_after,
     poll,
@@ -107,23 +106,29 @@ class KubernetesRunner:
         if node.unschedulable and not ours:
             raise ClientError(f"{plan.node} was cordoned by someone else: theirs to release; "
                               "no acceptance check runs on it", permanent=True)
+        # Each call's target differs from every other's: an audited call is remembered by its
+        # verb and target, and one remembered is not made again (after a crash).
         target = f"{plan.node} (gate {plan.key})"
         if not state.get("tainted"):
-            self.call("k8s.relabel", target, self.k8s.relabel, plan.node, {},
+            self.call("k8s.relabel", f"{target}: hold", self.k8s.relabel, plan.node, {},
                       [(K8S_GATE, plan.key, "NoSchedule")], [], {K8S_GATE: plan.key})
             state["tainted"] = True
         if not node.unschedulable:
-            self.call("k8s.cordon", target, self.k8s.cordon, plan.node,
+            self.call("k8s.cordon", f"{target}: hold", self.k8s.cordon, plan.node,
                       f"{SLURM_REASON_PREFIX} acceptance checks before service (gate {plan.key})")
             state["cordoned_by_gate"] = True
+        # Pods holding GPUs (a DaemonSet's or a static pod's never go: the check runs beside
+        # them, as their node's own agents) must end first: the check takes every GPU.
         busy = sorted(f"{p.namespace}/{p.name}" for p in self.k8s.pods_on_node(plan.node)
-                      if p.owner_kind != "DaemonSet" and not p.mirror
+                      if p.gpus and p.owner_kind != "DaemonSet" and not p.mirror
                       and K8S_GATE not in p.labels
                       and p.phase not in ("Succeeded", "Failed"))
         if busy:
-            raise Wait(f"waiting for pod(s) {', '.join(busy[:5])}"
-                        f"{f' and {len(busy) - 5} more' if len(busy) > 5 else ''} on "
-                        f"{plan.node} to end before its acceptance checks")
+            # A cordon evicts nothing: a pod that does not end by itself in start_seconds
+            # keeps the gate from running (the node stays held), said with its name.
+            give_up_after(plan, state, now, f"waiting for pod(s) {', '.join(busy[:5])}"
+                          f"{f' and {len(busy) - 5} more' if len(busy) > 5 else ''} on "
+                          f"{plan.node} to end before its acceptance checks")
         state["held"] = True
         state.setdefault("gpus", node.gpus)
 
@@ -170,15 +175,15 @@ class KubernetesRunner:
             why = f"{SLURM_REASON_PREFIX} {' '.join(state['why'].split())[:220]} (gate {plan.key})"
             node = self.k8s.node(plan.node)
             if not node.unschedulable:
-                self.call("k8s.cordon", target, self.k8s.cordon, plan.node, why)
+                self.call("k8s.cordon", f"{target}: verdict", self.k8s.cordon, plan.node, why)
             elif node.annotations.get(K8S_CORDONED_BY) == CORDONED_BY_FLEETWATCH:
                 # FleetWatch's cordon stays; its reason is now the checks' verdict.
-                self.call("k8s.relabel", target, self.k8s.relabel, plan.node, {}, [], [],
-                          {K8S_CORDON_REASON: why})
+                self.call("k8s.relabel", f"{target}: verdict", self.k8s.relabel, plan.node,
+                          {}, [], [], {K8S_CORDON_REASON: why})
             state["recordoned"] = True
         if state.get("tainted") and not state.get("untainted"):
-            self.call("k8s.relabel", target, self.k8s.relabel, plan.node, {}, [], [K8S_GATE],
-                      {K8S_GATE: None})
+            self.call("k8s.relabel", f"{target}: release", self.k8s.relabel, plan.node, {}, [],
+                      [K8S_GATE], {K8S_GATE: None})
             state["untainted"] = True
 
     def held(self, state: Mapping[str, Any], node: str) -> str:
