@@ -95,6 +95,7 @@ def command(workload: Obj) -> list[str]:
 BASE_OBJECTS = {
     ("Namespace", "fleetwatch"), ("ServiceAccount", "fleetwatch"),
     ("ClusterRole", "fleetwatch"), ("ClusterRoleBinding", "fleetwatch"),
+    ("Role", "fleetwatch-gate"), ("RoleBinding", "fleetwatch-gate"),
     ("ConfigMap", "fleetwatch"), ("Deployment", "fleetwatch-web"), ("Service", "fleetwatch"),
     ("PodDisruptionBudget", "fleetwatch-web"), ("Deployment", "fleetwatch-beat"),
     ("Job", "fleetwatch-migrate"),
@@ -311,9 +312,10 @@ def rules(role: Obj) -> dict[tuple[str, str], set[str]]:
 
 def test_the_cluster_role_grants_what_the_client_calls_and_no_more(objects: list[Obj]) -> None:
     roles = [o for o in objects if o["kind"] in ("ClusterRole", "Role")]
-    assert [r["metadata"]["name"] for r in roles] == ["fleetwatch"]
-    (role,) = roles
-    text = json.dumps(role["rules"])
+    assert [(r["kind"], r["metadata"]["name"]) for r in roles] == [
+        ("ClusterRole", "fleetwatch"), ("Role", "fleetwatch-gate")]
+    role, gate_role = roles
+    text = json.dumps([role["rules"], gate_role["rules"]])
     assert "*" not in text
     granted = rules(role)
     assert not {resource for _, resource in granted} & {"secrets", "configmaps"}
@@ -324,18 +326,33 @@ def test_the_cluster_role_grants_what_the_client_calls_and_no_more(objects: list
         ("", "events"): {"list", "watch"},
         ("events.k8s.io", "events"): {"list", "watch"},
     }
+    # The gate's check Jobs: in FleetWatch's namespace only (a Role), never a pod written.
+    assert gate_role["metadata"]["namespace"] == "fleetwatch"
+    gate_granted = rules(gate_role)
+    assert gate_granted == {("batch", "jobs"): {"create", "get", "delete"},
+                            ("", "pods/log"): {"get"}}
     # Every call the client makes is covered (collectors/clients/kubernetes.py).
     client = (ROOT / "collectors" / "clients" / "kubernetes.py").read_text()
-    calls = set(re.findall(r"self\.(?:core|events_v1)\.(\w+)", client))
-    needs = {"read_node": ("nodes", "get"), "list_node": ("nodes", "list"),
-             "patch_node": ("nodes", "patch"), "read_namespaced_pod": ("pods", "get"),
-             "list_pod_for_all_namespaces": ("pods", "list"),
-             "create_namespaced_pod_eviction": ("pods/eviction", "create"),
-             "list_event_for_all_namespaces": ("events", "list")}
+    calls = set(re.findall(r"self\.(?:core|events_v1|batch)\.(\w+)", client))
+    needs = {"read_node": ("", "nodes", "get"), "list_node": ("", "nodes", "list"),
+             "patch_node": ("", "nodes", "patch"), "read_namespaced_pod": ("", "pods", "get"),
+             "list_pod_for_all_namespaces": ("", "pods", "list"),
+             "list_namespaced_pod": ("", "pods", "list"),
+             "create_namespaced_pod_eviction": ("", "pods/eviction", "create"),
+             "list_event_for_all_namespaces": ("", "events", "list"),
+             "create_namespaced_job": ("batch", "jobs", "create"),
+             "read_namespaced_job": ("batch", "jobs", "get"),
+             "delete_namespaced_job": ("batch", "jobs", "delete"),
+             "read_namespaced_pod_log": ("", "pods/log", "get")}
     assert calls <= set(needs), calls - set(needs)
     for call in calls:
-        resource, verb = needs[call]
-        assert verb in granted[("", resource)], call
+        group, resource, verb = needs[call]
+        assert verb in (granted | gate_granted)[(group, resource)], call
+    gate_binding = find(objects, "RoleBinding", "fleetwatch-gate")
+    assert gate_binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                       "name": "fleetwatch-gate"}
+    assert gate_binding["subjects"] == [{"kind": "ServiceAccount", "name": "fleetwatch",
+                                         "namespace": "fleetwatch"}]
     binding = find(objects, "ClusterRoleBinding", "fleetwatch")
     assert binding["roleRef"]["name"] == "fleetwatch"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "fleetwatch",

@@ -218,6 +218,32 @@ def test_the_image_holds_no_build_or_test_tools(image: str) -> None:
     assert done.stdout.split("\n")[:3] == ["[]", "[]", "10001 True"], done.stdout
 
 
+def test_the_acceptance_check_runs_in_the_image_as_a_check_job_runs_it(image: str) -> None:
+    """On a pool Kubernetes schedules the gate's check Job runs this image with the default
+    FLEETWATCH_GATE_CHECK_DIR: the Job's command (collectors.clients.kubernetes's manifest,
+    the gate's script) finds the check there and it gives its verdict line (no GPU here: the
+    CPU and memory burn-in)."""
+    from collectors.clients.base import PodCheckSpec
+    from collectors.clients.kubernetes import check_job_manifest
+    from collectors.knowledge.acceptance import CHECKS
+    from incidents.remediation import gate
+
+    check = CHECKS["fleetwatch-check"]
+    planned = gate.PlannedCheck(check.name, check.command.replace(
+        "{check_dir}", "/opt/fleetwatch/checks"), check.minutes)
+    plan = gate.GatePlan(key="img", node="gpu-a", repair="replace", checks=(planned,),
+                         environment={"FLEETWATCH_CHECK_SECONDS": "1"})
+    job = check_job_manifest(PodCheckSpec("fleetwatch-check-img", "fleetwatch", "gpu-a", image,
+                                          gate.check_script(planned, plan, None), 15))
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    done = subprocess.run([*PODMAN, "run", "--rm", "--network", "none", *limits(), "--read-only",
+                           "--entrypoint", command[0], image, *command[1:]],
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    verdict = gate.result_line(done.stdout)
+    assert verdict["check"] == "fleetwatch-check" and verdict["ok"] is True, done.stdout
+
+
 def test_a_deployment_without_secret_key_stops_naming_it(fleet: Fleet) -> None:
     """Every subcommand: at once, with the message, and web before any worker boots."""
     for role in (["manage", "check"], ["web"], ["worker"], ["beat"]):
