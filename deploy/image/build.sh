@@ -32,8 +32,9 @@ fw_base_ensure "$base" "$work"
 
 # --- the context: what the server runs, as git sees it (no tests, no .git, venv or data) ------
 # A change to the tests or the docs then rebuilds nothing.
+# deploy/checks: the acceptance checks a gate's check Job runs in this image (Kubernetes pools).
 fw_context "$src" "$work/ctx/src" manage.py requirements.txt fleetwatch collectors incidents \
-  templates static deploy/gunicorn.conf.py deploy/image/entrypoint.sh
+  templates static deploy/gunicorn.conf.py deploy/image/entrypoint.sh deploy/checks
 cp "$here/Containerfile" "$work/ctx/"
 
 revision=$(git -C "$src" rev-parse HEAD 2>/dev/null || echo unknown)
