@@ -311,7 +311,8 @@ def rules(role: Obj) -> dict[tuple[str, str], set[str]]:
 
 
 def test_the_cluster_role_grants_what_the_client_calls_and_no_more(objects: list[Obj]) -> None:
-    roles = [o for o in objects if o["kind"] in ("ClusterRole", "Role")]
+    roles = sorted((o for o in objects if o["kind"] in ("ClusterRole", "Role")),
+                   key=lambda r: (r["kind"], r["metadata"]["name"]))
     assert [(r["kind"], r["metadata"]["name"]) for r in roles] == [
         ("ClusterRole", "fleetwatch"), ("Role", "fleetwatch-gate")]
     role, gate_role = roles
