@@ -82,7 +82,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.harness import k8s_rules
+from tests.harness import k8s_rules, k8s_workloads
 from tests.harness.k8s_rules import ApiError, SelectorError
 
 Obj = dict[str, Any]
@@ -156,16 +156,18 @@ VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 RESOURCES = [
     Resource("", "v1", "namespaces", "Namespace", False, "namespaces", ("ns",), ("status",)),
     Resource("", "v1", "nodes", "Node", False, "nodes", ("no",), ("status",)),
-    Resource("", "v1", "pods", "Pod", True, "pods", ("po",), ("status", "eviction"), ("all",)),
+    Resource("", "v1", "pods", "Pod", True, "pods", ("po",), ("status", "eviction", "log"),
+             ("all",)),
     Resource("", "v1", "events", "Event", True, "events", ("ev",)),
     Resource("events.k8s.io", "v1", "events", "Event", True, "events", ("ev",)),
     Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True,
              "poddisruptionbudgets", ("pdb",), ("status",)),
     Resource("apps", "v1", "daemonsets", "DaemonSet", True, "daemonsets", ("ds",), ("status",),
              ("all",)),
+    Resource("batch", "v1", "jobs", "Job", True, "jobs", (), ("status",), ("all",)),
 ]
-GROUPS = ["apps", "events.k8s.io", "policy"]
-STATUS_STORES = {"nodes", "pods", "poddisruptionbudgets", "daemonsets", "namespaces"}
+GROUPS = ["apps", "batch", "events.k8s.io", "policy"]
+STATUS_STORES = {"nodes", "pods", "poddisruptionbudgets", "daemonsets", "namespaces", "jobs"}
 
 
 def find_resource(group: str, version: str, plural: str) -> Resource | None:
@@ -194,6 +196,9 @@ def resource_list(group: str, version: str) -> Obj | None:
                 resources.append({"name": f"{r.plural}/eviction", "singularName": "",
                                   "namespaced": True, "group": "policy", "version": "v1",
                                   "kind": "Eviction", "verbs": ["create"]})
+            elif sub == "log":
+                resources.append({"name": f"{r.plural}/log", "singularName": "",
+                                  "namespaced": True, "kind": "Pod", "verbs": ["get"]})
             else:
                 resources.append({"name": f"{r.plural}/{sub}", "singularName": "",
                                   "namespaced": r.namespaced, "kind": r.kind,
@@ -259,6 +264,7 @@ FIELDS = {
                "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"},
     "poddisruptionbudgets": {"metadata.name", "metadata.namespace"},
     "daemonsets": {"metadata.name", "metadata.namespace"},
+    "jobs": {"metadata.name", "metadata.namespace", "status.successful"},
 }
 # events.k8s.io/v1 names the same fields its own way.
 EVENTS_V1_FIELDS = {"regarding.": "involvedObject.", "reportingController": "reportingComponent",
@@ -266,6 +272,8 @@ EVENTS_V1_FIELDS = {"regarding.": "involvedObject.", "reportingController": "rep
 
 
 def _dig(obj: Obj, path: str) -> str:
+    if path == "status.successful":  # a Job's field label for status.succeeded
+        return str((obj.get("status") or {}).get("succeeded") or 0)
     value: Any = obj
     for part in path.split("."):
         value = value.get(part) if isinstance(value, dict) else None
@@ -278,7 +286,7 @@ def _dig(obj: Obj, path: str) -> str:
 
 # The kinds whose field labels core/v1 converts itself ("field label not supported: x"); the
 # others answer with the generic metadata.name/metadata.namespace message.
-CONVERTED_FIELD_KINDS = {"nodes", "namespaces", "pods", "events"}
+CONVERTED_FIELD_KINDS = {"nodes", "namespaces", "pods", "events", "jobs"}
 
 
 def field_selector(text: str, r: Resource) -> Callable[[Obj], bool]:
@@ -687,7 +695,7 @@ class K8sTestServer:
                  history_size: int = 1000, bookmark_interval: float = 5.0,
                  max_watch_seconds: float = 1800.0, kubeconfig_path: str | Path | None = None,
                  tls: bool = True, pools: dict[str, Obj] | None = None,
-                 pool_label: str = "fleetwatch.io/pool") -> None:
+                 pool_label: str = "fleetwatch.io/pool", run_pods: bool = False) -> None:
         self.host, self.requested_port = host, port
         # kubectl sends credentials only over TLS (client-go drops them for http:// servers),
         # so the token is checked over HTTPS with a throwaway self-signed certificate; with
@@ -724,6 +732,11 @@ class K8sTestServer:
         self.port = 0
         self._http: _HttpServer | None = None
         self._thread: threading.Thread | None = None
+        # The job controller, scheduler and kubelet (k8s_workloads.py): their thread runs only
+        # with run_pods=True (it runs Job pods' commands on this machine); without it, Jobs
+        # are stored and served but nothing acts on them.
+        self.run_pods = run_pods
+        self.workloads = k8s_workloads.Workloads(self, run=run_pods)
         if seed is not None:
             self.load_seed(seed)
 
@@ -741,6 +754,7 @@ class K8sTestServer:
         self._thread = threading.Thread(target=self._http.serve_forever, name="k8s-test-server",
                                         kwargs={"poll_interval": 0.1}, daemon=True)
         self._thread.start()
+        self.workloads.start()
         if self.kubeconfig_path is not None:
             self.write_kubeconfig(self.kubeconfig_path)
         return self.port
@@ -771,6 +785,7 @@ class K8sTestServer:
             timers, self._timers = self._timers, []
         for timer in timers:
             timer.cancel()
+        self.workloads.stop()
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
@@ -875,10 +890,15 @@ class K8sTestServer:
                 meta.pop("namespace", None)
             if not meta.get("name"):
                 if meta.get("generateName"):
-                    meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
+                    meta["name"] = meta["generateName"] + k8s_workloads.random_suffix()
                 else:
                     raise ApiError(422, "metadata.name: Required value: name or generateName is "
                                    "required")
+            if store == "jobs":
+                # The job strategy needs the uid before validation: the generated selector
+                # and the template's labels carry it.
+                meta.setdefault("uid", str(uuid.uuid4()))
+                k8s_workloads.default_job(obj)
             if validate_as is not None:
                 errors = k8s_rules.validate(store, obj)
                 if errors:
@@ -892,7 +912,7 @@ class K8sTestServer:
             meta.setdefault("uid", str(uuid.uuid4()))
             meta.setdefault("creationTimestamp", now_iso())
             meta["resourceVersion"] = str(self.rv)
-            if store in ("poddisruptionbudgets", "daemonsets"):
+            if store in ("poddisruptionbudgets", "daemonsets", "jobs"):
                 meta["generation"] = 1
             obj.pop("kind", None)
             obj.pop("apiVersion", None)
@@ -948,6 +968,8 @@ class K8sTestServer:
             self._record(store, "DELETED", gone, copy.deepcopy(old))
             if store == "nodes":
                 self._node_left_pool(gone)
+            elif store == "pods":
+                self.workloads.pod_deleted(gone)  # its kubelet stops the containers
             return copy.deepcopy(gone)
 
     # --- the node-pool stand-in (a cloud's node-pool controller / cluster-autoscaler) ---
@@ -1226,6 +1248,97 @@ def age(ts: Any) -> str:
     return f"{s // 86400}d"
 
 
+def human_duration(seconds: float) -> str:
+    """duration.HumanDuration (k8s.io/apimachinery), as kubectl's DURATION column shows it."""
+    s = int(seconds)
+    if s < -1:
+        return "<invalid>"
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return f"{s}s"
+    minutes = s // 60
+    if minutes < 10:
+        return f"{minutes}m" if s % 60 == 0 else f"{minutes}m{s % 60}s"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = s // 3600
+    if hours < 8:
+        return f"{hours}h" if minutes % 60 == 0 else f"{hours}h{minutes % 60}m"
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 24 * 8:
+        return f"{hours // 24}d" if hours % 24 == 0 else f"{hours // 24}d{hours % 24}h"
+    return f"{hours // 24}d"
+
+
+def format_selector(selector: Obj | None) -> str:
+    """metav1.FormatLabelSelector."""
+    if selector is None:
+        return "<none>"
+    parts = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+    for e in selector.get("matchExpressions") or []:
+        op = {"In": "in", "NotIn": "notin"}.get(e.get("operator", ""), "")
+        if op:
+            parts.append(f"{e.get('key')} {op} ({','.join(e.get('values') or [])})")
+        elif e.get("operator") == "Exists":
+            parts.append(str(e.get("key")))
+        else:
+            parts.append(f"!{e.get('key')}")
+    return ",".join(parts) or "<none>"
+
+
+def job_cells(obj: Obj) -> list[Any]:
+    """A Job's row as Kubernetes 1.32's printer makes it (pkg/printers/internalversion)."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    status = obj.get("status") or {}
+    conditions = {c.get("type") for c in status.get("conditions") or []
+                  if c.get("status") == "True"}
+    shown = next((word for cond, word in (
+        ("Complete", "Complete"), ("Failed", "Failed"), ("", "Terminating"),
+        ("Suspended", "Suspended"), ("FailureTarget", "FailureTarget"),
+        ("SuccessCriteriaMet", "SuccessCriteriaMet"))
+        if (cond in conditions if cond else bool(meta.get("deletionTimestamp")))), "Running")
+    succeeded = int(status.get("succeeded") or 0)
+    if spec.get("completions") is not None:
+        completions = f"{succeeded}/{spec['completions']}"
+    elif spec.get("parallelism") is None or int(spec["parallelism"]) > 1:
+        completions = f"{succeeded}/1 of {spec.get('parallelism') or 1}"
+    else:
+        completions = f"{succeeded}/1"
+    started, done = parse_time(status.get("startTime")), parse_time(status.get("completionTime"))
+    duration = "" if started is None else human_duration(
+        (done if done is not None else time.time()) - started)
+    containers = (spec.get("template") or {}).get("spec", {}).get("containers") or []
+    return [meta.get("name", ""), shown, completions, duration,
+            age(meta.get("creationTimestamp")), ",".join(c.get("name", "") for c in containers),
+            ",".join(c.get("image", "") for c in containers),
+            format_selector(spec.get("selector"))]
+
+
+def pod_status_word(obj: Obj) -> str:
+    """The STATUS kubectl shows for a pod: the phase, or a container's waiting or terminated
+    reason (Completed, Error, ContainerCreating), as the pod printer picks it."""
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return "Terminating"
+    word = status.get("reason") or status.get("phase", "")
+    running = False
+    for cs in reversed(status.get("containerStatuses") or []):
+        state = cs.get("state") or {}
+        if (state.get("waiting") or {}).get("reason"):
+            word = state["waiting"]["reason"]
+        elif "terminated" in state:
+            term = state["terminated"] or {}
+            word = term.get("reason") or (f"Signal:{term['signal']}" if term.get("signal")
+                                          else f"ExitCode:{term.get('exitCode', 0)}")
+        elif cs.get("ready") and "running" in state:
+            running = True
+    if word == "Completed" and running:
+        word = "Running"
+    return str(word)
+
+
 def _col(name: str, type_: str = "string", priority: int = 0, fmt: str = "") -> Obj:
     return {"name": name, "type": type_, "format": fmt, "description": name,
             "priority": priority}
@@ -1248,6 +1361,10 @@ def table_columns(r: Resource) -> list[Obj]:
                 _col("Allowed Disruptions", "integer"), _col("Age")]
     if r.store == "namespaces":
         return [name, _col("Status"), _col("Age")]
+    if r.store == "jobs":
+        return [name, _col("Status"), _col("Completions"), _col("Duration"), _col("Age"),
+                _col("Containers", priority=1), _col("Images", priority=1),
+                _col("Selector", priority=1)]
     return [name, _col("Age")]
 
 
@@ -1274,7 +1391,7 @@ def table_cells(r: Resource, obj: Obj) -> list[Any]:
         total = len((obj.get("spec") or {}).get("containers") or [])
         ready = sum(1 for c in cs if c.get("ready"))
         restarts = sum(int(c.get("restartCount") or 0) for c in cs)
-        shown = "Terminating" if meta.get("deletionTimestamp") else status.get("phase", "")
+        shown = pod_status_word(obj)
         return [meta["name"], f"{ready}/{total}", shown, str(restarts), age(created),
                 status.get("podIP", "<none>"), (obj.get("spec") or {}).get("nodeName", "")]
     if r.store == "events":
@@ -1291,6 +1408,8 @@ def table_cells(r: Resource, obj: Obj) -> list[Any]:
                 int((obj.get("status") or {}).get("disruptionsAllowed", 0)), age(created)]
     if r.store == "namespaces":
         return [meta["name"], status.get("phase", "Active"), age(created)]
+    if r.store == "jobs":
+        return job_cells(obj)
     return [meta["name"], age(created)]
 
 
@@ -1322,6 +1441,23 @@ def undecodable(r: Resource, body: Any) -> None:
         raise ApiError(400, f'{r.kind} in version "{r.version}" cannot be handled as a '
                        f"{r.kind}: {problem}")
 
+
+
+def propagation(body: Any, params: dict[str, str]) -> str:
+    """A delete's propagationPolicy (DeleteOptions body, else the query parameter; the
+    deprecated orphanDependents too). None given: batch/v1 Jobs default to Orphan."""
+    options = body if isinstance(body, dict) else {}
+    policy = options.get("propagationPolicy") or params.get("propagationPolicy") or ""
+    if policy:
+        if policy not in ("Orphan", "Background", "Foreground"):
+            raise ApiError(422, f'DeleteOptions.meta.k8s.io "" is invalid: propagationPolicy: '
+                           f'Unsupported value: "{policy}": supported values: "Foreground", '
+                           '"Background", "Orphan", "nil"')
+        return str(policy)
+    orphan = options.get("orphanDependents")
+    if orphan is None and "orphanDependents" in params:
+        orphan = go_bool(params["orphanDependents"])
+    return "Background" if orphan is False else "Orphan"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -1480,6 +1616,16 @@ class _Handler(BaseHTTPRequestHandler):
                            f'readonly" cannot {verb} resource "{r.plural}" in API group '
                            f'"{r.group}" {scope}')
         ns_key = (namespace or "default") if r.namespaced else ""
+        if sub == "log":
+            if verb != "get":
+                raise ApiError(405, "the log subresource only accepts GET")
+            with api.cond:
+                pod = api.get("pods", ns_key, name or "")
+                if pod is None:
+                    raise not_found(r, name or "")
+                text = api.workloads.read_log(pod, params)
+            self._send(200, text)  # text/plain, as the kubelet's log stream
+            return
         if name is None:
             self._collection(r, verb, namespace, params, body)
         elif sub == "eviction":
@@ -1543,11 +1689,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _item(self, r: Resource, verb: str, namespace: str, name: str, sub: str | None,
               params: dict[str, str], body: Any) -> None:
         with self.server.api.cond:  # read-modify-write as one step
-            code, answer = self._item_locked(r, verb, namespace, name, sub, body)
+            code, answer = self._item_locked(r, verb, namespace, name, sub, body, params)
         self._send(code, answer)
 
     def _item_locked(self, r: Resource, verb: str, namespace: str, name: str, sub: str | None,
-                     body: Any) -> tuple[int, Obj]:
+                     body: Any, params: dict[str, str] | None = None) -> tuple[int, Obj]:
         api = self.server.api
         current = api.get(r.store, namespace, name)
         if current is None:
@@ -1562,7 +1708,10 @@ class _Handler(BaseHTTPRequestHandler):
             if pre.get("uid") and pre["uid"] != current["metadata"]["uid"]:
                 raise ApiError(409, "Precondition failed: UID in precondition: "
                                f"{pre['uid']}, UID in object meta: {current['metadata']['uid']}")
+            policy = propagation(body, params or {})
             gone = api.delete(r.store, namespace, name)
+            if r.store == "jobs" and gone is not None:
+                api.workloads.job_deleted(gone, policy)
             return 200, api.out(r, gone or current)
         # update and patch: work on the API's view (events.k8s.io converts both ways).
         view = api.out(r, current)
@@ -1753,6 +1902,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bookmark-interval", type=float, default=5.0)
     parser.add_argument("--pools", help='node pools as JSON, e.g. \'{"gpu": {"spares": '
                         '["gpu-017"], "delay": 1.0}}\': a deleted member is replaced')
+    parser.add_argument("--run-pods", action="store_true",
+                        help="run Jobs: a job controller, scheduler and kubelet that run each "
+                        "Job pod's command as a local process (the image is ignored)")
     parser.add_argument("--no-tls", action="store_true",
                         help="plain http (kubectl then sends no token: requests are anonymous)")
     args = parser.parse_args(argv)
@@ -1760,7 +1912,8 @@ def main(argv: list[str] | None = None) -> int:
                            history_size=args.history_size,
                            bookmark_interval=args.bookmark_interval,
                            kubeconfig_path=args.kubeconfig, tls=not args.no_tls,
-                           pools=json.loads(args.pools) if args.pools else None)
+                           pools=json.loads(args.pools) if args.pools else None,
+                           run_pods=args.run_pods)
     port = server.start()
     print(port, flush=True)
     done = threading.Event()
