@@ -82,7 +82,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.harness import k8s_rules, k8s_workloads
+from tests.harness import k8s_proto, k8s_rules, k8s_workloads
 from tests.harness.k8s_rules import ApiError, SelectorError
 
 Obj = dict[str, Any]
@@ -897,7 +897,8 @@ class K8sTestServer:
             if store == "jobs":
                 # The job strategy needs the uid before validation: the generated selector
                 # and the template's labels carry it.
-                meta.setdefault("uid", str(uuid.uuid4()))
+                if validate_as is not None or not meta.get("uid"):
+                    meta["uid"] = str(uuid.uuid4())  # the API server ignores a client's uid
                 k8s_workloads.default_job(obj)
             if validate_as is not None:
                 errors = k8s_rules.validate(store, obj)
@@ -1512,6 +1513,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _media_type(self) -> str:
         return self.headers.get("Content-Type", "").split(";")[0].strip().lower()
 
+    def _is_protobuf_job(self, method: str) -> bool:
+        """A Job created or replaced in protobuf (kubectl create job's typed client sends no
+        JSON): the one protobuf body this server reads (k8s_proto.py)."""
+        path = urlsplit(self.path).path.rstrip("/")
+        return (method in ("POST", "PUT") and self._media_type() == k8s_proto.MEDIA_TYPE
+                and path.startswith("/apis/batch/v1/")
+                and (path.endswith("/jobs") or "/jobs/" in path))
+
     def _check_media_type(self, method: str, raw: bytes) -> None:
         """415 for a body this server cannot read, before the body is looked at (as the API
         server negotiates the decoder first). It reads JSON only: no YAML, no protobuf, no
@@ -1520,7 +1529,8 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "PATCH" and kind not in PATCH_TYPES:
             raise ApiError(415, "the body of the request was in an unknown format - accepted "
                            "media types include: " + ", ".join(PATCH_TYPES))
-        if method in ("POST", "PUT") and raw and kind not in ("", "application/json"):
+        if method in ("POST", "PUT") and raw and kind not in ("", "application/json") \
+                and not self._is_protobuf_job(method):
             raise ApiError(415, "the body of the request was in an unknown format - accepted "
                            "media types include: application/json")
 
@@ -1542,7 +1552,11 @@ class _Handler(BaseHTTPRequestHandler):
             raw = self._raw_body() if method in ("POST", "PUT", "PATCH", "DELETE") else b""
             if not url.path.startswith("/_test/"):
                 self._check_media_type(method, raw)
-            body = self._parse_body(raw) if method in ("POST", "PUT", "PATCH", "DELETE") else None
+            if self._is_protobuf_job(method) and raw:
+                body: Any = k8s_proto.decode(raw)
+            else:
+                body = self._parse_body(raw) if method in ("POST", "PUT", "PATCH", "DELETE") \
+                    else None
             if url.path.startswith("/_test/"):
                 self._send(200, self._control(method, url.path, body))
                 return
