@@ -72,6 +72,14 @@ def job_manifest(name: str, script: str, *, node: str | None = None, **spec: Any
                        "spec": {**spec, "template": {"spec": pod_spec}}})
 
 
+def create_from(k8s: Any, manifest: str, check: bool = True,
+                ) -> subprocess.CompletedProcess[str]:
+    """``kubectl create -f -`` with the manifest on stdin. --validate=false: kubectl's
+    validation downloads the OpenAPI schema, which the test server does not serve; the
+    server's own validation (422) still applies."""
+    return kubectl(k8s, "create", "--validate=false", "-f", "-", stdin=manifest, check=check)
+
+
 def job_pods(k8s: Any, job: str) -> list[dict[str, Any]]:
     out = kubectl(k8s, "get", "pods", "-l", f"job-name={job}", "-o", "json").stdout
     return list(json.loads(out)["items"])
@@ -118,8 +126,7 @@ def test_kubectl_create_job_completes_and_shows_its_logs(k8s: Any) -> None:
 
 
 def test_a_failing_job_reaches_failed_with_the_backoff_reason(k8s: Any) -> None:
-    kubectl(k8s, "create", "--validate=false", "-f", "-",
-            stdin=job_manifest("broken", "echo checking; exit 3", backoffLimit=0))
+    create_from(k8s, job_manifest("broken", "echo checking; exit 3", backoffLimit=0))
     kubectl(k8s, "wait", "--for=condition=failed", "job/broken", "--timeout=30s")
     job = json.loads(kubectl(k8s, "get", "job", "broken", "-o", "json").stdout)
     failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
@@ -139,7 +146,7 @@ def test_a_failing_job_reaches_failed_with_the_backoff_reason(k8s: Any) -> None:
 def test_a_job_is_refused_as_the_api_server_refuses_it(k8s: Any) -> None:
     manifest = json.loads(job_manifest("always", "true"))
     manifest["spec"]["template"]["spec"]["restartPolicy"] = "Always"
-    refused = kubectl(k8s, "create", "--validate=false", "-f", "-", stdin=json.dumps(manifest), check=False)
+    refused = create_from(k8s, json.dumps(manifest), check=False)
     assert refused.returncode != 0
     assert ('spec.template.spec.restartPolicy: Unsupported value: "Always": supported values: '
             '"OnFailure", "Never"') in refused.stderr
@@ -147,7 +154,7 @@ def test_a_job_is_refused_as_the_api_server_refuses_it(k8s: Any) -> None:
 
 def test_a_job_pinned_to_a_tainted_node_waits_until_the_taint_goes(k8s: Any) -> None:
     kubectl(k8s, "taint", "nodes", "gpu-002", "fleetwatch.io/quarantine=bad:NoSchedule")
-    kubectl(k8s, "create", "--validate=false", "-f", "-", stdin=job_manifest("accept", "echo ok", node="gpu-002"))
+    create_from(k8s, job_manifest("accept", "echo ok", node="gpu-002"))
     pod = wait_for(lambda: next((p for p in job_pods(k8s, "accept")
                                  if scheduled_condition(p).get("reason") == "Unschedulable"),
                                 None), 30, "the pod to be unschedulable")
@@ -163,7 +170,7 @@ def test_a_job_pinned_to_a_tainted_node_waits_until_the_taint_goes(k8s: Any) -> 
     assert job["status"]["active"] == 1 and not job["status"].get("conditions")
 
     # A job that tolerates the taint runs there meanwhile.
-    kubectl(k8s, "create", "--validate=false", "-f", "-", stdin=job_manifest(
+    create_from(k8s, job_manifest(
         "tolerant", "echo ok", node="gpu-002", pod={"tolerations": [
             {"key": "fleetwatch.io/quarantine", "operator": "Exists",
              "effect": "NoSchedule"}]}))
@@ -180,7 +187,7 @@ def test_a_job_pinned_to_a_tainted_node_waits_until_the_taint_goes(k8s: Any) -> 
 
 def test_a_job_pinned_to_a_cordoned_node_runs_once_uncordoned(k8s: Any) -> None:
     kubectl(k8s, "cordon", "gpu-001")
-    kubectl(k8s, "create", "--validate=false", "-f", "-", stdin=job_manifest("accept", "echo ok", node="gpu-001"))
+    create_from(k8s, job_manifest("accept", "echo ok", node="gpu-001"))
     pod = wait_for(lambda: next((p for p in job_pods(k8s, "accept")
                                  if scheduled_condition(p).get("reason") == "Unschedulable"),
                                 None), 30, "the pod to be unschedulable")
@@ -192,7 +199,7 @@ def test_a_job_pinned_to_a_cordoned_node_runs_once_uncordoned(k8s: Any) -> None:
 
 
 def test_active_deadline_ends_the_job_and_its_pod(k8s: Any) -> None:
-    kubectl(k8s, "create", "--validate=false", "-f", "-", stdin=job_manifest(
+    create_from(k8s, job_manifest(
         "slow", "echo started; sleep 60", node="gpu-001", activeDeadlineSeconds=2))
     kubectl(k8s, "wait", "--for=condition=failed", "job/slow", "--timeout=30s")
     job = json.loads(kubectl(k8s, "get", "job", "slow", "-o", "json").stdout)
