@@ -208,6 +208,46 @@ def resource_list(group: str, version: str) -> Obj | None:
             "resources": resources}
 
 
+def _openapi_gv_doc(group: str, version: str) -> Obj:
+    """A group/version's OpenAPI v3 document, reduced to what kubectl reads of it: each
+    kind's PATCH operation with its GVK and the fieldValidation parameter (kubectl's
+    server-side validation check). No schemas: the server validates, as with --validate=strict
+    against a real one."""
+    base = f"/apis/{group}/{version}" if group else f"/api/{version}"
+    paths: Obj = {}
+    for r in RESOURCES:
+        if (r.group, r.version) != (group, version):
+            continue
+        at = f"{base}/namespaces/{{namespace}}/{r.plural}/{{name}}" if r.namespaced else (
+            f"{base}/{r.plural}/{{name}}")
+        paths[at] = {"patch": {
+            "x-kubernetes-group-version-kind": {"group": group, "version": version,
+                                                "kind": r.kind},
+            "parameters": [{"name": "fieldValidation", "in": "query",
+                            "schema": {"type": "string", "uniqueItems": True}}],
+            "responses": {"200": {"description": "OK"}}}}
+    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.32.0"},
+            "paths": paths, "components": {"schemas": {}}}
+
+
+def openapi_v3(rest: list[str]) -> Obj:
+    """/openapi/v3 (the index of group/versions) and /openapi/v3/{api|apis/group}/{version}."""
+    gvs = sorted({(r.group, r.version) for r in RESOURCES})
+    if not rest:
+        index: Obj = {}
+        for group, version in gvs:
+            key = f"apis/{group}/{version}" if group else f"api/{version}"
+            digest = hashlib.sha256(json.dumps(_openapi_gv_doc(group, version)).encode())
+            index[key] = {"serverRelativeURL": f"/openapi/v3/{key}?hash="
+                                               f"{digest.hexdigest()[:32].upper()}"}
+        return {"paths": index}
+    wanted = ("", rest[1]) if rest[0] == "api" and len(rest) == 2 else (
+        (rest[1], rest[2]) if rest[0] == "apis" and len(rest) == 3 else None)
+    if wanted not in gvs:
+        raise ApiError(404, "the server could not find the requested resource")
+    return _openapi_gv_doc(*wanted)
+
+
 def api_group(name: str) -> Obj:
     gv = {"groupVersion": f"{name}/v1", "version": "v1"}
     return {"kind": "APIGroup", "apiVersion": "v1", "name": name, "versions": [gv],
@@ -1669,6 +1709,8 @@ class _Handler(BaseHTTPRequestHandler):
             if found is None:
                 raise ApiError(404, "the server could not find the requested resource")
             return found
+        if parts[:2] == ["openapi", "v3"]:
+            return openapi_v3(parts[2:])
         if parts and parts[0] == "openapi":
             raise ApiError(404, "OpenAPI is not served by the FleetWatch test server")
         return None
