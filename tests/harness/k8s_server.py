@@ -5,35 +5,61 @@ No API server can be installed on the test machines, so this serves the part of 
 FleetWatch and an operator's ``kubectl get/cordon/uncordon/drain`` use, with the semantics
 that matter to them:
 
-- discovery (``/version``, ``/api``, ``/api/v1``, ``/apis``, ``/apis/{group}[/{version}]``),
+- discovery (``/version``, ``/api``, ``/api/v1``, ``/apis``, ``/apis/{group}[/{version}]``;
+  groups apps, batch, events.k8s.io, policy),
   legacy (unaggregated) only: kubectl asks for aggregated discovery first and falls back when
   the answer is a plain ``APIVersions``/``APIGroupList``, as against an older server;
 - nodes, pods, namespaces, core/v1 events, events.k8s.io/v1 events (one store, converted on
   the way out, so an event has the same uid through both APIs, as in a real cluster),
-  policy/v1 PodDisruptionBudgets (status computed as the disruption controller would) and
-  apps/v1 DaemonSets (kubectl drain looks a DaemonSet pod's owner up);
+  policy/v1 PodDisruptionBudgets (status computed as the disruption controller would),
+  apps/v1 DaemonSets (kubectl drain looks a DaemonSet pod's owner up) and batch/v1 Jobs
+  (created with the API server's defaults: the generated ``batch.kubernetes.io/controller-uid``
+  selector and the template's job-name/controller-uid labels, parallelism/completions 1,
+  backoffLimit 6, ...; ``kubectl get jobs`` columns as in 1.32);
 - get, list (label and field selectors, ``limit``/``continue``), watch (``resourceVersion``,
   ``allowWatchBookmarks``, ``timeoutSeconds``, 410 Gone as an ERROR event), create, replace,
   delete, JSON/merge/strategic-merge patch (``metadata.resourceVersion`` in a patch is a
-  precondition, as on the real server), the ``status`` subresource, and
-  ``pods/eviction`` honouring PodDisruptionBudgets (429 TooManyRequests);
+  precondition, as on the real server), the ``status`` subresource,
+  ``pods/eviction`` honouring PodDisruptionBudgets (429 TooManyRequests), and ``pods/log``
+  (``text/plain``; ``container``, ``tailLines``, ``limitBytes``; the API server's 400s for an
+  unknown container or one still waiting to start; empty for a pod this server did not run
+  or that has no node yet). Deleting a Job propagates as the garbage collector would:
+  ``propagationPolicy`` Background/Foreground (body or query) deletes its pods, Orphan or
+  none (batch/v1's default) leaves them without the owner reference;
 - ``meta.k8s.io/v1`` Tables when the client asks for them, so ``kubectl get`` prints columns;
 - the API server's refusals, in its words (``k8s_rules.py``): a malformed label or field
   selector or an unsupported field label is a 400 BadRequest; a body that does not decode into
   the Go type a 400 (create/update) or a 422 on ``patch``; invalid names, label keys and values,
-  annotation keys, taints, pod containers a 422 Invalid with ``details.causes``; a body in a
-  media type it cannot read a 415. Seeds and the control API below are taken as given (they
-  play the kubelet and the controllers), and objects are served with the fields Go always
-  writes (full ``status.nodeInfo``, container ``image``/``imageID``, ...), so the official
-  client's typed models read them.
+  annotation keys, taints, pod containers, a Job's restartPolicy (OnFailure or Never), its
+  counts and its template labels (which hold a Job's name to 63 characters) a 422 Invalid
+  with ``details.causes``; a body in a media type it cannot read a 415 (JSON is read, and
+  protobuf for batch/v1 Jobs only, as ``kubectl create job`` sends: ``k8s_proto.py``).
+  Seeds and the control API below are taken as given (they play the kubelet and the
+  controllers), and objects are served with the fields Go always writes (full
+  ``status.nodeInfo``, container ``image``/``imageID``, ...), so the official client's typed
+  models read them.
 
 What it does not do: authorization beyond one bearer token (plus an optional read-only token
 that gets 403 on writes), admission (a namespace need not exist), the update rules of
-validation (a pod's spec may change), YAML bodies, server-side apply, finalizers, graceful
-deletion (a deleted or evicted pod is gone at once, as if its kubelet had finished instantly),
-consistent snapshots for ``continue`` (a continued list reads the current state; a continue
-token older than the compaction point gets 410 as on the real server), protobuf, OpenAPI (404:
-kubectl's get/cordon/drain do not need it).
+validation (a pod's spec, a Job's template may change), YAML bodies, server-side apply,
+finalizers, graceful deletion (a deleted or evicted pod is gone at once, as if its kubelet
+had finished instantly; Foreground deletion of a Job too), consistent snapshots for
+``continue`` (a continued list reads the current state; a continue token older than the
+compaction point gets 410 as on the real server), protobuf beyond Jobs, following a log
+(``follow`` returns what there is so far), and OpenAPI beyond a v3 stub: ``/openapi/v3`` lists
+each kind's PATCH with the ``fieldValidation`` parameter, so ``kubectl create -f`` leaves
+validation to the server; the parameter is accepted but unknown fields are not reported, and
+there are no schemas (``kubectl explain`` does not work; v2 is a 404).
+
+Running pods (``run_pods=True``, CLI ``--run-pods``; off by default, when nothing acts on a
+Job): a job controller, a scheduler and a kubelet stand-in in ``k8s_workloads.py`` (see its
+docstring) run each Job's pod as a LOCAL PROCESS ON THE TEST MACHINE: the first container's
+``command`` + ``args`` with its ``env``; THE IMAGE IS IGNORED (a container without
+``command`` fails with StartError). Only Job-owned pods are scheduled and run; seeded and
+other pods stay as given. A pod pinned to a tainted, cordoned or NotReady node stays Pending
+(``PodScheduled`` False, ``Unschedulable``, the scheduler's message) until it fits. Jobs end
+Complete or Failed (BackoffLimitExceeded, DeadlineExceeded) with the 1.32 conditions;
+``ttlSecondsAfterFinished`` deletes them.
 
 A small test-only control API under ``/_test/`` (and the same on the Python object) changes
 the cluster as a kubelet or a controller would: a node's Ready condition, a pod's readiness,
@@ -48,8 +74,9 @@ Node with the same pool label (an ADDED watch event, as when a new VM's kubelet 
 Ready at once or, with ``ready_delay``, NotReady first and Ready that much later (MODIFIED).
 No spares left: nothing joins (a pool at its maximum size). ``provisioned`` lists what it did.
 
-Run: ``python -m tests.harness.k8s_server --port 0 --seed seed.json --kubeconfig out.yaml``
-(prints the port); or ``K8sTestServer(seed).start()`` from Python.
+Run: ``python -m tests.harness.k8s_server --port 0 --seed seed.json --kubeconfig out.yaml
+[--run-pods]`` (prints the port); or ``K8sTestServer(seed, run_pods=True).start()`` from
+Python (``stop()`` kills what still runs).
 """
 
 from __future__ import annotations
