@@ -287,7 +287,7 @@ class Running:
     started: str
     container_id: str
     restarts: int = 0
-    history: list[Obj] = field(default_factory=list)
+    last_state: Obj = field(default_factory=dict)  # the previous run's end, after a restart
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -507,7 +507,7 @@ class Workloads:
                 self._start(pod, restarts=run.restarts + 1,
                             last_state={"terminated": terminated})
                 continue
-            self._finish(pod, terminated, run.restarts)
+            self._finish(pod, terminated, run.restarts, run.last_state)
 
     def _finish(self, pod: Obj, terminated: Obj, restarts: int,
                 last_state: Obj | None = None) -> None:
@@ -586,7 +586,7 @@ class Workloads:
                                   name=f"log-{name}")
         reader.start()
         self.running[uid] = Running(meta["namespace"], name, proc, reader, started,
-                                    container_id, restarts)
+                                    container_id, restarts, last_state or {})
         status = pod["status"]
         status["phase"] = "Running"
         conditions = status.get("conditions") or []

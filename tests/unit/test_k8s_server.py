@@ -415,3 +415,43 @@ def test_the_log_of_a_pod_that_has_not_started() -> None:
         400, 'container "check" in pod "p" is waiting to start: ContainerCreating')
     unscheduled = {**pod, "spec": {"containers": pod["spec"]["containers"]}}
     assert server.workloads.read_log(unscheduled, {}) == ""  # no node to ask: nothing
+
+
+def test_restarts_start_errors_and_ttl_without_http() -> None:
+    ks = _server()
+    server = ks.K8sTestServer({"nodes": [{"name": "n1"}]}, run_pods=True)
+    jobs = ks.find_resource("batch", "v1", "jobs")
+    flaky = _job("flaky", "test -e marker || { touch marker; exit 1; }", backoffLimit=2)
+    flaky["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"  # type: ignore[index]
+    server.create("jobs", flaky, "default", validate_as=jobs)
+    server.create("jobs", {**_job("nocmd", backoffLimit=0)}, "default", validate_as=jobs)
+    del server.objects["jobs"][("default", "nocmd")]["spec"]["template"]["spec"][
+        "containers"][0]["command"]
+    server.create("jobs", _job("brief", ttlSecondsAfterFinished=0), "default", validate_as=jobs)
+
+    def conditions(name: str) -> set[str]:
+        job = server.get("jobs", "default", name)
+        return {c["type"] for c in ((job or {}).get("status") or {}).get("conditions") or []}
+
+    def pods(name: str) -> list[dict[str, object]]:
+        return [p for p in server.objects["pods"].values()
+                if p["metadata"]["labels"].get("job-name") == name]
+
+    server.workloads.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not ("Complete" in conditions("flaky") and "Failed" in conditions("nocmd")
+                   and server.get("jobs", "default", "brief") is None):
+            assert time.monotonic() < deadline, "the jobs did not finish"
+            time.sleep(0.1)
+        # OnFailure: the same pod, its container restarted once.
+        [restarted] = pods("flaky")
+        status = restarted["status"]["containerStatuses"][0]  # type: ignore[index]
+        assert status["restartCount"] == 1
+        assert status["lastState"]["terminated"]["exitCode"] == 1
+        [never_ran] = pods("nocmd")
+        term = never_ran["status"]["containerStatuses"][0]["state"]["terminated"]  # type: ignore[index]
+        assert (term["reason"], term["exitCode"]) == ("StartError", 128)
+        assert pods("brief") == []  # the TTL deleted the job and its pod
+    finally:
+        server.workloads.stop()
