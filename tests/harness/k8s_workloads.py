@@ -701,9 +701,8 @@ class Workloads:
         succeeded = sum(1 for v in counted.values() if v == "succeeded")
         failed = sum(1 for v in counted.values() if v == "failed")
         completions = spec.get("completions")
-        parallelism = int(spec.get("parallelism") if spec.get("parallelism") is not None
-                          else 1)
-        backoff = int(spec.get("backoffLimit") if spec.get("backoffLimit") is not None else 6)
+        parallelism = int(spec["parallelism"]) if spec.get("parallelism") is not None else 1
+        backoff = int(spec["backoffLimit"]) if spec.get("backoffLimit") is not None else 6
         template_spec = (spec.get("template") or {}).get("spec") or {}
 
         if spec.get("suspend"):
@@ -797,7 +796,7 @@ def _pump(proc: subprocess.Popen[bytes], log: PodLog) -> None:
         return
     with contextlib.suppress(OSError, ValueError):
         while True:
-            chunk = stream.read1(65536)
+            chunk = os.read(stream.fileno(), 65536)
             if not chunk:
                 break
             log.append(chunk)
