@@ -542,8 +542,21 @@ _SCHEMAS: dict[str, list[tuple[tuple[str, ...], str, str]]] = {
     "poddisruptionbudgets": [
         (("spec", "selector"), "PodDisruptionBudgetSpec", "*v1.LabelSelector"),
     ],
+    "jobs": [
+        (("spec", "selector"), "JobSpec", "*v1.LabelSelector"),
+        (("spec", "template"), "JobSpec", "v1.PodTemplateSpec"),
+        (("spec", "template", "spec", "containers"), "PodSpec", "[]v1.Container"),
+        (("spec", "template", "spec", "containers", "*", "name"), "Container", "string"),
+        (("spec", "template", "spec", "containers", "*", "image"), "Container", "string"),
+        (("spec", "template", "spec", "containers", "*", "command"), "Container", "[]string"),
+        (("spec", "template", "spec", "containers", "*", "args"), "Container", "[]string"),
+        (("spec", "template", "spec", "nodeName"), "PodSpec", "string"),
+        (("spec", "template", "spec", "restartPolicy"), "PodSpec", "v1.RestartPolicy"),
+        (("spec", "suspend"), "JobSpec", "bool"),
+        (("spec", "manualSelector"), "JobSpec", "bool"),
+    ],
 }
-_STRING_TYPES = {"string", "v1.TaintEffect", "v1.PodPhase"}
+_STRING_TYPES = {"string", "v1.TaintEffect", "v1.PodPhase", "v1.RestartPolicy"}
 
 
 def _json_kind(value: Any) -> str:
@@ -604,6 +617,9 @@ _NAME_RULES: dict[str, Callable[[str], list[str]]] = {
     "namespaces": is_dns1123_label, "nodes": is_dns1123_subdomain,
     "pods": is_dns1123_subdomain, "events": is_dns1123_subdomain,
     "poddisruptionbudgets": is_dns1123_subdomain, "daemonsets": is_dns1123_subdomain,
+    # A Job's name is checked as a subdomain (ValidateReplicationControllerName); it is its
+    # pods' job-name label value that holds it to 63 characters (spec.template.labels).
+    "jobs": is_dns1123_subdomain,
 }
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _ANNOTATIONS_MAX = 256 * 1024
@@ -653,14 +669,14 @@ def validate_taints(taints: list[Obj]) -> list[FieldError]:
     return errs
 
 
-def validate_pod_spec(spec: Obj) -> list[FieldError]:
+def validate_pod_spec(spec: Obj, path: str = "spec") -> list[FieldError]:
     containers = spec.get("containers") or []
     if not containers:
-        return [FieldError("FieldValueRequired", "spec.containers")]
+        return [FieldError("FieldValueRequired", f"{path}.containers")]
     errs: list[FieldError] = []
     names: set[str] = set()
     for i, c in enumerate(containers):
-        at = f"spec.containers[{i}]"
+        at = f"{path}.containers[{i}]"
         name = c.get("name") or ""
         if not name:
             errs.append(FieldError("FieldValueRequired", f"{at}.name"))
@@ -674,6 +690,35 @@ def validate_pod_spec(spec: Obj) -> list[FieldError]:
     return errs
 
 
+JOB_RESTART_POLICIES = ("OnFailure", "Never")
+
+
+def validate_job_spec(spec: Obj) -> list[FieldError]:
+    """ValidateJobSpec and the pod template's checks (pkg/apis/batch/validation), the parts
+    a Job created here can get wrong."""
+    errs: list[FieldError] = []
+    for key in ("parallelism", "completions", "activeDeadlineSeconds", "backoffLimit",
+                "ttlSecondsAfterFinished"):
+        value = spec.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            errs.append(invalid(f"spec.{key}", value, "must be greater than or equal to 0"))
+    if spec.get("selector") is None:
+        errs.append(FieldError("FieldValueRequired", "spec.selector"))
+    template = spec.get("template") or {}
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    for key, value in sorted(labels.items()):
+        errs += [invalid("spec.template.labels", key, m) for m in is_qualified_name(key)]
+        errs += [invalid("spec.template.labels", value, m) for m in is_label_value(value)]
+    tspec = template.get("spec") or {}
+    errs += validate_pod_spec(tspec, "spec.template.spec")
+    policy = tspec.get("restartPolicy") or ""
+    if policy not in JOB_RESTART_POLICIES:
+        errs.append(FieldError("FieldValueNotSupported", "spec.template.spec.restartPolicy",
+                               policy, "supported values: " + ", ".join(
+                                   f'"{p}"' for p in JOB_RESTART_POLICIES)))
+    return errs
+
+
 def validate(store: str, obj: Obj) -> list[FieldError]:
     """The field errors the API server would find in ``obj`` (empty: it may be stored)."""
     errs = validate_meta(store, obj.get("metadata") or {})
@@ -682,6 +727,15 @@ def validate(store: str, obj: Obj) -> list[FieldError]:
         errs += validate_taints(spec.get("taints") or [])
     elif store == "pods":
         errs += validate_pod_spec(spec)
+    elif store == "jobs":
+        errs += validate_job_spec(spec)
+        completions = spec.get("completions")
+        name = (obj.get("metadata") or {}).get("name") or ""
+        if spec.get("completionMode") == "Indexed" and isinstance(completions, int) \
+                and completions > 0 and is_dns1123_label(f"{name}-{completions - 1}"):
+            # An Indexed Job's pods are named <job>-<index> as their hostname.
+            errs.append(invalid("metadata.name", name, "will not able to create pod with "
+                                f"invalid DNS label: {name}-{completions - 1}"))
     elif store == "poddisruptionbudgets" and spec.get("minAvailable") is not None \
             and spec.get("maxUnavailable") is not None:
         errs.append(invalid("spec", spec, "minAvailable and maxUnavailable cannot be both set"))
@@ -716,6 +770,12 @@ def serialised(store: str, obj: Obj) -> Obj:
                     cs.setdefault(field_, zero)
         spec = obj.setdefault("spec", {})
         spec.setdefault("containers", None)
+    elif store == "jobs":
+        spec = obj.setdefault("spec", {})
+        template = spec.setdefault("template", {})
+        template.setdefault("metadata", {})
+        template.setdefault("spec", {}).setdefault("containers", None)
+        obj.setdefault("status", {})
     elif store == "daemonsets":
         spec = obj.setdefault("spec", {})
         template = spec.setdefault("template", {})

@@ -5,35 +5,61 @@ No API server can be installed on the test machines, so this serves the part of 
 FleetWatch and an operator's ``kubectl get/cordon/uncordon/drain`` use, with the semantics
 that matter to them:
 
-- discovery (``/version``, ``/api``, ``/api/v1``, ``/apis``, ``/apis/{group}[/{version}]``),
+- discovery (``/version``, ``/api``, ``/api/v1``, ``/apis``, ``/apis/{group}[/{version}]``;
+  groups apps, batch, events.k8s.io, policy),
   legacy (unaggregated) only: kubectl asks for aggregated discovery first and falls back when
   the answer is a plain ``APIVersions``/``APIGroupList``, as against an older server;
 - nodes, pods, namespaces, core/v1 events, events.k8s.io/v1 events (one store, converted on
   the way out, so an event has the same uid through both APIs, as in a real cluster),
-  policy/v1 PodDisruptionBudgets (status computed as the disruption controller would) and
-  apps/v1 DaemonSets (kubectl drain looks a DaemonSet pod's owner up);
+  policy/v1 PodDisruptionBudgets (status computed as the disruption controller would),
+  apps/v1 DaemonSets (kubectl drain looks a DaemonSet pod's owner up) and batch/v1 Jobs
+  (created with the API server's defaults: the generated ``batch.kubernetes.io/controller-uid``
+  selector and the template's job-name/controller-uid labels, parallelism/completions 1,
+  backoffLimit 6, ...; ``kubectl get jobs`` columns as in 1.32);
 - get, list (label and field selectors, ``limit``/``continue``), watch (``resourceVersion``,
   ``allowWatchBookmarks``, ``timeoutSeconds``, 410 Gone as an ERROR event), create, replace,
   delete, JSON/merge/strategic-merge patch (``metadata.resourceVersion`` in a patch is a
-  precondition, as on the real server), the ``status`` subresource, and
-  ``pods/eviction`` honouring PodDisruptionBudgets (429 TooManyRequests);
+  precondition, as on the real server), the ``status`` subresource,
+  ``pods/eviction`` honouring PodDisruptionBudgets (429 TooManyRequests), and ``pods/log``
+  (``text/plain``; ``container``, ``tailLines``, ``limitBytes``; the API server's 400s for an
+  unknown container or one still waiting to start; empty for a pod this server did not run
+  or that has no node yet). Deleting a Job propagates as the garbage collector would:
+  ``propagationPolicy`` Background/Foreground (body or query) deletes its pods, Orphan or
+  none (batch/v1's default) leaves them without the owner reference;
 - ``meta.k8s.io/v1`` Tables when the client asks for them, so ``kubectl get`` prints columns;
 - the API server's refusals, in its words (``k8s_rules.py``): a malformed label or field
   selector or an unsupported field label is a 400 BadRequest; a body that does not decode into
   the Go type a 400 (create/update) or a 422 on ``patch``; invalid names, label keys and values,
-  annotation keys, taints, pod containers a 422 Invalid with ``details.causes``; a body in a
-  media type it cannot read a 415. Seeds and the control API below are taken as given (they
-  play the kubelet and the controllers), and objects are served with the fields Go always
-  writes (full ``status.nodeInfo``, container ``image``/``imageID``, ...), so the official
-  client's typed models read them.
+  annotation keys, taints, pod containers, a Job's restartPolicy (OnFailure or Never), its
+  counts and its template labels (which hold a Job's name to 63 characters) a 422 Invalid
+  with ``details.causes``; a body in a media type it cannot read a 415 (JSON is read, and
+  protobuf for batch/v1 Jobs only, as ``kubectl create job`` sends: ``k8s_proto.py``).
+  Seeds and the control API below are taken as given (they play the kubelet and the
+  controllers), and objects are served with the fields Go always writes (full
+  ``status.nodeInfo``, container ``image``/``imageID``, ...), so the official client's typed
+  models read them.
 
 What it does not do: authorization beyond one bearer token (plus an optional read-only token
 that gets 403 on writes), admission (a namespace need not exist), the update rules of
-validation (a pod's spec may change), YAML bodies, server-side apply, finalizers, graceful
-deletion (a deleted or evicted pod is gone at once, as if its kubelet had finished instantly),
-consistent snapshots for ``continue`` (a continued list reads the current state; a continue
-token older than the compaction point gets 410 as on the real server), protobuf, OpenAPI (404:
-kubectl's get/cordon/drain do not need it).
+validation (a pod's spec, a Job's template may change), YAML bodies, server-side apply,
+finalizers, graceful deletion (a deleted or evicted pod is gone at once, as if its kubelet
+had finished instantly; Foreground deletion of a Job too), consistent snapshots for
+``continue`` (a continued list reads the current state; a continue token older than the
+compaction point gets 410 as on the real server), protobuf beyond Jobs, following a log
+(``follow`` returns what there is so far), and OpenAPI beyond a v3 stub: ``/openapi/v3`` lists
+each kind's PATCH with the ``fieldValidation`` parameter, so ``kubectl create -f`` leaves
+validation to the server; the parameter is accepted but unknown fields are not reported, and
+there are no schemas (``kubectl explain`` does not work; v2 is a 404).
+
+Running pods (``run_pods=True``, CLI ``--run-pods``; off by default, when nothing acts on a
+Job): a job controller, a scheduler and a kubelet stand-in in ``k8s_workloads.py`` (see its
+docstring) run each Job's pod as a LOCAL PROCESS ON THE TEST MACHINE: the first container's
+``command`` + ``args`` with its ``env``; THE IMAGE IS IGNORED (a container without
+``command`` fails with StartError). Only Job-owned pods are scheduled and run; seeded and
+other pods stay as given. A pod pinned to a tainted, cordoned or NotReady node stays Pending
+(``PodScheduled`` False, ``Unschedulable``, the scheduler's message) until it fits. Jobs end
+Complete or Failed (BackoffLimitExceeded, DeadlineExceeded) with the 1.32 conditions;
+``ttlSecondsAfterFinished`` deletes them.
 
 A small test-only control API under ``/_test/`` (and the same on the Python object) changes
 the cluster as a kubelet or a controller would: a node's Ready condition, a pod's readiness,
@@ -48,8 +74,9 @@ Node with the same pool label (an ADDED watch event, as when a new VM's kubelet 
 Ready at once or, with ``ready_delay``, NotReady first and Ready that much later (MODIFIED).
 No spares left: nothing joins (a pool at its maximum size). ``provisioned`` lists what it did.
 
-Run: ``python -m tests.harness.k8s_server --port 0 --seed seed.json --kubeconfig out.yaml``
-(prints the port); or ``K8sTestServer(seed).start()`` from Python.
+Run: ``python -m tests.harness.k8s_server --port 0 --seed seed.json --kubeconfig out.yaml
+[--run-pods]`` (prints the port); or ``K8sTestServer(seed, run_pods=True).start()`` from
+Python (``stop()`` kills what still runs).
 """
 
 from __future__ import annotations
@@ -82,7 +109,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.harness import k8s_rules
+from tests.harness import k8s_proto, k8s_rules, k8s_workloads
 from tests.harness.k8s_rules import ApiError, SelectorError
 
 Obj = dict[str, Any]
@@ -156,16 +183,18 @@ VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 RESOURCES = [
     Resource("", "v1", "namespaces", "Namespace", False, "namespaces", ("ns",), ("status",)),
     Resource("", "v1", "nodes", "Node", False, "nodes", ("no",), ("status",)),
-    Resource("", "v1", "pods", "Pod", True, "pods", ("po",), ("status", "eviction"), ("all",)),
+    Resource("", "v1", "pods", "Pod", True, "pods", ("po",), ("status", "eviction", "log"),
+             ("all",)),
     Resource("", "v1", "events", "Event", True, "events", ("ev",)),
     Resource("events.k8s.io", "v1", "events", "Event", True, "events", ("ev",)),
     Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True,
              "poddisruptionbudgets", ("pdb",), ("status",)),
     Resource("apps", "v1", "daemonsets", "DaemonSet", True, "daemonsets", ("ds",), ("status",),
              ("all",)),
+    Resource("batch", "v1", "jobs", "Job", True, "jobs", (), ("status",), ("all",)),
 ]
-GROUPS = ["apps", "events.k8s.io", "policy"]
-STATUS_STORES = {"nodes", "pods", "poddisruptionbudgets", "daemonsets", "namespaces"}
+GROUPS = ["apps", "batch", "events.k8s.io", "policy"]
+STATUS_STORES = {"nodes", "pods", "poddisruptionbudgets", "daemonsets", "namespaces", "jobs"}
 
 
 def find_resource(group: str, version: str, plural: str) -> Resource | None:
@@ -194,6 +223,9 @@ def resource_list(group: str, version: str) -> Obj | None:
                 resources.append({"name": f"{r.plural}/eviction", "singularName": "",
                                   "namespaced": True, "group": "policy", "version": "v1",
                                   "kind": "Eviction", "verbs": ["create"]})
+            elif sub == "log":
+                resources.append({"name": f"{r.plural}/log", "singularName": "",
+                                  "namespaced": True, "kind": "Pod", "verbs": ["get"]})
             else:
                 resources.append({"name": f"{r.plural}/{sub}", "singularName": "",
                                   "namespaced": r.namespaced, "kind": r.kind,
@@ -201,6 +233,46 @@ def resource_list(group: str, version: str) -> Obj | None:
     gv = f"{group}/{version}" if group else version
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
             "resources": resources}
+
+
+def _openapi_gv_doc(group: str, version: str) -> Obj:
+    """A group/version's OpenAPI v3 document, reduced to what kubectl reads of it: each
+    kind's PATCH operation with its GVK and the fieldValidation parameter (kubectl's
+    server-side validation check). No schemas: the server validates, as with --validate=strict
+    against a real one."""
+    base = f"/apis/{group}/{version}" if group else f"/api/{version}"
+    paths: Obj = {}
+    for r in RESOURCES:
+        if (r.group, r.version) != (group, version):
+            continue
+        at = f"{base}/namespaces/{{namespace}}/{r.plural}/{{name}}" if r.namespaced else (
+            f"{base}/{r.plural}/{{name}}")
+        paths[at] = {"patch": {
+            "x-kubernetes-group-version-kind": {"group": group, "version": version,
+                                                "kind": r.kind},
+            "parameters": [{"name": "fieldValidation", "in": "query",
+                            "schema": {"type": "string", "uniqueItems": True}}],
+            "responses": {"200": {"description": "OK"}}}}
+    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.32.0"},
+            "paths": paths, "components": {"schemas": {}}}
+
+
+def openapi_v3(rest: list[str]) -> Obj:
+    """/openapi/v3 (the index of group/versions) and /openapi/v3/{api|apis/group}/{version}."""
+    gvs = sorted({(r.group, r.version) for r in RESOURCES})
+    if not rest:
+        index: Obj = {}
+        for group, version in gvs:
+            key = f"apis/{group}/{version}" if group else f"api/{version}"
+            digest = hashlib.sha256(json.dumps(_openapi_gv_doc(group, version)).encode())
+            index[key] = {"serverRelativeURL": f"/openapi/v3/{key}?hash="
+                                               f"{digest.hexdigest()[:32].upper()}"}
+        return {"paths": index}
+    wanted = ("", rest[1]) if rest[0] == "api" and len(rest) == 2 else (
+        (rest[1], rest[2]) if rest[0] == "apis" and len(rest) == 3 else None)
+    if wanted not in gvs:
+        raise ApiError(404, "the server could not find the requested resource")
+    return _openapi_gv_doc(*wanted)
 
 
 def api_group(name: str) -> Obj:
@@ -259,6 +331,7 @@ FIELDS = {
                "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"},
     "poddisruptionbudgets": {"metadata.name", "metadata.namespace"},
     "daemonsets": {"metadata.name", "metadata.namespace"},
+    "jobs": {"metadata.name", "metadata.namespace", "status.successful"},
 }
 # events.k8s.io/v1 names the same fields its own way.
 EVENTS_V1_FIELDS = {"regarding.": "involvedObject.", "reportingController": "reportingComponent",
@@ -266,6 +339,8 @@ EVENTS_V1_FIELDS = {"regarding.": "involvedObject.", "reportingController": "rep
 
 
 def _dig(obj: Obj, path: str) -> str:
+    if path == "status.successful":  # a Job's field label for status.succeeded
+        return str((obj.get("status") or {}).get("succeeded") or 0)
     value: Any = obj
     for part in path.split("."):
         value = value.get(part) if isinstance(value, dict) else None
@@ -278,7 +353,7 @@ def _dig(obj: Obj, path: str) -> str:
 
 # The kinds whose field labels core/v1 converts itself ("field label not supported: x"); the
 # others answer with the generic metadata.name/metadata.namespace message.
-CONVERTED_FIELD_KINDS = {"nodes", "namespaces", "pods", "events"}
+CONVERTED_FIELD_KINDS = {"nodes", "namespaces", "pods", "events", "jobs"}
 
 
 def field_selector(text: str, r: Resource) -> Callable[[Obj], bool]:
@@ -687,7 +762,7 @@ class K8sTestServer:
                  history_size: int = 1000, bookmark_interval: float = 5.0,
                  max_watch_seconds: float = 1800.0, kubeconfig_path: str | Path | None = None,
                  tls: bool = True, pools: dict[str, Obj] | None = None,
-                 pool_label: str = "fleetwatch.io/pool") -> None:
+                 pool_label: str = "fleetwatch.io/pool", run_pods: bool = False) -> None:
         self.host, self.requested_port = host, port
         # kubectl sends credentials only over TLS (client-go drops them for http:// servers),
         # so the token is checked over HTTPS with a throwaway self-signed certificate; with
@@ -724,6 +799,11 @@ class K8sTestServer:
         self.port = 0
         self._http: _HttpServer | None = None
         self._thread: threading.Thread | None = None
+        # The job controller, scheduler and kubelet (k8s_workloads.py): their thread runs only
+        # with run_pods=True (it runs Job pods' commands on this machine); without it, Jobs
+        # are stored and served but nothing acts on them.
+        self.run_pods = run_pods
+        self.workloads = k8s_workloads.Workloads(self, run=run_pods)
         if seed is not None:
             self.load_seed(seed)
 
@@ -741,6 +821,7 @@ class K8sTestServer:
         self._thread = threading.Thread(target=self._http.serve_forever, name="k8s-test-server",
                                         kwargs={"poll_interval": 0.1}, daemon=True)
         self._thread.start()
+        self.workloads.start()
         if self.kubeconfig_path is not None:
             self.write_kubeconfig(self.kubeconfig_path)
         return self.port
@@ -771,6 +852,7 @@ class K8sTestServer:
             timers, self._timers = self._timers, []
         for timer in timers:
             timer.cancel()
+        self.workloads.stop()
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
@@ -875,10 +957,16 @@ class K8sTestServer:
                 meta.pop("namespace", None)
             if not meta.get("name"):
                 if meta.get("generateName"):
-                    meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
+                    meta["name"] = meta["generateName"] + k8s_workloads.random_suffix()
                 else:
                     raise ApiError(422, "metadata.name: Required value: name or generateName is "
                                    "required")
+            if store == "jobs":
+                # The job strategy needs the uid before validation: the generated selector
+                # and the template's labels carry it.
+                if validate_as is not None or not meta.get("uid"):
+                    meta["uid"] = str(uuid.uuid4())  # the API server ignores a client's uid
+                k8s_workloads.default_job(obj)
             if validate_as is not None:
                 errors = k8s_rules.validate(store, obj)
                 if errors:
@@ -892,7 +980,7 @@ class K8sTestServer:
             meta.setdefault("uid", str(uuid.uuid4()))
             meta.setdefault("creationTimestamp", now_iso())
             meta["resourceVersion"] = str(self.rv)
-            if store in ("poddisruptionbudgets", "daemonsets"):
+            if store in ("poddisruptionbudgets", "daemonsets", "jobs"):
                 meta["generation"] = 1
             obj.pop("kind", None)
             obj.pop("apiVersion", None)
@@ -948,6 +1036,8 @@ class K8sTestServer:
             self._record(store, "DELETED", gone, copy.deepcopy(old))
             if store == "nodes":
                 self._node_left_pool(gone)
+            elif store == "pods":
+                self.workloads.pod_deleted(gone)  # its kubelet stops the containers
             return copy.deepcopy(gone)
 
     # --- the node-pool stand-in (a cloud's node-pool controller / cluster-autoscaler) ---
@@ -1226,6 +1316,97 @@ def age(ts: Any) -> str:
     return f"{s // 86400}d"
 
 
+def human_duration(seconds: float) -> str:
+    """duration.HumanDuration (k8s.io/apimachinery), as kubectl's DURATION column shows it."""
+    s = int(seconds)
+    if s < -1:
+        return "<invalid>"
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return f"{s}s"
+    minutes = s // 60
+    if minutes < 10:
+        return f"{minutes}m" if s % 60 == 0 else f"{minutes}m{s % 60}s"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = s // 3600
+    if hours < 8:
+        return f"{hours}h" if minutes % 60 == 0 else f"{hours}h{minutes % 60}m"
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 24 * 8:
+        return f"{hours // 24}d" if hours % 24 == 0 else f"{hours // 24}d{hours % 24}h"
+    return f"{hours // 24}d"
+
+
+def format_selector(selector: Obj | None) -> str:
+    """metav1.FormatLabelSelector."""
+    if selector is None:
+        return "<none>"
+    parts = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+    for e in selector.get("matchExpressions") or []:
+        op = {"In": "in", "NotIn": "notin"}.get(e.get("operator", ""), "")
+        if op:
+            parts.append(f"{e.get('key')} {op} ({','.join(e.get('values') or [])})")
+        elif e.get("operator") == "Exists":
+            parts.append(str(e.get("key")))
+        else:
+            parts.append(f"!{e.get('key')}")
+    return ",".join(parts) or "<none>"
+
+
+def job_cells(obj: Obj) -> list[Any]:
+    """A Job's row as Kubernetes 1.32's printer makes it (pkg/printers/internalversion)."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    status = obj.get("status") or {}
+    conditions = {c.get("type") for c in status.get("conditions") or []
+                  if c.get("status") == "True"}
+    shown = next((word for cond, word in (
+        ("Complete", "Complete"), ("Failed", "Failed"), ("", "Terminating"),
+        ("Suspended", "Suspended"), ("FailureTarget", "FailureTarget"),
+        ("SuccessCriteriaMet", "SuccessCriteriaMet"))
+        if (cond in conditions if cond else bool(meta.get("deletionTimestamp")))), "Running")
+    succeeded = int(status.get("succeeded") or 0)
+    if spec.get("completions") is not None:
+        completions = f"{succeeded}/{spec['completions']}"
+    elif spec.get("parallelism") is None or int(spec["parallelism"]) > 1:
+        completions = f"{succeeded}/1 of {spec.get('parallelism') or 1}"
+    else:
+        completions = f"{succeeded}/1"
+    started, done = parse_time(status.get("startTime")), parse_time(status.get("completionTime"))
+    duration = "" if started is None else human_duration(
+        (done if done is not None else time.time()) - started)
+    containers = (spec.get("template") or {}).get("spec", {}).get("containers") or []
+    return [meta.get("name", ""), shown, completions, duration,
+            age(meta.get("creationTimestamp")), ",".join(c.get("name", "") for c in containers),
+            ",".join(c.get("image", "") for c in containers),
+            format_selector(spec.get("selector"))]
+
+
+def pod_status_word(obj: Obj) -> str:
+    """The STATUS kubectl shows for a pod: the phase, or a container's waiting or terminated
+    reason (Completed, Error, ContainerCreating), as the pod printer picks it."""
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return "Terminating"
+    word = status.get("reason") or status.get("phase", "")
+    running = False
+    for cs in reversed(status.get("containerStatuses") or []):
+        state = cs.get("state") or {}
+        if (state.get("waiting") or {}).get("reason"):
+            word = state["waiting"]["reason"]
+        elif "terminated" in state:
+            term = state["terminated"] or {}
+            word = term.get("reason") or (f"Signal:{term['signal']}" if term.get("signal")
+                                          else f"ExitCode:{term.get('exitCode', 0)}")
+        elif cs.get("ready") and "running" in state:
+            running = True
+    if word == "Completed" and running:
+        word = "Running"
+    return str(word)
+
+
 def _col(name: str, type_: str = "string", priority: int = 0, fmt: str = "") -> Obj:
     return {"name": name, "type": type_, "format": fmt, "description": name,
             "priority": priority}
@@ -1248,6 +1429,10 @@ def table_columns(r: Resource) -> list[Obj]:
                 _col("Allowed Disruptions", "integer"), _col("Age")]
     if r.store == "namespaces":
         return [name, _col("Status"), _col("Age")]
+    if r.store == "jobs":
+        return [name, _col("Status"), _col("Completions"), _col("Duration"), _col("Age"),
+                _col("Containers", priority=1), _col("Images", priority=1),
+                _col("Selector", priority=1)]
     return [name, _col("Age")]
 
 
@@ -1274,7 +1459,7 @@ def table_cells(r: Resource, obj: Obj) -> list[Any]:
         total = len((obj.get("spec") or {}).get("containers") or [])
         ready = sum(1 for c in cs if c.get("ready"))
         restarts = sum(int(c.get("restartCount") or 0) for c in cs)
-        shown = "Terminating" if meta.get("deletionTimestamp") else status.get("phase", "")
+        shown = pod_status_word(obj)
         return [meta["name"], f"{ready}/{total}", shown, str(restarts), age(created),
                 status.get("podIP", "<none>"), (obj.get("spec") or {}).get("nodeName", "")]
     if r.store == "events":
@@ -1291,6 +1476,8 @@ def table_cells(r: Resource, obj: Obj) -> list[Any]:
                 int((obj.get("status") or {}).get("disruptionsAllowed", 0)), age(created)]
     if r.store == "namespaces":
         return [meta["name"], status.get("phase", "Active"), age(created)]
+    if r.store == "jobs":
+        return job_cells(obj)
     return [meta["name"], age(created)]
 
 
@@ -1322,6 +1509,23 @@ def undecodable(r: Resource, body: Any) -> None:
         raise ApiError(400, f'{r.kind} in version "{r.version}" cannot be handled as a '
                        f"{r.kind}: {problem}")
 
+
+
+def propagation(body: Any, params: dict[str, str]) -> str:
+    """A delete's propagationPolicy (DeleteOptions body, else the query parameter; the
+    deprecated orphanDependents too). None given: batch/v1 Jobs default to Orphan."""
+    options = body if isinstance(body, dict) else {}
+    policy = options.get("propagationPolicy") or params.get("propagationPolicy") or ""
+    if policy:
+        if policy not in ("Orphan", "Background", "Foreground"):
+            raise ApiError(422, f'DeleteOptions.meta.k8s.io "" is invalid: propagationPolicy: '
+                           f'Unsupported value: "{policy}": supported values: "Foreground", '
+                           '"Background", "Orphan", "nil"')
+        return str(policy)
+    orphan = options.get("orphanDependents")
+    if orphan is None and "orphanDependents" in params:
+        orphan = go_bool(params["orphanDependents"])
+    return "Background" if orphan is False else "Orphan"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -1376,6 +1580,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _media_type(self) -> str:
         return self.headers.get("Content-Type", "").split(";")[0].strip().lower()
 
+    def _is_protobuf_job(self, method: str) -> bool:
+        """A Job created or replaced in protobuf (kubectl create job's typed client sends no
+        JSON): the one protobuf body this server reads (k8s_proto.py)."""
+        path = urlsplit(self.path).path.rstrip("/")
+        return (method in ("POST", "PUT") and self._media_type() == k8s_proto.MEDIA_TYPE
+                and path.startswith("/apis/batch/v1/")
+                and (path.endswith("/jobs") or "/jobs/" in path))
+
     def _check_media_type(self, method: str, raw: bytes) -> None:
         """415 for a body this server cannot read, before the body is looked at (as the API
         server negotiates the decoder first). It reads JSON only: no YAML, no protobuf, no
@@ -1384,7 +1596,8 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "PATCH" and kind not in PATCH_TYPES:
             raise ApiError(415, "the body of the request was in an unknown format - accepted "
                            "media types include: " + ", ".join(PATCH_TYPES))
-        if method in ("POST", "PUT") and raw and kind not in ("", "application/json"):
+        if method in ("POST", "PUT") and raw and kind not in ("", "application/json") \
+                and not self._is_protobuf_job(method):
             raise ApiError(415, "the body of the request was in an unknown format - accepted "
                            "media types include: application/json")
 
@@ -1406,7 +1619,11 @@ class _Handler(BaseHTTPRequestHandler):
             raw = self._raw_body() if method in ("POST", "PUT", "PATCH", "DELETE") else b""
             if not url.path.startswith("/_test/"):
                 self._check_media_type(method, raw)
-            body = self._parse_body(raw) if method in ("POST", "PUT", "PATCH", "DELETE") else None
+            if self._is_protobuf_job(method) and raw:
+                body: Any = k8s_proto.decode(raw)
+            else:
+                body = self._parse_body(raw) if method in ("POST", "PUT", "PATCH", "DELETE") \
+                    else None
             if url.path.startswith("/_test/"):
                 self._send(200, self._control(method, url.path, body))
                 return
@@ -1480,6 +1697,16 @@ class _Handler(BaseHTTPRequestHandler):
                            f'readonly" cannot {verb} resource "{r.plural}" in API group '
                            f'"{r.group}" {scope}')
         ns_key = (namespace or "default") if r.namespaced else ""
+        if sub == "log":
+            if verb != "get":
+                raise ApiError(405, "the log subresource only accepts GET")
+            with api.cond:
+                pod = api.get("pods", ns_key, name or "")
+                if pod is None:
+                    raise not_found(r, name or "")
+                text = api.workloads.read_log(pod, params)
+            self._send(200, text)  # text/plain, as the kubelet's log stream
+            return
         if name is None:
             self._collection(r, verb, namespace, params, body)
         elif sub == "eviction":
@@ -1509,6 +1736,8 @@ class _Handler(BaseHTTPRequestHandler):
             if found is None:
                 raise ApiError(404, "the server could not find the requested resource")
             return found
+        if parts[:2] == ["openapi", "v3"]:
+            return openapi_v3(parts[2:])
         if parts and parts[0] == "openapi":
             raise ApiError(404, "OpenAPI is not served by the FleetWatch test server")
         return None
@@ -1543,11 +1772,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _item(self, r: Resource, verb: str, namespace: str, name: str, sub: str | None,
               params: dict[str, str], body: Any) -> None:
         with self.server.api.cond:  # read-modify-write as one step
-            code, answer = self._item_locked(r, verb, namespace, name, sub, body)
+            code, answer = self._item_locked(r, verb, namespace, name, sub, body, params)
         self._send(code, answer)
 
     def _item_locked(self, r: Resource, verb: str, namespace: str, name: str, sub: str | None,
-                     body: Any) -> tuple[int, Obj]:
+                     body: Any, params: dict[str, str] | None = None) -> tuple[int, Obj]:
         api = self.server.api
         current = api.get(r.store, namespace, name)
         if current is None:
@@ -1562,7 +1791,10 @@ class _Handler(BaseHTTPRequestHandler):
             if pre.get("uid") and pre["uid"] != current["metadata"]["uid"]:
                 raise ApiError(409, "Precondition failed: UID in precondition: "
                                f"{pre['uid']}, UID in object meta: {current['metadata']['uid']}")
+            policy = propagation(body, params or {})
             gone = api.delete(r.store, namespace, name)
+            if r.store == "jobs" and gone is not None:
+                api.workloads.job_deleted(gone, policy)
             return 200, api.out(r, gone or current)
         # update and patch: work on the API's view (events.k8s.io converts both ways).
         view = api.out(r, current)
@@ -1753,6 +1985,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bookmark-interval", type=float, default=5.0)
     parser.add_argument("--pools", help='node pools as JSON, e.g. \'{"gpu": {"spares": '
                         '["gpu-017"], "delay": 1.0}}\': a deleted member is replaced')
+    parser.add_argument("--run-pods", action="store_true",
+                        help="run Jobs: a job controller, scheduler and kubelet that run each "
+                        "Job pod's command as a local process (the image is ignored)")
     parser.add_argument("--no-tls", action="store_true",
                         help="plain http (kubectl then sends no token: requests are anonymous)")
     args = parser.parse_args(argv)
@@ -1760,7 +1995,8 @@ def main(argv: list[str] | None = None) -> int:
                            history_size=args.history_size,
                            bookmark_interval=args.bookmark_interval,
                            kubeconfig_path=args.kubeconfig, tls=not args.no_tls,
-                           pools=json.loads(args.pools) if args.pools else None)
+                           pools=json.loads(args.pools) if args.pools else None,
+                           run_pods=args.run_pods)
     port = server.start()
     print(port, flush=True)
     done = threading.Event()

@@ -4,6 +4,8 @@ PodDisruptionBudget arithmetic (kubectl checks the rest in tests/integration).""
 from __future__ import annotations
 
 import importlib
+import json
+import time
 from types import ModuleType
 
 import pytest
@@ -221,3 +223,235 @@ def test_a_bad_limit_is_a_400_not_a_crash() -> None:
         server.list(nodes, None, {"limit": "ten"})
     assert (bad.value.code, bad.value.message) == (
         400, 'strconv.ParseInt: parsing "ten": invalid syntax')
+
+
+# --- batch/v1 Jobs and the workloads stand-in (tests/harness/k8s_workloads.py) -----------------
+
+
+def _job(name: str, script: str = "true", **spec: object) -> dict[str, object]:
+    return {"metadata": {"name": name}, "spec": {**spec, "template": {"spec": {
+        "restartPolicy": "Never", "containers": [{"name": "check", "image": "busybox",
+                                                  "command": ["sh", "-c", script]}]}}}}
+
+
+def test_a_new_job_gets_the_api_servers_defaults_and_discovery_lists_jobs() -> None:
+    ks = _server()
+    server = ks.K8sTestServer()
+    jobs = ks.find_resource("batch", "v1", "jobs")
+    job = server.create("jobs", _job("accept"), "default", validate_as=jobs)
+    uid, spec = job["metadata"]["uid"], job["spec"]
+    assert spec["selector"] == {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+    assert spec["template"]["metadata"]["labels"] == {
+        "batch.kubernetes.io/controller-uid": uid, "controller-uid": uid,
+        "batch.kubernetes.io/job-name": "accept", "job-name": "accept"}
+    assert (spec["parallelism"], spec["completions"], spec["backoffLimit"],
+            spec["completionMode"], spec["suspend"], spec["podReplacementPolicy"]) == (
+        1, 1, 6, "NonIndexed", False, "TerminatingOrFailed")
+    manual = server.create("jobs", {**_job("manual"), "spec": {
+        **_job("manual")["spec"], "manualSelector": True, "selector": {"matchLabels": {"a": "b"}},
+        "parallelism": 2}}, "default", validate_as=jobs)
+    assert manual["spec"]["selector"] == {"matchLabels": {"a": "b"}}
+    assert "completions" not in manual["spec"]  # a work queue: parallelism alone
+    entry = next(e for e in ks.resource_list("batch", "v1")["resources"] if e["name"] == "jobs")
+    assert (entry["kind"], entry["namespaced"], entry["categories"]) == ("Job", True, ["all"])
+    assert "shortNames" not in entry
+    assert {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod",
+            "verbs": ["get"]} in ks.resource_list("", "v1")["resources"]
+    assert "batch" in ks.GROUPS
+
+
+def test_an_invalid_job_is_a_422_in_the_api_servers_words() -> None:
+    ks = _server()
+    server = ks.K8sTestServer()
+    jobs = ks.find_resource("batch", "v1", "jobs")
+    bad = _job("x" * 64, backoffLimit=-1)
+    bad["spec"]["template"]["spec"]["restartPolicy"] = "Always"  # type: ignore[index]
+    bad["spec"]["template"]["spec"]["containers"][0]["image"] = ""  # type: ignore[index]
+    with pytest.raises(ks.ApiError) as refused:
+        server.create("jobs", bad, "default", validate_as=jobs)
+    status = refused.value.status()
+    assert (status["code"], status["reason"], status["details"]["kind"],
+            status["details"]["group"]) == (422, "Invalid", "Job", "batch")
+    assert [(c["field"], c["message"]) for c in status["details"]["causes"]] == [
+        ("spec.backoffLimit", "Invalid value: -1: must be greater than or equal to 0"),
+        ("spec.template.labels", f'Invalid value: "{"x" * 64}": must be no more than 63 '
+                                 "characters"),
+        ("spec.template.labels", f'Invalid value: "{"x" * 64}": must be no more than 63 '
+                                 "characters"),
+        ("spec.template.spec.containers[0].image", "Required value"),
+        ("spec.template.spec.restartPolicy",
+         'Unsupported value: "Always": supported values: "OnFailure", "Never"')]
+    assert status["message"].startswith(f'Job.batch "{"x" * 64}" is invalid: [')
+    # restartPolicy left out defaults to Always, which a Job refuses.
+    plain = _job("plain")
+    del plain["spec"]["template"]["spec"]["restartPolicy"]  # type: ignore[index]
+    with pytest.raises(ks.ApiError) as defaulted:
+        server.create("jobs", plain, "default", validate_as=jobs)
+    assert "spec.template.spec.restartPolicy: Unsupported value: \"Always\"" in (
+        defaulted.value.message)
+    assert server.create("jobs", _job("x" * 63), "default", validate_as=jobs)
+
+
+def test_toleration_matching_and_the_schedulers_verdicts() -> None:
+    wl = _server().k8s_workloads
+    taint = {"key": "gpu", "value": "bad", "effect": "NoSchedule"}
+    assert wl.tolerates({"key": "gpu", "operator": "Equal", "value": "bad",
+                         "effect": "NoSchedule"}, taint)
+    assert wl.tolerates({"key": "gpu", "value": "bad"}, taint)  # no operator: Equal; any effect
+    assert not wl.tolerates({"key": "gpu", "value": "good"}, taint)
+    assert wl.tolerates({"key": "gpu", "operator": "Exists"}, taint)
+    assert wl.tolerates({"operator": "Exists"}, taint)  # empty key + Exists: everything
+    assert not wl.tolerates({"key": "gpu", "operator": "Exists", "effect": "NoExecute"}, taint)
+    assert not wl.tolerates({"key": "other", "operator": "Exists"}, taint)
+
+    def node(name: str, **spec: object) -> dict[str, object]:
+        return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+                "spec": spec, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+    nodes = [node("a", taints=[taint, {"key": "soft", "effect": "PreferNoSchedule"}]),
+             node("b", unschedulable=True), node("c")]
+    pinned = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In",
+                                                "values": ["a"]}]}]}}}}
+    assert wl.schedule(pinned, nodes) == (None, (
+        "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 1 node(s) "
+        "had untolerated taint {gpu: bad}, 1 node(s) were unschedulable. preemption: 0/3 nodes "
+        "are available: 3 Preemption is not helpful for scheduling."))
+    assert wl.schedule({**pinned, "tolerations": [{"key": "gpu", "operator": "Exists"}]},
+                       nodes) == ("a", "")
+    by_selector = {"nodeSelector": {"kubernetes.io/hostname": "b"}}
+    assert wl.schedule(by_selector, nodes)[0] is None
+    assert wl.schedule({**by_selector, "tolerations": [
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists",
+         "effect": "NoSchedule"}]}, nodes) == ("b", "")
+    not_ready = node("d")
+    not_ready["status"] = {"conditions": [{"type": "Ready", "status": "False"}]}
+    assert wl.schedule({"nodeName": None}, [not_ready])[1].startswith(
+        "0/1 nodes are available: 1 node(s) had untolerated taint "
+        "{node.kubernetes.io/not-ready: }.")
+    assert wl.schedule({}, []) == (None, "no nodes available to schedule pods")
+
+
+def test_jobs_run_and_logs_read_through_the_official_client(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
+
+    ks = _server()
+    server = ks.K8sTestServer({"nodes": [{"name": "gpu-001"}]}, run_pods=True,
+                              kubeconfig_path=Path(str(tmp_path)) / "kubeconfig")
+    server.start()
+    try:
+        api = config.new_client_from_config(config_file=str(server.kubeconfig_path))
+        batch, core = client.BatchV1Api(api), client.CoreV1Api(api)
+        job = client.V1Job(
+            metadata=client.V1ObjectMeta(name="accept"),
+            spec=client.V1JobSpec(backoff_limit=0, template=client.V1PodTemplateSpec(
+                spec=client.V1PodSpec(restart_policy="Never", node_name="gpu-001", containers=[
+                    client.V1Container(name="check", image="busybox", command=["sh", "-c"],
+                                       args=["echo one; echo two; echo $GREETING $HOSTNAME"],
+                                       env=[client.V1EnvVar(name="GREETING",
+                                                            value="hello")])]))))
+        created = batch.create_namespaced_job("default", job)
+        assert created.spec.backoff_limit == 0 and created.spec.completions == 1
+
+        def finished() -> object:
+            status = batch.read_namespaced_job("accept", "default").status
+            return next((c for c in status.conditions or [] if c.type == "Complete"), None)
+
+        deadline = time.monotonic() + 30
+        while not finished():
+            assert time.monotonic() < deadline, "the job did not complete"
+            time.sleep(0.1)
+        pods = core.list_namespaced_pod("default", label_selector="job-name=accept").items
+        assert len(pods) == 1
+        pod = pods[0].metadata.name
+        assert pods[0].status.container_statuses[0].state.terminated.exit_code == 0
+        assert core.read_namespaced_pod_log(pod, "default") == f"one\ntwo\nhello {pod}\n"
+        assert core.read_namespaced_pod_log(pod, "default", tail_lines=1) == f"hello {pod}\n"
+        assert core.read_namespaced_pod_log(pod, "default", limit_bytes=5) == "one\nt"
+        with pytest.raises(ApiException) as wrong:
+            core.read_namespaced_pod_log(pod, "default", container="nope")
+        assert wrong.value.status == 400
+        assert json.loads(wrong.value.body)["message"] == (
+            f"container nope is not valid for pod {pod}")
+
+        # No propagationPolicy: batch/v1 orphans the pods; Background deletes them.
+        batch.delete_namespaced_job("accept", "default")
+        orphan = core.read_namespaced_pod(pod, "default")
+        assert orphan.metadata.owner_references is None
+        batch.create_namespaced_job("default", client.V1Job(
+            metadata=client.V1ObjectMeta(name="sleeper"), spec=client.V1JobSpec(
+                template=client.V1PodTemplateSpec(spec=client.V1PodSpec(
+                    restart_policy="Never", containers=[client.V1Container(
+                        name="check", image="busybox", command=["sleep", "60"])])))))
+        deadline = time.monotonic() + 30
+        while not batch.read_namespaced_job("sleeper", "default").status.ready:
+            assert time.monotonic() < deadline, "the job's pod did not get ready"
+            time.sleep(0.1)
+        batch.delete_namespaced_job("sleeper", "default", propagation_policy="Background")
+        assert core.list_namespaced_pod("default", label_selector="job-name=sleeper").items == []
+        assert not server.workloads.running  # its process was killed
+    finally:
+        server.stop()
+
+
+def test_the_log_of_a_pod_that_has_not_started() -> None:
+    ks = _server()
+    server = ks.K8sTestServer({"nodes": [{"name": "n1"}],
+                               "pods": [{"namespace": "t", "name": "seeded", "node": "n1"}]},
+                              run_pods=True)
+    assert server.workloads.read_log(server.get("pods", "t", "seeded"), {}) == ""
+    jobs = ks.find_resource("batch", "v1", "jobs")
+    job = server.create("jobs", _job("p"), "default", validate_as=jobs)
+    pod = {"metadata": {"name": "p", "namespace": "default", "uid": "u1", "ownerReferences": [
+        {"kind": "Job", "name": "p", "uid": job["metadata"]["uid"], "controller": True}]},
+        "spec": {"nodeName": "n1", "containers": [{"name": "check", "image": "b"}]},
+        "status": {"phase": "Pending"}}
+    with pytest.raises(ks.ApiError) as waiting:
+        server.workloads.read_log(pod, {})
+    assert (waiting.value.code, waiting.value.message) == (
+        400, 'container "check" in pod "p" is waiting to start: ContainerCreating')
+    unscheduled = {**pod, "spec": {"containers": pod["spec"]["containers"]}}
+    assert server.workloads.read_log(unscheduled, {}) == ""  # no node to ask: nothing
+
+
+def test_restarts_start_errors_and_ttl_without_http() -> None:
+    ks = _server()
+    server = ks.K8sTestServer({"nodes": [{"name": "n1"}]}, run_pods=True)
+    jobs = ks.find_resource("batch", "v1", "jobs")
+    flaky = _job("flaky", "test -e marker || { touch marker; exit 1; }", backoffLimit=2)
+    flaky["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"  # type: ignore[index]
+    server.create("jobs", flaky, "default", validate_as=jobs)
+    server.create("jobs", {**_job("nocmd", backoffLimit=0)}, "default", validate_as=jobs)
+    del server.objects["jobs"][("default", "nocmd")]["spec"]["template"]["spec"][
+        "containers"][0]["command"]
+    server.create("jobs", _job("brief", ttlSecondsAfterFinished=0), "default", validate_as=jobs)
+
+    def conditions(name: str) -> set[str]:
+        job = server.get("jobs", "default", name)
+        return {c["type"] for c in ((job or {}).get("status") or {}).get("conditions") or []}
+
+    def pods(name: str) -> list[dict[str, object]]:
+        return [p for p in server.objects["pods"].values()
+                if p["metadata"]["labels"].get("job-name") == name]
+
+    server.workloads.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not ("Complete" in conditions("flaky") and "Failed" in conditions("nocmd")
+                   and server.get("jobs", "default", "brief") is None):
+            assert time.monotonic() < deadline, "the jobs did not finish"
+            time.sleep(0.1)
+        # OnFailure: the same pod, its container restarted once.
+        [restarted] = pods("flaky")
+        status = restarted["status"]["containerStatuses"][0]  # type: ignore[index]
+        assert status["restartCount"] == 1
+        assert status["lastState"]["terminated"]["exitCode"] == 1
+        [never_ran] = pods("nocmd")
+        term = never_ran["status"]["containerStatuses"][0]["state"]["terminated"]  # type: ignore[index]
+        assert (term["reason"], term["exitCode"]) == ("StartError", 128)
+        assert pods("brief") == []  # the TTL deleted the job and its pod
+    finally:
+        server.workloads.stop()
