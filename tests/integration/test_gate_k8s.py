@@ -236,9 +236,14 @@ def test_a_kubernetes_pool_replacement_is_checked_by_a_job_before_service(
                                      f"Kubernetes schedules): {SPARE} in service in Kubernetes")
         # In service: the user's Job that waited for the spare runs there now.
         wait_for(lambda: "Complete" in conditions(user()), 30, "the user's Job to run")
-    verbs = list(AuditEntry.objects.filter(remediation=rem).exclude(verb__startswith="notify")
-                 .order_by("id").values_list("verb", flat=True))
-    assert verbs[:4] == ["k8s.cordon", "k8s.evict", "provider.replace", "k8s.relabel"], verbs
+    # Every outside call, in order, audited once: the failed node cordoned and its pod
+    # evicted, replaced; the spare held (taint, cordon), checked, then released.
+    verbs = [v for v in AuditEntry.objects.filter(remediation=rem).order_by("id")
+             .values_list("verb", flat=True) if v.startswith(("k8s.", "provider.", "slurm."))]
+    release = (["k8s.uncordon", "k8s.relabel"] if verdict == "passes"
+               else ["k8s.relabel", "k8s.relabel"])  # the verdict as its reason, the taint off
+    assert verbs == ["k8s.cordon", "k8s.evict", "provider.replace", "k8s.relabel", "k8s.cordon",
+                     "k8s.submit_check", *release], verbs
     assert audit_verify().ok
 
 
