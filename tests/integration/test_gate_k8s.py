@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,8 @@ from incidents import lifecycle
 from incidents.audit import audit_verify
 from incidents.diagnosis import Diagnosis
 from incidents.models import AuditEntry, GateRun, Step
-from incidents.remediation import engine
+from incidents.remediation import engine, gate
+from incidents.remediation.gate_k8s import gate_poll_kubernetes
 from incidents.remediation.playbooks import FOR_ROOT_CAUSE
 from tests.conftest import wait_for
 from tests.harness.slurm_cluster import SlurmCluster, SlurmInstall, missing_binaries
@@ -254,3 +256,101 @@ def kubectl_create(k8s: Any, manifest: dict[str, Any]) -> None:
                           capture_output=True, text=True, timeout=60, check=False,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(cache)})
     assert done.returncode == 0, done.stderr
+
+
+# --- the gate alone, through the real client, on the paths where it cannot run -----------------
+
+
+@pytest.fixture
+def bare_k8s(tmp_path: Path) -> Iterator[Any]:
+    seed = {"nodes": [{"name": n, "labels": {"fleetwatch.io/pool": "inference"}}
+                      for n in ("gpu-a", "gpu-b")]}
+    server = _server_module().K8sTestServer(seed, kubeconfig_path=tmp_path / "kubeconfig.yaml",
+                                            run_pods=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def poll_until_final(api: KubernetesApi, plan: gate.GatePlan, state: dict[str, Any],
+                     timeout: float = 60.0) -> gate.Progress:
+    made: list[str] = []
+
+    def call(verb: str, target: str, fn: Any, *args: Any) -> Any:
+        made.append(verb)
+        return fn(*args)
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        progress = gate_poll_kubernetes(api, plan, state, call, time.time())
+        if progress.final:
+            state["made"] = made
+            return progress
+        time.sleep(0.1)
+    raise AssertionError(progress)
+
+
+def bare_plan(node: str, command: str, **overrides: Any) -> gate.GatePlan:
+    values: dict[str, Any] = {
+        "key": "t1", "node": node, "repair": "manual", "start_seconds": 30.0,
+        "checks": (gate.PlannedCheck("site-check", command, 2),),
+        "scheduler": gate.KUBERNETES, "namespace": NAMESPACE, "image": "img:1"}
+    return gate.GatePlan(**(values | overrides))
+
+
+def test_a_check_missing_from_the_image_cannot_run_and_the_node_stays_held(
+        bare_k8s: Any) -> None:
+    api = KubernetesApi(str(bare_k8s.kubeconfig_path), timeout=5.0)
+    state: dict[str, Any] = {}
+    progress = poll_until_final(api, bare_plan("gpu-a", "/opt/nowhere/check"), state)
+    assert progress.status == gate.CANNOT_RUN, progress
+    assert "exit 127: the check program is missing or not executable" in progress.detail
+    node = node_json(bare_k8s, "gpu-a")
+    assert node["spec"]["unschedulable"] is True
+    assert "could not run on gpu-a" in node["metadata"]["annotations"][K8S_CORDON_REASON]
+    api.close()
+
+
+def test_a_check_that_never_starts_is_deleted_and_the_node_stays_held(bare_k8s: Any) -> None:
+    # Someone's NoExecute taint: the check does not tolerate it (a node going away must not
+    # run a check), so its pod stays Pending with the scheduler's reason.
+    kubectl(bare_k8s, "taint", "node", "gpu-b", "maintenance=now:NoExecute")
+    api = KubernetesApi(str(bare_k8s.kubeconfig_path), timeout=5.0)
+    state: dict[str, Any] = {}
+    plan = bare_plan("gpu-b", "true", start_seconds=3.0)
+    progress = poll_until_final(api, plan, state)
+    assert progress.status == gate.CANNOT_RUN, progress
+    assert "did not start in" in progress.detail and "untolerated taint" in progress.detail
+    assert "k8s.cancel_check" in state["made"]
+    listed = kubectl(bare_k8s, "get", "jobs", "-n", NAMESPACE, "-o", "name").stdout
+    assert listed.strip() == ""  # deleted: it will not start later, unguarded
+    pods = kubectl(bare_k8s, "get", "pods", "-n", NAMESPACE, "-o", "name").stdout
+    assert pods.strip() == ""
+    assert node_json(bare_k8s, "gpu-b")["spec"]["unschedulable"] is True
+    api.close()
+
+
+def test_the_api_server_down_mid_gate_holds_the_node_and_says_so(bare_k8s: Any) -> None:
+    api = KubernetesApi(str(bare_k8s.kubeconfig_path), timeout=2.0)
+    state: dict[str, Any] = {}
+    plan = bare_plan("gpu-a", "sleep 30", start_seconds=4.0)
+    made: list[str] = []
+
+    def call(verb: str, target: str, fn: Any, *args: Any) -> Any:
+        made.append(verb)
+        return fn(*args)
+
+    wait_for(lambda: gate_poll_kubernetes(api, plan, state, call, time.time()).detail.startswith(
+        "check site-check running on gpu-a"), 30, "the check to run")
+    bare_k8s.stop()
+    progress = gate_poll_kubernetes(api, plan, state, call, time.time())
+    assert progress.status == gate.RUNNING
+    assert progress.detail.startswith("Kubernetes did not answer (")
+    assert "gpu-a held cordoned and tainted fleetwatch.io/gate" in progress.detail
+    time.sleep(4.5)
+    progress = gate_poll_kubernetes(api, plan, state, call, time.time())
+    assert progress.status == gate.CANNOT_RUN and "Kubernetes did not answer for" in progress.detail
+    assert "not cleaned up yet: gpu-a held cordoned and tainted" in progress.detail
+    api.close()
