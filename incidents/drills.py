@@ -44,6 +44,7 @@ from collectors.clients import get_clients
 from collectors.clients.base import (
     K8S_CORDON_REASON,
     K8S_CORDONED_BY,
+    K8S_CORDONED_BY_FLEETWATCH,
     SLURM_REASON_PREFIX,
     ActionResult,
     ClientError,
@@ -486,7 +487,7 @@ def _canary_restore(drill: Drill, incident: Incident | None) -> tuple[list[dict[
                                         lambda: clients.slurm.resume(node)))
         k8s = {n.name: n for n in clients.kubernetes.nodes()}.get(node)
         if (k8s is not None and k8s.unschedulable and not before.get("k8s_unschedulable")
-                and k8s.annotations.get(K8S_CORDONED_BY) == "fleetwatch"
+                and k8s.annotations.get(K8S_CORDONED_BY) == K8S_CORDONED_BY_FLEETWATCH
                 and k8s.annotations.get(K8S_CORDON_REASON, "").startswith(ours)):
             events.append(_restore_call(drill, incident, "k8s.uncordon", node,
                                         lambda: clients.kubernetes.uncordon(node)))

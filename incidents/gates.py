@@ -31,7 +31,12 @@ from django.utils import timezone
 
 from collectors import queueing
 from collectors.clients import get_clients
-from collectors.clients.base import K8S_CORDONED_BY, ActionResult, ClientError
+from collectors.clients.base import (
+    K8S_CORDONED_BY,
+    K8S_CORDONED_BY_FLEETWATCH,
+    ActionResult,
+    ClientError,
+)
 from collectors.knowledge.acceptance import Repair, selection_for
 from collectors.knowledge.causes import Risk
 from collectors.models import Cluster, Node
@@ -243,7 +248,8 @@ def gate_advance(gate_id: int) -> str:
             # Kubernetes: lifts FleetWatch's cordon), and the verdict says it went unchecked.
             if plan.scheduler == gate.KUBERNETES:
                 node = clients.kubernetes.node(run.node)
-                if node.unschedulable and node.annotations.get(K8S_CORDONED_BY) == "fleetwatch":
+                if node.unschedulable and \
+                        node.annotations.get(K8S_CORDONED_BY) == K8S_CORDONED_BY_FLEETWATCH:
                     call("k8s.uncordon", f"{run.node} (unchecked)", clients.kubernetes.uncordon,
                          run.node)
             else:

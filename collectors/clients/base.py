@@ -584,6 +584,7 @@ def job_comment_check(field: str) -> None:
 K8S_ANNOTATION_PREFIX = "fleetwatch.io/"
 K8S_CORDONED_BY = "fleetwatch.io/cordoned-by"
 K8S_CORDON_REASON = "fleetwatch.io/cordon-reason"
+K8S_CORDONED_BY_FLEETWATCH = "fleetwatch"  # K8S_CORDONED_BY's value on FleetWatch's own cordon
 # On a node FleetWatch lent to inference: which loan (incidents/lending), so anyone reading the
 # node with kubectl sees who made it schedulable, and FleetWatch knows the labels are its own.
 K8S_LENT = "fleetwatch.io/lent"

@@ -38,6 +38,7 @@ from kubernetes.config.config_exception import ConfigException
 from collectors.clients.base import (
     K8S_CORDON_REASON,
     K8S_CORDONED_BY,
+    K8S_CORDONED_BY_FLEETWATCH,
     K8S_GATE,
     ActionResult,
     CheckJob,
@@ -55,7 +56,7 @@ from collectors.knowledge.slurm import SLINKY_POD_HOSTNAME_LABEL, SLINKY_POD_NAM
 
 Obj = dict[str, Any]
 
-CORDONED_BY_VALUE = "fleetwatch"
+CORDONED_BY_VALUE = K8S_CORDONED_BY_FLEETWATCH
 GPU_RESOURCE = "nvidia.com/gpu"
 CHECK_CONTAINER = "check"
 # A finished check Job stays this long for a person to read (kubectl logs job/NAME), then

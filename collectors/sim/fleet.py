@@ -44,6 +44,7 @@ from collectors.clients.base import (
     K8S_ANNOTATION_PREFIX,
     K8S_CORDON_REASON,
     K8S_CORDONED_BY,
+    K8S_CORDONED_BY_FLEETWATCH,
     K8S_GATE,
     SLURM_NAME_PREFIX,
     SLURM_REASON_PREFIX,
@@ -1138,7 +1139,7 @@ class SimKubernetes(_SimClient):
             if target["unschedulable"]:
                 return ActionResult(call, False, f"{node} already cordoned")
             target["unschedulable"] = True
-            target["annotations"][K8S_CORDONED_BY] = "fleetwatch"
+            target["annotations"][K8S_CORDONED_BY] = K8S_CORDONED_BY_FLEETWATCH
             target["annotations"][K8S_CORDON_REASON] = reason
             return ActionResult(call, True, f"{node} cordoned")
 
@@ -1148,7 +1149,7 @@ class SimKubernetes(_SimClient):
             target = _node(state, node)
             if not target["unschedulable"]:
                 return ActionResult(call, False, f"{node} is not cordoned")
-            if target["annotations"].get(K8S_CORDONED_BY) != "fleetwatch":
+            if target["annotations"].get(K8S_CORDONED_BY) != K8S_CORDONED_BY_FLEETWATCH:
                 raise ClientError(f"{node} was cordoned by someone else; not uncordoning",
                                   permanent=True)
             target["unschedulable"] = False

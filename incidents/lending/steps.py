@@ -29,6 +29,7 @@ from typing import Any
 from collectors.clients import Clients
 from collectors.clients.base import (
     K8S_CORDONED_BY,
+    K8S_CORDONED_BY_FLEETWATCH,
     K8S_LENT,
     SLURM_REASON_PREFIX,
     ActionResult,
@@ -45,7 +46,7 @@ from collectors.knowledge.slurm import SLINKY_POD_NAME_LABEL, SLURM_OPERATOR_REA
 from incidents.remediation.steps import Done, OutsideCalls, Wait
 
 # The value of the cordon annotation FleetWatch's own cordons carry (collectors' clients).
-CORDONED_BY_FLEETWATCH = "fleetwatch"
+CORDONED_BY_FLEETWATCH = K8S_CORDONED_BY_FLEETWATCH
 # Job states that still hold the node.
 JOB_ON_NODE = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED")
 

@@ -32,6 +32,7 @@ from typing import Any
 from collectors.clients.base import (
     K8S_CORDON_REASON,
     K8S_CORDONED_BY,
+    K8S_CORDONED_BY_FLEETWATCH,
     K8S_GATE,
     SLURM_REASON_PREFIX,
     CheckJob,
@@ -53,7 +54,6 @@ from incidents.remediation.gate import (
     poll,
 )
 
-CORDONED_BY_FLEETWATCH = "fleetwatch"  # collectors.clients.kubernetes.CORDONED_BY_VALUE
 CHECK_LABEL = "fleetwatch.io/check"
 # A Job's name is a DNS-1123 label: at most 63 characters (its pods carry it as a label).
 _NAME_MAX = 63
@@ -102,7 +102,7 @@ class KubernetesRunner:
         if node.ready is not True:
             give_up_after(plan, state, now, f"waiting for {plan.node} to be Ready "
                            f"({node.ready_reason or 'Ready: ' + str(node.ready)})")
-        ours = node.annotations.get(K8S_CORDONED_BY) == CORDONED_BY_FLEETWATCH
+        ours = node.annotations.get(K8S_CORDONED_BY) == K8S_CORDONED_BY_FLEETWATCH
         if node.unschedulable and not ours:
             raise ClientError(f"{plan.node} was cordoned by someone else: theirs to release; "
                               "no acceptance check runs on it", permanent=True)
@@ -168,7 +168,7 @@ class KubernetesRunner:
             if not state.get("released"):
                 node = self.k8s.node(plan.node)
                 if node.unschedulable and \
-                        node.annotations.get(K8S_CORDONED_BY) == CORDONED_BY_FLEETWATCH:
+                        node.annotations.get(K8S_CORDONED_BY) == K8S_CORDONED_BY_FLEETWATCH:
                     self.call("k8s.uncordon", target, self.k8s.uncordon, plan.node)
                 state["released"] = True
         elif not state.get("recordoned"):
@@ -176,7 +176,7 @@ class KubernetesRunner:
             node = self.k8s.node(plan.node)
             if not node.unschedulable:
                 self.call("k8s.cordon", f"{target}: verdict", self.k8s.cordon, plan.node, why)
-            elif node.annotations.get(K8S_CORDONED_BY) == CORDONED_BY_FLEETWATCH:
+            elif node.annotations.get(K8S_CORDONED_BY) == K8S_CORDONED_BY_FLEETWATCH:
                 # FleetWatch's cordon stays; its reason is now the checks' verdict.
                 self.call("k8s.relabel", f"{target}: verdict", self.k8s.relabel, plan.node,
                           {}, [], [], {K8S_CORDON_REASON: why})

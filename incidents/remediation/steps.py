@@ -19,6 +19,8 @@ from django.conf import settings
 
 from collectors.clients import Clients
 from collectors.clients.base import (
+    K8S_CORDONED_BY,
+    K8S_CORDONED_BY_FLEETWATCH,
     NO_AUTO_REPLACE_LABEL,
     SLURM_REASON_PREFIX,
     ActionResult,
@@ -315,6 +317,17 @@ def _slurm_less(ctx: StepContext, node: str) -> str:
     return f"{node} is not a Slurm node (pool {pool}, which Kubernetes schedules)"
 
 
+def _k8s_resume(ctx: StepContext, node: str, outside: str) -> str:
+    """A node of a Kubernetes pool goes into service in Kubernetes: FleetWatch's own cordon is
+    lifted (the gate lifts it when its checks pass; this is the case where none ran); a cordon
+    of someone else's stays theirs."""
+    found = ctx.clients.kubernetes.node(node)
+    if found.unschedulable and \
+            found.annotations.get(K8S_CORDONED_BY) == K8S_CORDONED_BY_FLEETWATCH:
+        ctx.call("k8s.uncordon", f"{node} (resume)", ctx.clients.kubernetes.uncordon, node)
+    return f"{outside}: {node} in service in Kubernetes"
+
+
 def _node_pool(ctx: StepContext, node: str) -> str:
     if ctx.facts is None:
         return ""
@@ -456,8 +469,7 @@ def resume(ctx: StepContext) -> Outcome:
             return Wait(f"waiting for {new} to be healthy: {'; '.join(problems)}", state)
         outside = _slurm_less(ctx, new)
         if outside:
-            # Its service is Kubernetes': the gate before this step uncordoned it.
-            return Done(f"{outside}: {new} in service in Kubernetes", {**state, "resumed": True})
+            return Done(_k8s_resume(ctx, new, outside), {**state, "resumed": True})
         ctx.call("slurm.resume", new, ctx.clients.slurm.resume, new)
         state["resumed"] = True
     requeued = ctx.previous.get("requeue", {}).get("requeued", [])
@@ -689,8 +701,7 @@ def resume_node(ctx: StepContext) -> Outcome:
             return Wait(f"waiting for {node} to be healthy: {'; '.join(problems)}", state)
         outside = _slurm_less(ctx, node)
         if outside:
-            return Done(f"{outside}: {node} in service in Kubernetes",
-                        {**state, "resumed": True, "node": node})
+            return Done(_k8s_resume(ctx, node, outside), {**state, "resumed": True, "node": node})
         ctx.call("slurm.resume", node, ctx.clients.slurm.resume, node)
         state["resumed"], state["node"] = True, node
     requeued = [j for kind in ("requeue", "down_node", "requeue_dead_jobs")

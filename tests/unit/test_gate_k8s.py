@@ -19,7 +19,7 @@ from collectors.clients.base import (
     PodCheckSpec,
 )
 from collectors.clients.kubernetes import check_job_manifest, check_job_state
-from collectors.knowledge.acceptance import Repair
+from collectors.knowledge.acceptance import CHECKS, Repair, selection_parse
 from collectors.models import Node
 from collectors.sim.fleet import SimFleet, SimKubernetes, set_check_verdict
 from incidents import gates
@@ -267,3 +267,25 @@ def test_why_a_check_job_waits_is_the_schedulers_or_the_kubelets_word() -> None:
     # A check program missing in the image exits 127: the gate reads it as could-not-run.
     missing = gate.check_verdict(CheckJob("j", "j", "FAILED", 127))
     assert missing == gate.CANNOT_RUN
+
+
+def test_no_check_configured_on_a_kubernetes_pool_lifts_fleetwatchs_cordon_and_says_so(
+        cluster: Any, sim_fleet: SimFleet, settings: Any,
+        django_capture_on_commit_callbacks: Any) -> None:
+    settings.FLEETWATCH_KUBERNETES_POOLS = frozenset({"gpu"})
+    settings.FLEETWATCH_GATE_IMAGE = "registry.example/fleetwatch:1"
+    settings.FLEETWATCH_GATE_CHECKS = selection_parse("gpu:*=none", CHECKS)
+    free_nodes(sim_fleet)
+    Node.objects.filter(name__in=["gpu-014", "gpu-015"]).update(pool="gpu")
+    with sim_fleet.transaction() as state:
+        state["nodes"]["gpu-014"].update(unschedulable=True, annotations={
+            K8S_CORDONED_BY: "fleetwatch", K8S_CORDON_REASON: "fleetwatch: repaired"})
+        state["nodes"]["gpu-015"].update(unschedulable=True, annotations={})  # someone's
+    found = advance_until_final(gates.node_gate_start("gpu-014", "back", repair=Repair.MANUAL),
+                                django_capture_on_commit_callbacks)
+    assert found["status"] == "unchecked" and "goes back unchecked" in found["detail"]
+    assert not node_of(sim_fleet, "gpu-014")["unschedulable"]
+    found = advance_until_final(gates.node_gate_start("gpu-015", "back", repair=Repair.MANUAL),
+                                django_capture_on_commit_callbacks)
+    assert found["status"] == "unchecked"
+    assert node_of(sim_fleet, "gpu-015")["unschedulable"]  # not FleetWatch's to lift
