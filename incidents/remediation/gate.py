@@ -23,6 +23,12 @@ only if they pass. How, as found on real Slurm 22.05 and 25.11 (tests/integratio
    drained already keeps its reason), and the checks' output goes into the audit trail and
    onto the node's page.
 
+On a pool Kubernetes schedules (FLEETWATCH_KUBERNETES_POOLS) the same three steps run with
+Kubernetes instead (incidents/remediation/gate_k8s.py: a cordon and a taint hold the node, the
+checks are Jobs pinned to it, passed lifts the cordon); what does not depend on the scheduler
+(the checks one after the other, the verdicts, the give-up limits, an outage) is here, behind
+``Runner``.
+
 A check that cannot run never resumes the node: Slurm unreachable, the node not answering, a
 check job that does not start within ``start_seconds`` or a check program missing on the node
 all end in "cannot_run" with the reason, the node held (drained, or still in its reservation
@@ -67,7 +73,7 @@ VERDICTS = (PASSED, FAILED, CANNOT_RUN, UNCHECKED)
 # Job states that mean it is still to run or running (the rest have ended).
 QUEUED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
 ACTIVE = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "SIGNALING", "STOPPED",
-                     "STAGE_OUT", "RESIZING"})
+                    "STAGE_OUT", "RESIZING"})
 # How much of a check's output the gate keeps (the audit trail, the node's page).
 OUTPUT_KEPT = 4000
 # What the check job's PATH is: the script sets its own (FleetWatch's never goes along).
@@ -102,7 +108,7 @@ class GatePlan:
     environment: Mapping[str, str] = field(default_factory=dict)  # FLEETWATCH_GATE_ENV
     # Where the checks run: SLURM, or KUBERNETES for a pool Kubernetes schedules
     # (FLEETWATCH_KUBERNETES_POOLS): then as Jobs of ``image`` in ``namespace``.
-    scheduler: str = "slurm"
+    scheduler: str = SLURM
     namespace: str = ""
     image: str = ""
 
