@@ -31,12 +31,7 @@ from django.utils import timezone
 
 from collectors import queueing
 from collectors.clients import get_clients
-from collectors.clients.base import (
-    K8S_CORDONED_BY,
-    K8S_CORDONED_BY_FLEETWATCH,
-    ActionResult,
-    ClientError,
-)
+from collectors.clients.base import ActionResult, ClientError
 from collectors.knowledge.acceptance import Repair, selection_for
 from collectors.knowledge.causes import Risk
 from collectors.models import Cluster, Node
@@ -44,6 +39,7 @@ from collectors.roles import SYSTEM
 from incidents.audit import audit_lock, audit_record
 from incidents.models import GateRun, Remediation, Step
 from incidents.remediation import gate
+from incidents.remediation.gate_k8s import lift_fleetwatch_cordon
 from incidents.remediation.gate_plan import gate_plan, gate_poll
 from incidents.remediation.policy import step_mode
 from incidents.retry import retry_transient
@@ -247,11 +243,8 @@ def gate_advance(gate_id: int) -> str:
             # No check configured for it: the gate is how it goes back, so it resumes it (in
             # Kubernetes: lifts FleetWatch's cordon), and the verdict says it went unchecked.
             if plan.scheduler == gate.KUBERNETES:
-                node = clients.kubernetes.node(run.node)
-                if node.unschedulable and \
-                        node.annotations.get(K8S_CORDONED_BY) == K8S_CORDONED_BY_FLEETWATCH:
-                    call("k8s.uncordon", f"{run.node} (unchecked)", clients.kubernetes.uncordon,
-                         run.node)
+                lift_fleetwatch_cordon(clients.kubernetes, run.node, call,
+                                       f"{run.node} (unchecked)")
             else:
                 call("slurm.resume", f"{run.node} (unchecked)", clients.slurm.resume, run.node)
             state["resumed_unchecked"] = True

@@ -821,15 +821,21 @@ class KubernetesApi:
                                              "request": f"POST /apis/batch/v1/namespaces/"
                                                         f"{spec.namespace}/jobs"})
 
-    def check_job(self, namespace: str, name: str) -> CheckJob | None:
+    def _read_job(self, namespace: str, name: str) -> Obj | None:
+        """The Job as the API has it; None when it is gone (404)."""
         what = f"get job {namespace}/{name}"
         try:
-            job = self._json(what, self._call(what, self.batch.read_namespaced_job, name,
-                                              namespace, _preload_content=False))
+            return self._json(what, self._call(what, self.batch.read_namespaced_job, name,
+                                               namespace, _preload_content=False))
         except KubernetesApiError as e:
             if e.status == 404:
                 return None
             raise
+
+    def check_job(self, namespace: str, name: str) -> CheckJob | None:
+        job = self._read_job(namespace, name)
+        if job is None:
+            return None
         # The Job's own selector (its controller-uid), so a same-named Job's leftover pods
         # are not read as this one's; job-name where a Job has none to show.
         match = ((job.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
@@ -863,13 +869,9 @@ class KubernetesApi:
     def cancel_check(self, namespace: str, name: str) -> ActionResult:
         call = f"kubectl delete job -n {namespace} {name} --cascade=background"
         what = f"delete job {namespace}/{name}"
-        try:
-            job = self._json(what, self._call(what, self.batch.read_namespaced_job, name,
-                                              namespace, _preload_content=False))
-        except KubernetesApiError as e:
-            if e.status == 404:
-                return ActionResult(call, False, f"check Job {namespace}/{name} is gone already")
-            raise
+        job = self._read_job(namespace, name)
+        if job is None:
+            return ActionResult(call, False, f"check Job {namespace}/{name} is gone already")
         if K8S_GATE not in ((job.get("metadata") or {}).get("labels") or {}):
             raise KubernetesApiError(f"Job {namespace}/{name} has no {K8S_GATE} label: not "
                                      "FleetWatch's; not deleting it", permanent=True)

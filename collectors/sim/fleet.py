@@ -424,6 +424,17 @@ def _advance_pod_checks(state: State, now: float, speed: float) -> None:
             job["state_reason"] = "" if job["exit_code"] == 0 else "BackoffLimitExceeded"
 
 
+def _check_job_of(job: State | None) -> CheckJob | None:
+    """A simulated check job (Slurm's or a Kubernetes Job) as the clients report it: its
+    output only once it has ended."""
+    if job is None:
+        return None
+    ended = job["state"] not in ("PENDING", "RUNNING")
+    return CheckJob(job["id"], job["name"], job["state"], job["exit_code"], job["state_reason"],
+                    (job["node"],) if job["started_at"] else (),
+                    job["output"] if ended else None)
+
+
 def _check_verdict(job: State, node: State | None) -> None:
     check = job["name"].rpartition("-")[2] if job["name"].startswith(CHECK_JOB_PREFIX) else ""
     bad = [] if node is None else [
@@ -1079,13 +1090,7 @@ class SimSlurm(_SimClient):
 
     def check_job(self, job_id: str, output: str = "") -> CheckJob | None:
         with self._state() as state:
-            job = state.get("check_jobs", {}).get(str(job_id))
-            if job is None:
-                return None
-            ended = job["state"] not in ("PENDING", "RUNNING")
-            return CheckJob(job["id"], job["name"], job["state"], job["exit_code"],
-                            job["state_reason"], (job["node"],) if job["started_at"] else (),
-                            job["output"] if ended else None)
+            return _check_job_of(state.get("check_jobs", {}).get(str(job_id)))
 
 
 class SimKubernetes(_SimClient):
@@ -1198,13 +1203,7 @@ class SimKubernetes(_SimClient):
     def check_job(self, namespace: str, name: str) -> CheckJob | None:
         with self._state() as state:
             _advance_pod_checks(state, self.fleet.clock.now(), self.fleet.speed)
-            job = state.get("pod_checks", {}).get(f"{namespace}/{name}")
-            if job is None:
-                return None
-            ended = job["state"] not in ("PENDING", "RUNNING")
-            return CheckJob(job["id"], job["name"], job["state"], job["exit_code"],
-                            job["state_reason"], (job["node"],) if job["started_at"] else (),
-                            job["output"] if ended else None)
+            return _check_job_of(state.get("pod_checks", {}).get(f"{namespace}/{name}"))
 
     def cancel_check(self, namespace: str, name: str) -> ActionResult:
         call = f"kubectl delete job -n {namespace} {name} --cascade=background"

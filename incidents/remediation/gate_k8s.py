@@ -37,6 +37,7 @@ from collectors.clients.base import (
     SLURM_REASON_PREFIX,
     CheckJob,
     ClientError,
+    K8sNode,
     KubernetesClient,
     PodCheckSpec,
 )
@@ -63,6 +64,19 @@ def gate_poll_kubernetes(k8s: KubernetesClient, plan: GatePlan, state: dict[str,
                          call: Call, now: float) -> Progress:
     """Advance the gate on Kubernetes as far as it goes now; ``state`` is updated in place."""
     return poll(KubernetesRunner(k8s, call), plan, state, now)
+
+
+def fleetwatch_cordoned(node: K8sNode) -> bool:
+    """Whether the node's cordon is FleetWatch's own (its mark says so): FleetWatch's to lift."""
+    return node.annotations.get(K8S_CORDONED_BY) == K8S_CORDONED_BY_FLEETWATCH
+
+
+def lift_fleetwatch_cordon(k8s: KubernetesClient, node: str, call: Call, target: str) -> None:
+    """Uncordon ``node`` if it is cordoned and the cordon is FleetWatch's; someone else's stays
+    theirs. ``target`` names the audited call (each call's target is its own)."""
+    found = k8s.node(node)
+    if found.unschedulable and fleetwatch_cordoned(found):
+        call("k8s.uncordon", target, k8s.uncordon, node)
 
 
 def job_name(key: str, check: str) -> str:
@@ -102,8 +116,7 @@ class KubernetesRunner:
         if node.ready is not True:
             give_up_after(plan, state, now, f"waiting for {plan.node} to be Ready "
                            f"({node.ready_reason or 'Ready: ' + str(node.ready)})")
-        ours = node.annotations.get(K8S_CORDONED_BY) == K8S_CORDONED_BY_FLEETWATCH
-        if node.unschedulable and not ours:
+        if node.unschedulable and not fleetwatch_cordoned(node):
             raise ClientError(f"{plan.node} was cordoned by someone else: theirs to release; "
                               "no acceptance check runs on it", permanent=True)
         # Each call's target differs from every other's: an audited call is remembered by its
@@ -166,17 +179,14 @@ class KubernetesRunner:
                 state["cancelled"].append(job_id)
         if state["verdict"] == PASSED:
             if not state.get("released"):
-                node = self.k8s.node(plan.node)
-                if node.unschedulable and \
-                        node.annotations.get(K8S_CORDONED_BY) == K8S_CORDONED_BY_FLEETWATCH:
-                    self.call("k8s.uncordon", target, self.k8s.uncordon, plan.node)
+                lift_fleetwatch_cordon(self.k8s, plan.node, self.call, target)
                 state["released"] = True
         elif not state.get("recordoned"):
             why = f"{SLURM_REASON_PREFIX} {' '.join(state['why'].split())[:220]} (gate {plan.key})"
             node = self.k8s.node(plan.node)
             if not node.unschedulable:
                 self.call("k8s.cordon", f"{target}: verdict", self.k8s.cordon, plan.node, why)
-            elif node.annotations.get(K8S_CORDONED_BY) == K8S_CORDONED_BY_FLEETWATCH:
+            elif fleetwatch_cordoned(node):
                 # FleetWatch's cordon stays; its reason is now the checks' verdict.
                 self.call("k8s.relabel", f"{target}: verdict", self.k8s.relabel, plan.node,
                           {}, [], [], {K8S_CORDON_REASON: why})

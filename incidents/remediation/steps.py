@@ -19,8 +19,6 @@ from django.conf import settings
 
 from collectors.clients import Clients
 from collectors.clients.base import (
-    K8S_CORDONED_BY,
-    K8S_CORDONED_BY_FLEETWATCH,
     NO_AUTO_REPLACE_LABEL,
     SLURM_REASON_PREFIX,
     ActionResult,
@@ -33,6 +31,7 @@ from collectors.knowledge import dcgm
 from collectors.knowledge.acceptance import RESERVATION_PREFIX, Repair
 from collectors.knowledge.xid import takes_gpu_out
 from incidents.remediation import gate
+from incidents.remediation.gate_k8s import lift_fleetwatch_cordon
 from incidents.remediation.gate_plan import gate_plan, gate_poll, kubernetes_pool
 
 
@@ -321,10 +320,7 @@ def _k8s_resume(ctx: StepContext, node: str, outside: str) -> str:
     """A node of a Kubernetes pool goes into service in Kubernetes: FleetWatch's own cordon is
     lifted (the gate lifts it when its checks pass; this is the case where none ran); a cordon
     of someone else's stays theirs."""
-    found = ctx.clients.kubernetes.node(node)
-    if found.unschedulable and \
-            found.annotations.get(K8S_CORDONED_BY) == K8S_CORDONED_BY_FLEETWATCH:
-        ctx.call("k8s.uncordon", f"{node} (resume)", ctx.clients.kubernetes.uncordon, node)
+    lift_fleetwatch_cordon(ctx.clients.kubernetes, node, ctx.call, f"{node} (resume)")
     return f"{outside}: {node} in service in Kubernetes"
 
 
