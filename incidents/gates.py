@@ -237,7 +237,8 @@ def gate_advance(gate_id: int) -> str:
 
     try:
         plan = gate_plan(run.node, run.repair, run.key, node_pool(run.cluster_id, run.node),
-                         clients)
+                         clients, known_model=str(state.get("gpu_model") or ""))
+        state["gpu_model"] = plan.gpu_model
         progress = gate_poll(clients, plan, state, call, time.time())
         if progress.status == gate.UNCHECKED and not state.get("resumed_unchecked"):
             # No check configured for it: the gate is how it goes back, so it resumes it (in

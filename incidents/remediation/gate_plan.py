@@ -20,17 +20,22 @@ from incidents.remediation.gate_k8s import gate_poll_kubernetes
 log = logging.getLogger(__name__)
 
 
-def gate_plan(node: str, repair: str, key: str, pool: str, clients: Clients) -> gate.GatePlan:
+def gate_plan(node: str, repair: str, key: str, pool: str, clients: Clients, *,
+              known_model: str = "") -> gate.GatePlan:
     """What the gate runs on ``node`` after ``repair``: the checks FLEETWATCH_GATE_CHECKS
-    chooses for its pool, with the thresholds of its GPU model (as the telemetry names it)."""
+    chooses for its pool, with the thresholds of its GPU model (as the telemetry names it).
+
+    ``known_model``: the model an earlier poll of this gate found. The plan is made anew at
+    every poll, and finding the model reads every GPU's metrics (100,000 at the largest
+    fleets): once known, it is not read again."""
     catalogue = settings.FLEETWATCH_GATE_CATALOGUE
     names, entry = selection_for(settings.FLEETWATCH_GATE_CHECKS, pool, repair)
     check_dir = settings.FLEETWATCH_GATE_CHECK_DIR.rstrip("/")
     checks = tuple(gate.PlannedCheck(c.name, c.command.replace("{check_dir}", check_dir),
                                      c.minutes, c.description)
                    for c in (catalogue.checks[n] for n in names))
-    model = ""
-    if checks:
+    model = known_model
+    if checks and not model:
         try:
             model = next((m.model for m in clients.telemetry.gpu_metrics()
                           if m.node == node and m.model), "")

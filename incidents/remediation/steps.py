@@ -734,8 +734,10 @@ def _gate_target(ctx: StepContext) -> tuple[str, Repair]:
     return ctx.node, Repair.MANUAL
 
 
-def _gate_plan(ctx: StepContext, node: str, repair: Repair, key: str) -> gate.GatePlan:
-    return gate_plan(node, repair, key, _node_pool(ctx, node), ctx.clients)
+def _gate_plan(ctx: StepContext, node: str, repair: Repair, key: str, *,
+               known_model: str = "") -> gate.GatePlan:
+    return gate_plan(node, repair, key, _node_pool(ctx, node), ctx.clients,
+                     known_model=known_model)
 
 
 def _gate_hold(ctx: StepContext, node: str, repair: Repair) -> None:
@@ -778,7 +780,9 @@ def prove_healthy(ctx: StepContext) -> Outcome:
         run += 1
         current = {}
     key = f"r{ctx.remediation_id}-{run}"
-    plan = _gate_plan(ctx, node, repair, key)
+    # The model an earlier poll found for this node (the state's node is always this one).
+    known = str(state.get("gpu_model") or "") if state.get("node") == node else ""
+    plan = _gate_plan(ctx, node, repair, key, known_model=known)
     progress = gate_poll(ctx.clients, plan, current, ctx.call, ctx.clock.now())
     state.update(run=run, gate=current, node=node, repair=str(repair),
                  checks=[c.name for c in plan.checks], chosen_by=plan.chosen_by,

@@ -471,3 +471,36 @@ def test_the_clients_refuse_reservations_that_are_not_fleetwatchs(sim_fleet: Sim
     with pytest.raises(ClientError, match="not FleetWatch's"):
         slurm.unreserve("maintenance-2026")
     assert slurm.unreserve("fleetwatch-gate-gone").changed is False
+
+
+def test_a_gate_reads_its_nodes_gpu_model_once_not_at_every_poll(
+        cluster: Any, sim_fleet: SimFleet, monkeypatch: pytest.MonkeyPatch,
+        django_capture_on_commit_callbacks: Any) -> None:
+    """Finding the model reads every GPU's metrics (the whole fleet's, from Prometheus): the
+    gate's plan is made at every poll, the model found once."""
+    import dataclasses
+
+    from collectors.sim.fleet import SimTelemetry
+
+    reads: list[int] = []
+    polls: list[int] = []
+    original, advance = SimTelemetry.gpu_metrics, gates.gate_advance
+
+    def counted(self: SimTelemetry) -> Any:
+        reads.append(1)
+        return [dataclasses.replace(m, model="NVIDIA H100 80GB HBM3") for m in original(self)]
+
+    def advance_counted(gate_id: int) -> str:
+        polls.append(1)
+        return advance(gate_id)
+
+    free_nodes(sim_fleet)
+    with sim_fleet.transaction() as state:
+        state["nodes"]["gpu-014"].update(drained=True, reason="fleetwatch: repaired")
+    monkeypatch.setattr(SimTelemetry, "gpu_metrics", counted)
+    monkeypatch.setattr(gates, "gate_advance", advance_counted)
+    gate_id = gates.node_gate_start("gpu-014", "after a repair")
+    found = advance_until_final(gate_id, django_capture_on_commit_callbacks)
+    assert found["status"] == "passed"
+    assert GateRun.objects.get(pk=gate_id).state["gpu_model"] == "NVIDIA H100 80GB HBM3"
+    assert len(polls) > 2 and len(reads) == 1
