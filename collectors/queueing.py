@@ -16,9 +16,11 @@ any app can queue any task by name.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import current_app
+from django.conf import settings
 from django.db import transaction
 
 # collectors/tasks.py
@@ -85,3 +87,11 @@ def enqueue(task: str, *args: Any, countdown: float | None = None,
     else:
         send()
     return send
+
+
+def lost_before(now: datetime) -> datetime:
+    """The watchdog's cut-off for work that polls itself (a step, a gate, a loan): one due
+    before this whose lease nobody holds has lost its message and is queued again. Three poll
+    intervals at least, so a poll that is merely late is not taken for lost."""
+    return now - timedelta(seconds=max(settings.FLEETWATCH_WATCHDOG_SECONDS,
+                                       settings.FLEETWATCH_STEP_POLL_SECONDS * 3))

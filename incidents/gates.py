@@ -300,8 +300,7 @@ def _audit_call(run: GateRun, verb: str, target: str, result: ActionResult | Non
 def gates_rescue() -> list[int]:
     """Queue again the polls of running gates whose message was lost (as steps_rescue)."""
     now = timezone.now()
-    overdue = now - timedelta(seconds=max(settings.FLEETWATCH_WATCHDOG_SECONDS,
-                                          settings.FLEETWATCH_STEP_POLL_SECONDS * 3))
+    overdue = queueing.lost_before(now)
     stuck = list(GateRun.objects.filter(status=GateRun.Status.RUNNING, step__isnull=True,
                                         next_check_at__lt=overdue)
                  .filter(Q(lease_until=None) | Q(lease_until__lt=now))

@@ -529,8 +529,7 @@ def loans_rescue() -> list[int]:
     """Queue again the loans whose message was lost (a killed worker, a restarted broker):
     running, due a while ago, nobody holding their lease."""
     now = timezone.now()
-    overdue = now - timedelta(seconds=max(settings.FLEETWATCH_WATCHDOG_SECONDS,
-                                          settings.FLEETWATCH_STEP_POLL_SECONDS * 3))
+    overdue = queueing.lost_before(now)
     stuck = list(Loan.objects.filter(status__in=Loan.RUNNING).filter(
         Q(next_check_at__lt=overdue) | Q(next_check_at=None)).filter(
         Q(lease_until=None) | Q(lease_until__lt=now)).values_list("pk", flat=True))

@@ -107,8 +107,7 @@ def steps_rescue() -> list[int]:
     lease, their remediation still running. Running a step twice is safe (leased, and each
     executor checks the outside state first), so erring towards a re-queue costs a no-op."""
     now = timezone.now()
-    overdue = now - timedelta(seconds=max(settings.FLEETWATCH_WATCHDOG_SECONDS,
-                                          settings.FLEETWATCH_STEP_POLL_SECONDS * 3))
+    overdue = queueing.lost_before(now)
     stuck = list(Step.objects.filter(
         remediation__status=Remediation.Status.RUNNING,
         status__in=[Step.Status.PENDING, Step.Status.RUNNING, Step.Status.WAITING],
