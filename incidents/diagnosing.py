@@ -15,7 +15,7 @@ from collections.abc import Collection
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Min, Q
 from django.utils import timezone
 
@@ -227,6 +227,46 @@ def _recorded_already(cluster_id: int, diagnoses: list[Diagnosis]) -> dict[str, 
 # claim is a lease (the task's hard time limit), given back when the run fails; a beat entry
 # (diagnosis_rescue) and the next announcement re-send a task whose message was lost or whose
 # run died, and claim what the dead run had claimed.
+#
+# On PostgreSQL a push that finds diagnosis marked early enough and a run queued or running
+# (nearly every push of a storm) does not lock the row: it holds a *shared* advisory lock on
+# the cluster's claim until it commits, and a run's claim takes that lock *exclusively*. So
+# pushes never wait for each other (the row lock made every push of a cluster wait for the one
+# before it to commit, its WAL flush included: a ceiling of a few hundred pushes a second,
+# whatever the number of web workers), and a claim still waits for every push that counted on
+# the mark to commit, so the run reads their signals. Pushes that must change the row take its
+# lock as before; a claim waiting for the exclusive lock holds no row lock, so nothing waits
+# in a circle. (PostgreSQL queues a new shared request behind a waiting exclusive one: a
+# storm cannot starve the claim.)
+DIAGNOSIS_CLAIM_LOCK = 0x66776467  # pg_advisory_xact_lock's first key: b"fwdg"
+
+
+def _claim_lock(cluster_id: int, *, exclusive: bool) -> None:
+    """The cluster's claim lock for the rest of the transaction (PostgreSQL; SQLite's
+    transactions take turns anyway)."""
+    if connection.vendor != "postgresql":
+        return
+    function = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {function}(%s, %s)", [DIAGNOSIS_CLAIM_LOCK, cluster_id])
+
+
+def _marked_already(cluster_id: int, at: datetime, now: datetime) -> bool:
+    """True when diagnosis of the cluster is marked from ``at`` or earlier and a live run is
+    queued or running, so a push observed at ``at`` changes nothing; it then holds the claim
+    lock shared until it commits. False (and no lock) where the row must change."""
+    if connection.vendor != "postgresql":
+        return False
+    _claim_lock(cluster_id, exclusive=False)
+    row = DiagnosisState.objects.filter(cluster_id=cluster_id).values_list(
+        "pending_since", "queued_at", "running_since").first()
+    if row is None:
+        return False
+    pending, queued, running = row
+    stale = now - _lease()
+    return (pending is not None and pending <= at
+            and ((running is not None and running > stale)
+                 or (queued is not None and queued >= stale)))
 
 
 def _lease() -> timedelta:
@@ -265,6 +305,8 @@ def diagnosis_request(signal_ids: Collection[int],
     now = timezone.now()
     with transaction.atomic():
         for cluster_id, at in sorted(earliest.items()):  # one lock order for every caller
+            if _marked_already(cluster_id, at, now):
+                continue
             state = _diagnosis_state(cluster_id)
             before = (state.pending_since, state.queued_at)
             if state.pending_since is None or at < state.pending_since:
@@ -286,6 +328,7 @@ def diagnosis_run(cluster_id: int) -> list[Incident]:
     """Diagnose everything stored for the cluster since the last run (the task's body)."""
     now = timezone.now()
     with transaction.atomic():
+        _claim_lock(cluster_id, exclusive=True)  # every push that counted on the mark is in
         state = _diagnosis_state(cluster_id)
         state.queued_at = None  # this is the queued run: announcements may queue the next
         if state.running_since is not None and state.running_since > now - _lease():
