@@ -119,7 +119,7 @@ def collect_source(source: str, cluster_name: str | None = None, *,
     run = RunLog()
     try:
         with transaction.atomic():
-            _commit_without_flush()
+            commit_without_flush()
             # Lock this source's health row first: two runs of one collector (a slow scrape
             # overlapping the next beat) never read at once, so a change is announced once.
             _source_lock(cluster, source, wait=urgent)
@@ -150,15 +150,20 @@ def collect_source(source: str, cluster_name: str | None = None, *,
         return CollectResult(source, False, ids, str(exc))
 
 
-def _commit_without_flush() -> None:
+def commit_without_flush() -> None:
     """This transaction's commit does not wait for PostgreSQL to flush its WAL to disk
-    (``synchronous_commit`` off, for it alone): a poll writes up to 100,000 rows, and at a
-    first poll the wait for that flush was 0.4 s of 2.5. What it risks is safe here: a
-    database crash can lose the last few hundred milliseconds of commits, and a poll lost so
-    is undone whole (readings, signals and the cursor together, never a torn state), so the
-    next poll reads the same changes again. Everything else keeps the default: people's
-    actions, remediation, and a node agent's push above all (the agent forgets a line once
-    its push is answered, so that answer must mean it is on disk)."""
+    (``synchronous_commit`` off, for it alone). Only for writes a database crash may lose:
+    it can lose the last few hundred milliseconds of commits.
+
+    - A collector's poll: it writes up to 100,000 rows, and at a first poll the wait for that
+      flush was 0.4 s of 2.5. A poll lost so is undone whole (readings, signals and the
+      cursor together, never a torn state), so the next poll reads the same changes again.
+    - A token's ``last_used_at``, for people reading the token list (incidents.api.auth).
+
+    Everything else keeps the default: people's actions, remediation, and a node agent's
+    push above all (the agent forgets a line once its push is answered, so that answer must
+    mean it is on disk). Call it first thing in an ``atomic()`` block that is the whole
+    transaction: in a block nested in another, it would apply to the outer one's commit."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL synchronous_commit TO OFF")
