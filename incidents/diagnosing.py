@@ -303,7 +303,9 @@ def diagnosis_request(signal_ids: Collection[int],
                         .values("cluster_id").annotate(at=Min("observed_at"))
                         .order_by("cluster_id").values_list("cluster_id", "at"))
     now = timezone.now()
-    with transaction.atomic():
+    # No savepoint of its own inside the storing transaction (two statements a push): an
+    # error here fails the whole store, as it must.
+    with transaction.atomic(savepoint=False):
         for cluster_id, at in sorted(earliest.items()):  # one lock order for every caller
             if _marked_already(cluster_id, at, now):
                 continue
