@@ -253,8 +253,9 @@ def _claim_lock(cluster_id: int, *, exclusive: bool) -> None:
 
 def _marked_already(cluster_id: int, at: datetime, now: datetime) -> bool:
     """True when diagnosis of the cluster is marked from ``at`` or earlier and a live run is
-    queued or running, so a push observed at ``at`` changes nothing; it then holds the claim
-    lock shared until it commits. False (and no lock) where the row must change."""
+    queued or running, so a push observed at ``at`` changes nothing. Either way the claim
+    lock is then held shared until the transaction ends; False means the row must change,
+    under its row lock (which waits for no claim: see above)."""
     if connection.vendor != "postgresql":
         return False
     _claim_lock(cluster_id, exclusive=False)
