@@ -80,20 +80,31 @@ def diagnoses_record(cluster: Cluster, diagnoses: list[Diagnosis]) -> tuple[list
     kinds = Counter(d.root_cause for d in new)
     new.sort(key=lambda d: (kinds[d.root_cause], d.detected_at))
     alone, storms = _storm_split(cluster.pk, new)
-    # A storm's incident first: one transaction however large, and it is what the person
-    # paged needs to see; then the incidents of their own, rarest kind first.
-    for cause, members in storms.items():
-        storm = storm_record(cluster.pk, cause, members)
-        recorded.update((d.fingerprint, storm) for d in members)
     deadline = time.monotonic() + RECORD_BUDGET_S
-    complete = True
-    for n, diagnosis in enumerate(alone):
-        if n and time.monotonic() > deadline:
-            log.info("diagnosis of %s: %d of %d new incidents recorded in this run; the next "
-                     "run records the rest", cluster.name, n, len(alone))
-            complete = False
-            break
-        recorded[diagnosis.fingerprint], _ = incident_record(cluster.pk, diagnosis)
+    done = 0
+
+    def record(diagnoses: list[Diagnosis]) -> bool:
+        """Record these until the budget runs out (at least one a run); False if it did."""
+        nonlocal done
+        for diagnosis in diagnoses:
+            if done and time.monotonic() > deadline:
+                log.info("diagnosis of %s: %d of %d new incidents recorded in this run; the "
+                         "next run records the rest", cluster.name, done, len(alone))
+                return False
+            recorded[diagnosis.fingerprint], _ = incident_record(cluster.pk, diagnosis)
+            done += 1
+        return True
+
+    # First the incidents of a kind no storm holds, rarest first: a fault elsewhere during a
+    # storm is not queued behind the storm's join (one transaction of up to thousands of
+    # nodes). Then each storm's incident, what the person paged needs to see; then the
+    # incidents of their own of a storm's kind (its first faults, before the brake).
+    complete = record([d for d in alone if d.root_cause not in storms])
+    if complete:
+        for cause, members in storms.items():
+            storm = storm_record(cluster.pk, cause, members)
+            recorded.update((d.fingerprint, storm) for d in members)
+        complete = record([d for d in alone if d.root_cause in storms])
     # In the diagnoses' order (the engine's: by time), whatever order they were recorded in.
     return [recorded[d.fingerprint] for d in diagnoses if d.fingerprint in recorded], complete
 

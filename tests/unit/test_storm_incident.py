@@ -115,6 +115,8 @@ def test_stragglers_join_the_storm_and_another_fault_is_not_held_by_it(
     assert other.root_cause != storm.root_cause and not other.storm
     rem = other.remediations.get()
     assert rem.status == Remediation.Status.RUNNING and rem.hold_reason == ""
+    # ... and recorded before the storm's join in that run: it did not wait for it.
+    assert AuditEntry.objects.get(incident=other, verb="incident.opened").pk < grew.pk
 
 
 def test_nothing_runs_from_a_storm_incident(
