@@ -298,6 +298,7 @@ def first_scrape(prometheus: str, node: str, gpu: int, after: float) -> float | 
 
 def one_run(run_no: int, node: str, profile: Profile, cluster: str, fleet: Any,
             webhook: WebhookReceiver, slurm: Any, prometheus: str) -> dict[str, Any]:
+    from collectors.models import Signal
     from collectors.sim import fleet as sim
     from incidents.models import AuditEntry, Incident
 
@@ -335,9 +336,15 @@ def one_run(run_no: int, node: str, profile: Profile, cluster: str, fleet: Any,
     scraped = first_scrape(prometheus, node, gpu, injected)
     first_action = got["first"].at.timestamp() - injected
     peer_s = got["peer"] - injected
+    # Where FleetWatch's time goes: the XID's signal committed by the collection (after the
+    # doorbell or a poll), then diagnosis (incident), then remediation (first action).
+    evidence = Signal.objects.filter(evidence__incident=got["incident"]).order_by(
+        "ingested_at").values_list("ingested_at", flat=True).first()
     return {
         "node": node, "gpu": gpu, "complete": True,
         "scraped": round(scraped - injected, 3) if scraped is not None else None,
+        "stored": (round(evidence.timestamp() - injected, 3) if evidence is not None
+                   else None),
         "peer_webhook": round(peer_s, 3),
         "incident": round(got["incident"].opened_at.timestamp() - injected, 3),
         "first_action": round(first_action, 3),
@@ -454,7 +461,7 @@ def run_profile(profile: Profile, nodes: list[str], fleet_size: int, tmp: Path, 
                 if r["complete"]:
                     print(f"{profile.name} run {run_no + 1}/{runs} {node} GPU {r['gpu']}: "
                           f"scraped {r['scraped']} s, peer {r['peer_webhook']:.2f} s, "
-                          f"FleetWatch incident "
+                          f"FleetWatch stored {r['stored']} s, incident "
                           f"{r['incident']:.2f} s, first action {r['first_action']:.2f} s "
                           f"({r['first_action_verb']}), webhook {r['fleetwatch_webhook']:.2f} s, "
                           f"drain {r['drain']:.2f} s", flush=True)
@@ -500,8 +507,8 @@ def summary(values: list[float]) -> dict[str, float] | None:
             "min": round(ordered[0], 3), "max": round(ordered[-1], 3)}
 
 
-MEASURES = ("scraped", "peer_webhook", "incident", "first_action", "fleetwatch_webhook",
-            "drain", "ratio")
+MEASURES = ("scraped", "stored", "peer_webhook", "incident", "first_action",
+            "fleetwatch_webhook", "drain", "ratio")
 
 
 def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -611,6 +618,8 @@ def report(r: dict[str, Any]) -> str:
             "| measure | median | p95 | min-max |", "|---|---:|---:|---:|",
             f"| Prometheus scraped the XID (both sides wait for it) {_fmt(p['scraped'])}",
             f"| peer: Alertmanager webhook {_fmt(p['peer_webhook'])}",
+            f"| FleetWatch: the XID's signal stored (collection committed) "
+            f"{_fmt(p['stored'])}",
             f"| FleetWatch: incident opened {_fmt(p['incident'])}",
             f"| FleetWatch: first action (on-call webhook sent) {_fmt(p['first_action'])}",
             f"| FleetWatch: its webhook arrived {_fmt(p['fleetwatch_webhook'])}",
