@@ -249,6 +249,10 @@ def node_from_instance(instance: str) -> str | None:
         host = host.rsplit(":", 1)[0]
     if not host:
         return None
+    if not host[0].isdigit() and ":" not in host:
+        # No IPv4 address starts with anything but a digit, no IPv6 one lacks a colon: a
+        # host name, without ip_address()'s raise and catch (12,500 of them at a first poll).
+        return host.split(".", 1)[0]
     try:
         ipaddress.ip_address(host)
         return None

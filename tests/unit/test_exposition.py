@@ -156,7 +156,7 @@ def test_sim_exporter_page_covers_the_in_service_fleet(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("instance", "node"), [
     ("gpu-003:9400", "gpu-003"), ("gpu-003", "gpu-003"), ("gpu-003.dc1.example.com:9100", "gpu-003"),
     # An IP address is no node name (Prometheus's instance unless relabelled).
-    ("10.1.2.3:9400", None), ("[fd00::3]:9400", None), ("10.1.2.3", None)])
+    ("10.1.2.3:9400", None), ("[fd00::3]:9400", None), ("10.1.2.3", None), ("fd00::3", None)])
 def test_node_from_instance(instance: str, node: str | None) -> None:
     assert node_from_instance(instance) == node
 
