@@ -111,6 +111,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from tests.harness import k8s_proto, k8s_rules, k8s_workloads
 from tests.harness.k8s_rules import ApiError, SelectorError
+from tests.harness.k8s_workloads import now_iso, parse_time  # one clock for server and kubelet
 
 Obj = dict[str, Any]
 
@@ -121,10 +122,6 @@ SERVER_VERSION = {
     "platform": "linux/amd64",
 }
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def now_micro() -> str:
@@ -148,15 +145,6 @@ def query_int(params: dict[str, str], name: str) -> int:
         raise ApiError(400, f'strconv.ParseInt: parsing {k8s_rules.go_quote(text)}: value out '
                        "of range")
     return int(text)
-
-
-def parse_time(value: Any) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 # --- the API surface -----------------------------------------------------------------------
