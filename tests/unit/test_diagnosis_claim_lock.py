@@ -35,17 +35,23 @@ def waiting_on_claim(cluster_id: int) -> bool:
         return bool(cursor.fetchone()[0])
 
 
-def test_pushes_pass_each_other_and_the_run_waits_for_the_ones_in_flight(
-        sim_fleet: Any) -> None:
+@pytest.fixture
+def cluster(sim_fleet: Any) -> Any:
+    """The simulated fleet collected once, its cluster's diagnosis neither due nor running."""
     if connection.vendor != "postgresql":
         pytest.skip("row and advisory locks: PostgreSQL (make test runs this file there)")
     for source in ("slurm", "kubernetes", "telemetry"):
         collectors.collect_source(source)
     cluster = collectors.cluster_default()
+    DiagnosisState.objects.filter(cluster=cluster).update(
+        pending_since=None, queued_at=None, running_since=None, running_from=None)
+    return cluster
+
+
+def test_pushes_pass_each_other_and_the_run_waits_for_the_ones_in_flight(cluster: Any) -> None:
     # Diagnosis marked a minute ago and a run queued: what a storm's pushes find.
     DiagnosisState.objects.filter(cluster=cluster).update(
-        pending_since=timezone.now() - timezone.timedelta(minutes=1), queued_at=timezone.now(),
-        running_since=None, running_from=None)
+        pending_since=timezone.now() - timezone.timedelta(minutes=1), queued_at=timezone.now())
 
     stored, release = threading.Event(), threading.Event()
     errors: list[BaseException] = []
@@ -112,14 +118,7 @@ def test_pushes_pass_each_other_and_the_run_waits_for_the_ones_in_flight(
         close_old_connections()
 
 
-def test_a_push_that_must_mark_diagnosis_still_queues_one_run(sim_fleet: Any) -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL's path")
-    for source in ("slurm", "kubernetes", "telemetry"):
-        collectors.collect_source(source)
-    cluster = collectors.cluster_default()
-    DiagnosisState.objects.filter(cluster=cluster).update(
-        pending_since=None, queued_at=None, running_since=None, running_from=None)
+def test_a_push_that_must_mark_diagnosis_still_queues_one_run(cluster: Any) -> None:
     collectors.signals_ingest(cluster, xid("gpu-007"))
     state = DiagnosisState.objects.get(cluster=cluster)
     assert state.pending_since is not None and state.queued_at is not None
