@@ -644,15 +644,16 @@ def collect_telemetry(cluster: Cluster, clients: Clients, run: RunLog) -> list[S
     """GPU readings and faults, and NIC ports. A client with ``changes`` (Prometheus) is read
     whole once and then for what changed since the last poll, with a cursor kept in the
     source's health row: a GPU or port it does not mention is unchanged, never failed."""
-    with _gc_paused():
+    with gc_paused():
         return _collect_telemetry(cluster, clients, run)
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for one poll. Decoding Prometheus's answers makes
-    hundreds of thousands of short-lived dicts and lists, and each collection they set off
-    walks every object the worker holds: measured, that is three times the decoding itself.
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for one unit of bulk work (a telemetry poll, a
+    diagnosis run). Such work makes hundreds of thousands of short-lived objects (decoded
+    answers, observations and their facts), and each collection they set off walks every
+    object the worker holds: for a telemetry poll that was three times the decoding itself.
     Reference counting frees them anyway; a cycle made meanwhile waits for the next
     collection."""
     if not gc.isenabled():

@@ -23,6 +23,7 @@ from collectors import queueing
 from collectors.knowledge import RootCause
 from collectors.models import Cluster, Signal
 from collectors.push import DRILL_MARK
+from collectors.services import gc_paused
 from incidents import selectors
 from incidents.diagnosis import Diagnosis, JobInfo, Observation, diagnose
 from incidents.lifecycle import DRILL_FINGERPRINT, incident_record, storm_record
@@ -58,6 +59,11 @@ def _diagnose_from(cluster_id: int, earliest: datetime) -> tuple[list[Incident],
     """Diagnose the cluster's window from ``earliest`` (less the diagnosis window) to now.
     Returns the incidents recorded or found, and whether every diagnosis was recorded
     (False: the run's budget ran out; the next run goes on)."""
+    with gc_paused():  # a storm's window is thousands of observations, re-read every run
+        return _diagnose_window_from(cluster_id, earliest)
+
+
+def _diagnose_window_from(cluster_id: int, earliest: datetime) -> tuple[list[Incident], bool]:
     cluster = Cluster.objects.get(pk=cluster_id)
     window = timedelta(minutes=settings.FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES)
     observations = selectors.observations_between(cluster, earliest - window, timezone.now())

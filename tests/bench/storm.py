@@ -143,9 +143,8 @@ class Stack:
         """CPU time (user + system) so far of each service's processes (its session: the
         master and its workers), from /proc: what the work cost, whatever the wall clock."""
         tick = os.sysconf("SC_CLK_TCK")
-        # The workers' processes together (one or one per queue), and the web's.
-        sessions = {proc.pid: name.split("-")[0]
-                    for proc, name in zip(self.procs, self.names, strict=True)}
+        # Each service's (a worker per queue when split), then the workers' together.
+        sessions = dict(zip((proc.pid for proc in self.procs), self.names, strict=True))
         spent = dict.fromkeys(sessions.values(), 0.0)
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
@@ -155,6 +154,9 @@ class Stack:
             name = sessions.get(int(fields[3]))  # the session id (field 6)
             if name is not None:
                 spent[name] += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        if len(self.procs) > 2:  # split: "worker" is the collector's (with the beat)
+            spent["worker-collect"] = spent.pop("worker")
+            spent["worker"] = sum(v for k, v in spent.items() if k.startswith("worker-"))
         return spent
 
     def log_count(self, name: str, text: str) -> int:
@@ -754,7 +756,10 @@ def storm_report(r: dict[str, Any], other: dict[str, Any] | None) -> str:
         f"({r['grouped']['nodes_in_storm_incidents']:,}) |",
         f"| CPU spent from the storm to caught up: web / worker (s) | {r['cpu_s']['web']:.1f} / "
         f"{r['cpu_s']['worker']:.1f} "
-        f"({1000 * (r['cpu_s']['web'] + r['cpu_s']['worker']) / r['nodes']:.1f} ms a signal) |",
+        f"({1000 * (r['cpu_s']['web'] + r['cpu_s']['worker']) / r['nodes']:.1f} ms a signal)"
+        + "".join(f"; {name.removeprefix('worker-')} {spent:.1f}"
+                  for name, spent in r['cpu_s'].items() if name.startswith("worker-"))
+        + " |",
         f"| diagnosis runs killed at the soft time limit (not counted above) | "
         f"{r.get('diagnosis_time_limits', '-')} |",
         "| diagnosis caught up after | "

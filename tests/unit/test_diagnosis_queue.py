@@ -7,6 +7,7 @@ tests/integration/test_burst.py."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -120,11 +121,20 @@ def test_a_second_worker_does_not_run_while_one_holds_the_row(cluster: Any) -> N
 def test_a_failed_run_gives_its_claim_back(cluster: Any) -> None:
     collectors.signals_ingest(cluster, xid("gpu-004"))
     marked = state(cluster).pending_since
-    with (mock.patch.object(diagnosing.selectors, "topology", side_effect=RuntimeError("boom")),
+    collecting: list[bool] = []
+
+    def boom(*args: Any) -> None:
+        collecting.append(gc.isenabled())
+        raise RuntimeError("boom")
+
+    with (mock.patch.object(diagnosing.selectors, "topology", boom),
           pytest.raises(RuntimeError)):
         diagnosing.diagnosis_run(cluster.pk)
     s = state(cluster)
     assert (s.pending_since, s.running_since, s.running_from) == (marked, None, None)
+    # The garbage collector is paused while a run reads its window, and back after it,
+    # even after a run that failed (a worker left without it would keep every cycle).
+    assert collecting == [False] and gc.isenabled()
     [incident] = diagnosing.diagnosis_run(cluster.pk)
     assert incident.nodes == ["gpu-004"]
 
