@@ -73,6 +73,20 @@ def cluster_default() -> Cluster:
     return cluster_get(settings.FLEETWATCH_CLUSTER)
 
 
+# Cluster rows by name, kept per process for the pushes (signals_ingest): a cluster's row is
+# made once and then never changes or goes (a cluster no longer watched keeps its history),
+# and reading it was one of the eight statements of every push. A row that is gone after all
+# (a test's rolled back) leaves the push's node look-up empty, which then reads it again.
+_push_clusters: dict[str, Cluster] = {}
+
+
+def _cluster_for_push(name: str, *, fresh: bool = False) -> Cluster:
+    cluster = _push_clusters.get(name)
+    if cluster is None or fresh or name not in cluster_names():
+        cluster = _push_clusters[name] = cluster_get(name)
+    return cluster
+
+
 def cluster_get(name: str) -> Cluster:
     """The cluster's row, made on first use; raises ClientError for a cluster FleetWatch
     has no settings for (FLEETWATCH_CLUSTERS)."""
@@ -298,12 +312,15 @@ def _push_refusals(batch: list[dict[str, Any]], rights: PushRights) -> list[str]
     return refused
 
 
-def signals_ingest(cluster: Cluster, batch: list[dict[str, Any]], *,
+def signals_ingest(cluster: Cluster | str, batch: list[dict[str, Any]], *,
                    rights: PushRights | None = None,
                    idempotency: tuple[str, str] | None = None) -> IngestResult:
     """Store a batch of pushed signals (replay-format records, validated by the caller's
     serializer) and announce them to diagnosis. All or nothing: one bad record rejects the
     batch, so an agent that retries never leaves half a batch behind.
+
+    ``cluster``: its row, or its name (ClientError if FleetWatch does not watch it), whose
+    row is then read once per process.
 
     ``rights``: what the caller may push (collectors.roles.push_rights; by default what any
     ingest token may). ``idempotency``: (caller, key) from the Idempotency-Key header: a batch
@@ -315,7 +332,15 @@ def signals_ingest(cluster: Cluster, batch: list[dict[str, Any]], *,
                                           else "")
         raise IngestRejected(f"refused, nothing stored: {shown}", status=403, refused=refused)
     names = {r["node"] for r in batch if r.get("node")}
-    known = dict(Node.objects.filter(cluster=cluster, name__in=names).values_list("name", "pk"))
+    if isinstance(cluster, str):
+        # A batch naming no node has nothing to check the kept row against: read it.
+        cluster = _cluster_for_push(cluster, fresh=not names)
+        known = _node_ids(cluster, names)
+        if names - known.keys():  # unknown nodes, or a kept row that is gone: read it again
+            cluster = _cluster_for_push(cluster.name, fresh=True)
+            known = _node_ids(cluster, names)
+    else:
+        known = _node_ids(cluster, names)
     if names - known.keys():
         raise IngestRejected(f"unknown node(s): {', '.join(sorted(names - known.keys()))}")
     if idempotency is not None and not IDEMPOTENCY_KEY.fullmatch(idempotency[1]):
@@ -341,6 +366,12 @@ def signals_ingest(cluster: Cluster, batch: list[dict[str, Any]], *,
         signals_announce(ids, earliest={cluster.pk: min(
             d.observed_at for d in drafts if d.observed_at is not None)} if known_at else None)
     return IngestResult(ids, len(ids))
+
+
+def _node_ids(cluster: Cluster, names: Collection[str]) -> dict[str, int]:
+    if not names:
+        return {}
+    return dict(Node.objects.filter(cluster=cluster, name__in=names).values_list("name", "pk"))
 
 
 def _batch_digest(batch: list[dict[str, Any]]) -> str:

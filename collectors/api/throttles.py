@@ -91,8 +91,12 @@ class TokenRateThrottle(BaseThrottle):
         window = int(now // duration)
         elapsed = now - window * duration
         current, previous = f"{key}:{window}", f"{key}:{window - 1}"
-        count = self._increment(current, duration)
-        before = int(cache.get(previous) or 0)
+        count_and_peek = getattr(cache, "count_and_peek", None)  # Redis: one round trip
+        if count_and_peek is not None:
+            count, before = count_and_peek(current, duration * 2 + 1, previous)
+        else:
+            count = self._increment(current, duration)
+            before = int(cache.get(previous) or 0)
         if before * window_weight(elapsed, duration) + count <= limit:
             return True
         self._undo(current)  # a refused request does not use the budget up further

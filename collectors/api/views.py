@@ -196,8 +196,7 @@ class SignalViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         caller = f"token:{str(auth_id)[:48]}" if auth_id is not None else f"user:{request.user.pk}"
         try:
             result = collectors.signals_ingest(
-                collectors.cluster_get(batch.validated_data.get("cluster")
-                                       or settings.FLEETWATCH_CLUSTER),
+                batch.validated_data.get("cluster") or settings.FLEETWATCH_CLUSTER,
                 batch.validated_data["signals"],
                 rights=push_rights(request.user),
                 idempotency=(caller, key) if key is not None else None)

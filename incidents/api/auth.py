@@ -10,7 +10,9 @@ from hmac import compare_digest
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.postgres.aggregates import ArrayAgg
 from django.db import connection, transaction
+from django.db.models import Value
 from django.utils import timezone
 from knox.auth import TokenAuthentication
 from knox.crypto import hash_token
@@ -19,6 +21,7 @@ from rest_framework import exceptions
 from rest_framework.authentication import get_authorization_header
 
 from collectors.api.throttles import auth_failure_record, auth_failures_check
+from collectors.roles import groups_known
 from collectors.services import commit_without_flush
 from incidents.models import ApiToken
 
@@ -57,8 +60,13 @@ class ScopedTokenAuthentication(TokenAuthentication):
             digest = hash_token(text)
         except (UnicodeDecodeError, TypeError, binascii.Error, ValueError):
             raise exceptions.AuthenticationFailed("Invalid token.") from None
-        for row in ApiToken.objects.filter(
-                token_key=text[:CONSTANTS.TOKEN_KEY_LENGTH]).select_related("user"):
+        rows = ApiToken.objects.filter(
+            token_key=text[:CONSTANTS.TOKEN_KEY_LENGTH]).select_related("user")
+        if connection.vendor == "postgresql":
+            # The user's groups (its role) in the same statement: every request asks for
+            # them, and a push makes few statements (SQLite reads them on first use).
+            rows = rows.annotate(group_names=ArrayAgg("user__groups__name", default=Value([])))
+        for row in rows:
             if not compare_digest(digest, row.digest):
                 continue
             if row.revoked_at is not None:
@@ -69,6 +77,8 @@ class ScopedTokenAuthentication(TokenAuthentication):
                     f"token {row.name!r} expired at {row.expiry.isoformat()}")
             if not row.user.is_active:
                 raise exceptions.AuthenticationFailed("the token's user is inactive")
+            if hasattr(row, "group_names"):
+                groups_known(row.user, (g for g in row.group_names if g is not None))
             now = timezone.now()
             if row.last_used_at is None or now - row.last_used_at > _LAST_USED_EVERY:
                 _last_used_record(row.pk, now)

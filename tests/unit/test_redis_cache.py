@@ -34,3 +34,19 @@ def test_the_cache_works_and_shares_one_client(cache: RedisCache) -> None:
     client = cache._cache.get_client()
     assert cache._cache.get_client(write=True) is client
 
+
+
+def test_count_and_peek_counts_as_add_and_incr_would_in_one_round_trip(
+        cache: RedisCache) -> None:
+    # A new counter starts at 1 and expires after the timeout given; the other is read.
+    assert cache.count_and_peek("now", 30, "before") == (1, 0)
+    cache.set("before", 7, 30)
+    assert cache.count_and_peek("now", 30, "before") == (2, 7)
+    assert cache.get("now") == 2  # the throttle's refusal takes one back with decr
+    assert cache.decr("now") == 1
+    client = cache._cache.get_client()
+    ttl = client.ttl(cache.make_and_validate_key("now"))
+    assert 0 < ttl <= 30  # set when made, not pushed back by the counting
+    assert cache.count_and_peek("now", 999, "missing") == (2, 0)
+    assert client.ttl(cache.make_and_validate_key("now")) <= 30
+    cache.delete_many(["now", "before"])
