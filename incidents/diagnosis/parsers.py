@@ -7,6 +7,7 @@ noise, not an error (a source's *shape* is checked by its collector, which can s
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -219,6 +220,9 @@ KERNEL_WORDS = ("Xid", "ink", "fallen off the bus", "NVRM: The NVIDIA GPU", "RmI
                 "NVIDIA probe routine", "AER", "PCIe Bus Error")
 
 
+# A diagnosis run reads every kernel line of its window, and in a storm every run reads again
+# the lines the runs before it read: each line's reading (immutable) is kept for the next.
+@functools.lru_cache(maxsize=32768)
 def parse_kernel(message: str) -> KernelLine | None:
     if "NVRM" in message and ("\n" in message or "\\x0a" in message):
         # A message printed over several lines, as one record: read it as one line.

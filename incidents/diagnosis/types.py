@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
@@ -88,7 +89,7 @@ class Diagnosis:
     jobs: tuple[str, ...] = ()
     evidence: tuple[int, ...] = ()  # ids of the observations behind it, where they have ids
 
-    @property
+    @cached_property  # asked for many times a run, of thousands of diagnoses in a storm
     def fingerprint(self) -> str:
         """What is blamed, for dedupe: the same fault seen twice is one incident."""
         target = self.switch or self.job or ",".join(sorted(self.nodes))
