@@ -9,6 +9,7 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.core.cache import cache
+from django.db import connection
 from django.db.models import Case, Exists, F, Max, Min, OuterRef, Q, QuerySet, Value, When
 from django.utils import timezone
 
@@ -96,7 +97,23 @@ PUSHED_COLLECTOR = "pushed_collector"
 def observations_between(cluster: Cluster, start: datetime, end: datetime) -> list[Observation]:
     rows = Signal.objects.filter(cluster=cluster, observed_at__gte=start,
                                  observed_at__lte=end).exclude(kind=PUSHED_COLLECTOR)
-    return _window_observations(rows)
+    if connection.vendor != "postgresql":
+        return _window_observations(rows)
+    # Each diagnosis run reads its whole window again, and during a storm runs follow each
+    # other with a few new rows each: the observations read last time are kept (per cluster,
+    # per process) and only the rows not kept are read in full. A signal row never changes,
+    # and PostgreSQL never hands an id out twice (SQLite may, after a rollback: not there).
+    kept = _kept_windows.setdefault(cluster.pk, {})
+    window = _window_observations(rows, kept)
+    kept.clear()
+    if len(window) <= KEPT_MAX:
+        kept.update((o.id, o) for o in window if o.id is not None)
+    return window
+
+
+# Observations of the last window read, per cluster id, by signal id (see above).
+_kept_windows: dict[int, dict[int, Observation]] = {}
+KEPT_MAX = 200_000  # past this a window is read whole each time, not kept
 
 
 # Telemetry samples that facts.extract skips at once (it only notes that their node exists and
@@ -125,13 +142,27 @@ _IDLE = (Q(source=Signal.Source.DCGM) & (
 ) | (Q(source=Signal.Source.KERNEL) & ~_KERNEL_READ)
 
 
-def _window_observations(rows: QuerySet[Signal]) -> list[Observation]:
-    # Only the columns the engine reads: building model instances (and parsing ingested_at)
-    # cost as much again as the rows themselves.
-    read = rows.exclude(_IDLE).order_by("observed_at", "id").values_list(
-        "pk", "source", "kind", "node_name", "gpu_index", "job_id", "code", "message", "data",
-        "observed_at")
-    out = [_observation(*row) for row in read.iterator(chunk_size=5000)]
+# Only the columns the engine reads: building model instances (and parsing ingested_at)
+# cost as much again as the rows themselves.
+_COLUMNS = ("pk", "source", "kind", "node_name", "gpu_index", "job_id", "code", "message",
+            "data", "observed_at")
+
+
+def _window_observations(rows: QuerySet[Signal], kept: dict[int, Observation] | None = None
+                         ) -> list[Observation]:
+    """The window's observations in time order; ``kept``: observations already read, by
+    signal id, which are not read again when most of the window is among them."""
+    read = rows.exclude(_IDLE).order_by("observed_at", "id")
+    ids: list[int] = list(read.values_list("pk", flat=True)) if kept else []
+    missing = [i for i in ids if i not in kept] if kept else []
+    if kept and len(missing) <= len(ids) // 2:
+        fresh = {row[0]: _observation(*row) for row in Signal.objects.filter(
+            pk__in=missing).values_list(*_COLUMNS)} if missing else {}
+        # (A row pruned between the two reads is left out.)
+        out = [o for i in ids if (o := kept.get(i) or fresh.get(i)) is not None]
+    else:
+        out = [_observation(*row) for row in read.values_list(*_COLUMNS).iterator(
+            chunk_size=5000)]
     for node, first, last in rows.filter(_IDLE).values_list("node_name").annotate(
             first=Min("observed_at"), last=Max("observed_at")).order_by():
         out += [Observation(first, "", node), Observation(last, "", node)]

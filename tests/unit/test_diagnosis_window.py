@@ -110,3 +110,35 @@ def test_every_kernel_line_a_parser_reads_is_read_from_the_database() -> None:
     every_row = [selectors.observation_from_signal(s) for s in Signal.objects.filter(
         cluster=cluster).order_by("observed_at", "id")]
     assert diagnose_window(window) == diagnose_window(every_row)
+
+
+def test_a_run_after_another_reads_only_the_rows_it_has_not_read() -> None:
+    """Each diagnosis run reads its whole window again (in a storm, thousands of rows a few
+    hundred ms apart): on PostgreSQL the observations read last time are kept, and only the
+    new rows are read in full; the window is the one a fresh read gives, rows pruned since
+    left out."""
+    if connection.vendor != "postgresql":
+        pytest.skip("kept on PostgreSQL only (SQLite may hand a rolled-back row's id out again)")
+    cluster = Cluster.objects.create(name="kept")
+    store(cluster)
+    start, end = timezone.now() - timedelta(minutes=30), timezone.now()
+    first = selectors.observations_between(cluster, start, end)
+    t = timezone.now() - timedelta(minutes=1)
+    Signal.objects.bulk_create([
+        Signal(cluster=cluster, source="kernel", kind="pushed_kernel", node_name="gpu-011",
+               message=XID79, data={}, observed_at=t),
+        Signal(cluster=cluster, source="dcgm", kind="pushed_dcgm", node_name="gpu-012",
+               gpu_index=1, data={"metric": "DCGM_FI_DEV_XID_ERRORS", "value": 79},
+               observed_at=t)])
+    Signal.objects.filter(message=XID79, node_name="gpu-008").delete()  # pruned, say
+    with CaptureQueriesContext(connection) as queries:
+        again = selectors.observations_between(cluster, start, end)
+    # The window's ids, the two new rows in full, the idle rows' summary.
+    assert len(queries) == 3
+    assert 'IN (' in queries.captured_queries[1]["sql"]
+    selectors._kept_windows.clear()
+    fresh = selectors.observations_between(cluster, start, end)
+    assert again == fresh and len(again) == len(first) + 1
+    assert [(o.id, o.fields) for o in again] == [(o.id, o.fields) for o in fresh]
+    assert {o.node for o in again if o.message == XID79} == {"gpu-011"}
+    assert diagnose_window(again) == diagnose_window(fresh)
