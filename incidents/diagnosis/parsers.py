@@ -222,8 +222,18 @@ KERNEL_WORDS = ("Xid", "ink", "fallen off the bus", "NVRM: The NVIDIA GPU", "RmI
 
 # A diagnosis run reads every kernel line of its window, and in a storm every run reads again
 # the lines the runs before it read: each line's reading (immutable) is kept for the next.
-@functools.lru_cache(maxsize=32768)
+# Kernel lines are short; a longer message (a pushed one may hold 4,000 characters) is read
+# each time, so the cache stays within a few MB whatever is pushed.
+KEPT_LINES, KEPT_LINE_CHARS = 16384, 512
+
+
 def parse_kernel(message: str) -> KernelLine | None:
+    if len(message) <= KEPT_LINE_CHARS:
+        return _parse_kernel_kept(message)
+    return _parse_kernel(message)
+
+
+def _parse_kernel(message: str) -> KernelLine | None:
     if "NVRM" in message and ("\n" in message or "\\x0a" in message):
         # A message printed over several lines, as one record: read it as one line.
         message = _NVRM_CONT.sub(" ", message)
@@ -276,6 +286,9 @@ def parse_kernel(message: str) -> KernelLine | None:
     if "AER" in message or "PCIe Bus Error" in message:
         return _aer(message)
     return None
+
+
+_parse_kernel_kept = functools.lru_cache(maxsize=KEPT_LINES)(_parse_kernel)
 
 
 def _sxid(m: re.Match[str]) -> NvswitchSxid:

@@ -248,3 +248,17 @@ def test_who_drained_a_node_is_read_from_the_reason() -> None:
     assert drained_by("Low RealMemory [slurm@2024-12-19T11:03:34]") == "slurmctld"
     assert drained_by("swap PSU [root@2024-12-19T11:03:34]") == "an administrator"
     assert drained_by("swap PSU") == "an administrator"
+
+
+def test_a_kernel_lines_reading_is_kept_for_the_next_run_within_bounds() -> None:
+    """Diagnosis runs re-read their window's kernel lines; a short line's reading is kept (the
+    same frozen object), a long one read each time, so whatever is pushed (up to 4,000
+    characters a message) the cache stays within KEPT_LINES short lines."""
+    line = "NVRM: Xid (PCI:0000:8a:00): 79, pid=2231, name=python, GPU has fallen off the bus."
+    first = p.parse_kernel(line)
+    assert isinstance(first, p.KernelXid) and first.code == 79
+    assert p.parse_kernel(line) is first
+    long_line = line + " " + "x" * p.KEPT_LINE_CHARS
+    assert p.parse_kernel(long_line) == p.parse_kernel(long_line)
+    assert p.parse_kernel(long_line) is not p.parse_kernel(long_line)
+    assert p._parse_kernel_kept.cache_info().maxsize == p.KEPT_LINES
