@@ -144,16 +144,23 @@ class Stack:
         master and its workers), from /proc: what the work cost, whatever the wall clock."""
         tick = os.sysconf("SC_CLK_TCK")
         # Each service's (a worker per queue when split), then the workers' together.
+        # Besides: every PostgreSQL process on the machine (this bench's database is the only
+        # one in use) and this process (the pushing clients), so that the figures add up to
+        # what the storm cost the machine.
         sessions = dict(zip((proc.pid for proc in self.procs), self.names, strict=True))
-        spent = dict.fromkeys(sessions.values(), 0.0)
+        spent = dict.fromkeys([*sessions.values(), "postgres"], 0.0)
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
+                head, rest = stat.read_text().rsplit(")", 1)
+            except (OSError, ValueError):
                 continue  # gone meanwhile
+            fields = rest.split()
             name = sessions.get(int(fields[3]))  # the session id (field 6)
+            if name is None and head.endswith("(postgres"):
+                name = "postgres"
             if name is not None:
                 spent[name] += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        spent["clients"] = time.process_time()
         if len(self.procs) > 2:  # split: "worker" is the collector's (with the beat)
             spent["worker-collect"] = spent.pop("worker")
             spent["worker"] = sum(v for k, v in spent.items() if k.startswith("worker-"))
@@ -760,6 +767,8 @@ def storm_report(r: dict[str, Any], other: dict[str, Any] | None) -> str:
         + "".join(f"; {name.removeprefix('worker-')} {spent:.1f}"
                   for name, spent in r['cpu_s'].items() if name.startswith("worker-"))
         + " |",
+        f"| CPU spent besides: PostgreSQL / the pushing clients (this process) (s) | "
+        f"{r['cpu_s'].get('postgres', 0):.1f} / {r['cpu_s'].get('clients', 0):.1f} |",
         f"| diagnosis runs killed at the soft time limit (not counted above) | "
         f"{r.get('diagnosis_time_limits', '-')} |",
         "| diagnosis caught up after | "
