@@ -113,7 +113,10 @@ def observations_between(cluster: Cluster, start: datetime, end: datetime) -> li
 
 # Observations of the last window read, per cluster id, by signal id (see above).
 _kept_windows: dict[int, dict[int, Observation]] = {}
-KEPT_MAX = 200_000  # past this a window is read whole each time, not kept
+# Past this many observations (about 0.5 KB each, in each worker process) a window is read
+# whole each time rather than kept: a storm of 12,500 nodes is kept, a flood of 200,000 lines
+# of training output is not.
+KEPT_MAX = 50_000
 
 
 # Telemetry samples that facts.extract skips at once (it only notes that their node exists and
