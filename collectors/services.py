@@ -75,16 +75,22 @@ def cluster_default() -> Cluster:
 
 # Cluster rows by name, kept per process for the pushes (signals_ingest): a cluster's row is
 # made once and then never changes or goes (a cluster no longer watched keeps its history),
-# and reading it was one of the eight statements of every push. A row that is gone after all
-# (a test's rolled back) leaves the push's node look-up empty, which then reads it again.
+# and reading it was one of the eight statements of every push. The push's node look-up,
+# made by the cluster's name, says which row the nodes belong to now: a kept row that is not
+# that one (rolled back in a test, its id since given to another cluster on SQLite) is read
+# again.
 _push_clusters: dict[str, Cluster] = {}
 
 
-def _cluster_for_push(name: str, *, fresh: bool = False) -> Cluster:
+def _push_nodes(name: str, names: Collection[str]) -> tuple[Cluster, dict[str, int]]:
+    """The cluster called ``name`` and the ids of those of its nodes that exist."""
+    rows = list(Node.objects.filter(cluster__name=name, name__in=names).values_list(
+        "name", "pk", "cluster_id")) if names else []
     cluster = _push_clusters.get(name)
-    if cluster is None or fresh or name not in cluster_names():
-        cluster = _push_clusters[name] = cluster_get(name)
-    return cluster
+    if (cluster is None or {c for _, _, c in rows} != {cluster.pk}
+            or name not in cluster_names()):
+        cluster = _push_clusters[name] = cluster_get(name)  # ClientError for an unknown name
+    return cluster, {node: pk for node, pk, c in rows if c == cluster.pk}
 
 
 def cluster_get(name: str) -> Cluster:
@@ -333,12 +339,7 @@ def signals_ingest(cluster: Cluster | str, batch: list[dict[str, Any]], *,
         raise IngestRejected(f"refused, nothing stored: {shown}", status=403, refused=refused)
     names = {r["node"] for r in batch if r.get("node")}
     if isinstance(cluster, str):
-        # A batch naming no node has nothing to check the kept row against: read it.
-        cluster = _cluster_for_push(cluster, fresh=not names)
-        known = _node_ids(cluster, names)
-        if names - known.keys():  # unknown nodes, or a kept row that is gone: read it again
-            cluster = _cluster_for_push(cluster.name, fresh=True)
-            known = _node_ids(cluster, names)
+        cluster, known = _push_nodes(cluster, names)
     else:
         known = _node_ids(cluster, names)
     if names - known.keys():

@@ -43,7 +43,7 @@ class RedisCache(DjangoRedisCache):
         as Django's own ``incr`` and ``get`` keep and read them."""
         made, peeked = self.make_and_validate_key(key), self.make_and_validate_key(other)
         client = self._cache.get_client(made, write=True)
-        pipe = client.pipeline(transaction=False)
+        pipe = client.pipeline(transaction=True)  # MULTI/EXEC: nothing expires in between
         pipe.set(made, 0, ex=timeout, nx=True)
         pipe.incr(made)
         pipe.get(peeked)

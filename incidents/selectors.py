@@ -102,21 +102,22 @@ def observations_between(cluster: Cluster, start: datetime, end: datetime) -> li
     # Each diagnosis run reads its whole window again, and during a storm runs follow each
     # other with a few new rows each: the observations read last time are kept (per cluster,
     # per process) and only the rows not kept are read in full. A signal row never changes,
-    # and PostgreSQL never hands an id out twice (SQLite may, after a rollback: not there).
+    # and PostgreSQL never hands an id out twice (SQLite may, after a rollback: not there;
+    # a database restored from a dump under running workers could, so restart them then).
     kept = _kept_windows.setdefault(cluster.pk, {})
     window = _window_observations(rows, kept)
     kept.clear()
-    if len(window) <= KEPT_MAX:
+    if len(window) * OBSERVATION_BYTES + sum(len(o.message) for o in window) <= KEPT_BYTES:
         kept.update((o.id, o) for o in window if o.id is not None)
     return window
 
 
 # Observations of the last window read, per cluster id, by signal id (see above).
 _kept_windows: dict[int, dict[int, Observation]] = {}
-# Past this many observations (about 0.5 KB each, in each worker process) a window is read
-# whole each time rather than kept: a storm of 12,500 nodes is kept, a flood of 200,000 lines
-# of training output is not.
-KEPT_MAX = 50_000
+# Past about this many bytes (an observation is about 0.5 KB and its message) a window is
+# read whole each time rather than kept, in each worker process: a storm's kernel lines from
+# 12,500 nodes are kept, a flood of 200,000 lines of training output is not.
+KEPT_BYTES, OBSERVATION_BYTES = 32 * 1024 * 1024, 600
 
 
 # Telemetry samples that facts.extract skips at once (it only notes that their node exists and

@@ -564,6 +564,9 @@ def inject_slow(state: State, node: str, gpu: int, how: str, percent: float, now
     (or from ``minutes_ago`` minutes ago, so a demo need not wait for the slowness to count
     as sustained): see ``SLOW_KINDS``."""
     target = _node(state, node)
+    if not (math.isfinite(percent) and math.isfinite(minutes_ago)):
+        # (The state file would keep it as null, which no later read takes.)
+        raise ClientError("--percent and --minutes-ago must be numbers", permanent=True)
     if how not in SLOW_KINDS:
         raise ClientError(f"unknown slowness {how!r} (one of {', '.join(SLOW_KINDS)})",
                           permanent=True)

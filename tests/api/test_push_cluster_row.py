@@ -1,7 +1,8 @@
-"""A push reads its cluster's row once per process (collectors.services._cluster_for_push):
-the row is made once and never changes. A kept row that is gone after all (here deleted, as
-a test's rollback or a restored database leaves it) is noticed by the push's node look-up and
-read again, and the push is stored on the cluster as it is now."""
+"""A push reads its cluster's row once per process (collectors.services._push_nodes): the
+row is made once and never changes. A kept row that is not the cluster's any more (deleted, as
+a test's rollback leaves it, or its id given to another cluster, as SQLite may after a
+rollback) is noticed by the push's node look-up, made by the cluster's name, and read again:
+the push is stored on the cluster as it is now, never on another one."""
 
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ def test_a_push_reads_the_cluster_once_and_again_when_its_row_is_gone(
     assert push(token).status_code == 201
     with CaptureQueriesContext(connection) as queries:
         assert push(token).status_code == 201
-    assert not any('"collectors_cluster"' in q["sql"] for q in queries.captured_queries)
+    # The node look-up joins the cluster by name; no statement reads the cluster's row.
+    assert not any('FROM "collectors_cluster"' in q["sql"] for q in queries.captured_queries)
+    assert any('JOIN "collectors_cluster"' in q["sql"] for q in queries.captured_queries)
 
     old = Cluster.objects.get()
     Cluster.objects.all().delete()  # its nodes and signals with it
@@ -48,6 +51,22 @@ def test_a_push_reads_the_cluster_once_and_again_when_its_row_is_gone(
     assert answer.status_code == 201, answer.content
     assert list(Signal.objects.filter(message=LINE).values_list("cluster_id", flat=True)) == [
         new.pk]
+
+
+def test_a_kept_row_whose_id_is_another_clusters_is_read_again(sim_fleet: SimFleet) -> None:
+    collectors.collect_source("slurm")
+    token = agent_token_create("gpu-001")[1]
+    assert push(token).status_code == 201
+    mine = Cluster.objects.get()
+    other = Cluster.objects.create(name="other")
+    Node.objects.create(cluster=other, name="gpu-001")  # the same node names, as sims have
+    # The kept row now says the default cluster is the other one's id.
+    collectors._push_clusters[mine.name] = Cluster(pk=other.pk, name=mine.name)
+    answer = push(token)
+    assert answer.status_code == 201, answer.content
+    assert not Signal.objects.filter(cluster=other).exists()
+    assert Signal.objects.filter(cluster=mine, message=LINE).count() == 2
+    assert collectors._push_clusters[mine.name].pk == mine.pk
 
 
 def test_a_push_naming_an_unknown_node_is_still_refused(sim_fleet: SimFleet) -> None:

@@ -142,3 +142,19 @@ def test_a_run_after_another_reads_only_the_rows_it_has_not_read() -> None:
     assert [(o.id, o.fields) for o in again] == [(o.id, o.fields) for o in fresh]
     assert {o.node for o in again if o.message == XID79} == {"gpu-011"}
     assert diagnose_window(again) == diagnose_window(fresh)
+
+
+def test_a_window_past_the_bound_is_read_whole_each_time(monkeypatch: Any) -> None:
+    """Kept windows are bounded in bytes (a worker process keeps one per cluster): past the
+    bound nothing is kept, and the next run reads the window whole, as without keeping."""
+    if connection.vendor != "postgresql":
+        pytest.skip("kept on PostgreSQL only")
+    cluster = Cluster.objects.create(name="big")
+    store(cluster)
+    start, end = timezone.now() - timedelta(minutes=30), timezone.now()
+    monkeypatch.setattr(selectors, "KEPT_BYTES", 1000)
+    first = selectors.observations_between(cluster, start, end)
+    assert len(first) > 2 and not selectors._kept_windows[cluster.pk]
+    with CaptureQueriesContext(connection) as queries:
+        assert selectors.observations_between(cluster, start, end) == first
+    assert len(queries) == 2  # the window whole and the idle rows' summary: nothing kept

@@ -12,6 +12,7 @@ from collectors.sim.fleet import (
     SimProvider,
     SimSlurm,
     SimTelemetry,
+    inject_slow,
     inject_xid,
 )
 
@@ -181,3 +182,12 @@ def test_sim_show_prints_a_short_summary_not_a_dump(sim_fleet: SimFleet, setting
     out = StringIO()
     call_command("fleetwatch", "sim", "--show", "--json", stdout=out)
     assert json.loads(out.getvalue())["nodes"]["gpu-003"]["pool"] == "rma"
+
+
+def test_a_slowness_that_is_not_a_number_is_refused(fleet: SimFleet) -> None:
+    """The state file is written with orjson, which keeps NaN as null: a slowness of NaN
+    percent or minutes would be stored as one no later read can take, so it is refused."""
+    for percent, minutes in ((float("nan"), 0.0), (30.0, float("nan")), (30.0, float("inf"))):
+        with fleet.transaction() as state, pytest.raises(ClientError, match="must be numbers"):
+            inject_slow(state, "gpu-001", 0, "clock", percent, 0.0, minutes)
+    assert "slow" not in fleet.snapshot()["nodes"]["gpu-001"]["gpus"][0]
