@@ -257,8 +257,8 @@ def signals_store(
     if not drafts:
         return []
     now = timezone.now()
-    nodes = node_ids if node_ids is not None else dict(Node.objects.filter(
-        cluster=cluster, name__in={d.node for d in drafts if d.node}).values_list("name", "pk"))
+    nodes = node_ids if node_ids is not None else _node_ids(
+        cluster, {d.node for d in drafts if d.node})
     # Stored in a form every reader and both databases take: NUL, lone surrogates and
     # non-finite numbers (from a push, or a source that sent them) are replaced (json_safe).
     rows = [

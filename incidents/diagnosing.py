@@ -59,18 +59,15 @@ def _diagnose_from(cluster_id: int, earliest: datetime) -> tuple[list[Incident],
     """Diagnose the cluster's window from ``earliest`` (less the diagnosis window) to now.
     Returns the incidents recorded or found, and whether every diagnosis was recorded
     (False: the run's budget ran out; the next run goes on)."""
-    with gc_paused():  # a storm's window is thousands of observations, re-read every run
-        return _diagnose_window_from(cluster_id, earliest)
-
-
-def _diagnose_window_from(cluster_id: int, earliest: datetime) -> tuple[list[Incident], bool]:
     cluster = Cluster.objects.get(pk=cluster_id)
     window = timedelta(minutes=settings.FLEETWATCH_DIAGNOSIS_WINDOW_MINUTES)
-    observations = selectors.observations_between(cluster, earliest - window, timezone.now())
-    observations, drills = _drill_split(cluster.pk, observations)
-    topology, jobs = selectors.topology(cluster), selectors.jobs_info(cluster)
-    drilled = _drills_record(cluster.pk, drills, topology, jobs)
-    incidents, complete = diagnoses_record(cluster, diagnose(observations, topology, jobs))
+    with gc_paused():  # a storm's window is thousands of observations, re-read every run
+        observations = selectors.observations_between(cluster, earliest - window,
+                                                      timezone.now())
+        observations, drills = _drill_split(cluster.pk, observations)
+        topology, jobs = selectors.topology(cluster), selectors.jobs_info(cluster)
+        drilled = _drills_record(cluster.pk, drills, topology, jobs)
+        incidents, complete = diagnoses_record(cluster, diagnose(observations, topology, jobs))
     return incidents + drilled, complete  # the fire drills' after the real ones
 
 
