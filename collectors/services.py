@@ -26,7 +26,7 @@ from django.db.models import Field, Q
 from django.utils import timezone
 
 from collectors import normalize, queueing
-from collectors.bulk import insert_missing, update_columns
+from collectors.bulk import append_rows, insert_missing, update_columns
 from collectors.clients import Clients, get_clients
 from collectors.clients.base import (
     ClientError,
@@ -789,7 +789,7 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
     # ... and of those with quiet fault fields (nearly all): only what differs between them,
     # the rest comes from the template (COPY's cost goes with the values sent).
     new_quiet = []  # (node_id, index, uuid, utilization, temperature, health)
-    samples = []
+    samples: list[tuple[Any, ...]] = []  # (node_id, gpu_index, at, utilization, temperature)
     touched: set[int] = set()  # nodes with a GPU read or judged this poll
     failing: set[int] = set()  # nodes with a failed GPU, read or as stored
     keep_samples = sources_of(cluster.name).store_gpu_samples
@@ -864,8 +864,7 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
         elif m_util != util or m_temp != temp:
             readings.append((pk, m_util, m_temp, now))
         if keep_samples and sampled:
-            samples.append(GpuSample(node_id=node_id, gpu_index=m.gpu, at=now,
-                                     utilization=m_util, temperature=m_temp))
+            samples.append((node_id, m.gpu, now, m_util, m_temp))
     drafts += _remapped_rows_drafts(cluster, answer, created, names, run)
     insert_missing(Gpu(updated_at=now), ["node_id", "index", "uuid", "utilization",
                                          "temperature", "health"], new_quiet)
@@ -874,7 +873,8 @@ def _gpus(cluster: Cluster, ids: dict[str, int], read: TelemetryChanges,
     update_columns(Gpu, ["utilization", "temperature", "updated_at"], readings)
     run.counts["gpus_changed"] = len(rows) + len(readings)
     run.counts["gpus_created"] = len(new_rows) + len(new_quiet)
-    GpuSample.objects.bulk_create(samples, batch_size=5000)
+    append_rows(GpuSample, ["node_id", "gpu_index", "at", "utilization", "temperature"],
+                samples)
     # A node's health is its GPUs': only the nodes this poll judged, only where it moved.
     nodes = Node.objects.filter(cluster=cluster)
     if not complete and len(touched) < 2000:

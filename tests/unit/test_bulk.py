@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
-from collectors.bulk import insert_missing, update_columns
-from collectors.models import Cluster, Gpu, Node
+from collectors.bulk import append_rows, insert_missing, update_columns
+from collectors.models import Cluster, Gpu, GpuSample, Node
 
 pytestmark = pytest.mark.django_db
 
@@ -64,3 +65,26 @@ def test_deleting_a_node_deletes_its_gpus() -> None:
     insert_missing(Gpu(), ["node_id", "index"], [(gone.pk, 0), (gone.pk, 1), (kept.pk, 0)])
     gone.delete()
     assert list(Gpu.objects.values_list("node__name", "index")) == [("gpu-002", 0)]
+
+
+def test_appended_samples_read_back_as_written_times_and_gaps_included() -> None:
+    node = Node.objects.create(cluster=Cluster.objects.create(name="bulk"), name="gpu-001")
+    at = timezone.now().replace(microsecond=123456)
+    written = append_rows(GpuSample, ["node_id", "gpu_index", "at", "utilization", "temperature"],
+                          [(node.pk, 0, at, 55.5, 61.0), (node.pk, 1, at, None, 40.0)])
+    assert written == 2
+    samples = {s.gpu_index: s for s in GpuSample.objects.filter(node=node)}
+    assert (samples[0].at, samples[0].utilization, samples[0].temperature) == (at, 55.5, 61.0)
+    assert (samples[1].utilization, samples[1].temperature) == (None, 40.0)
+    assert append_rows(GpuSample, ["node_id", "gpu_index", "at"], []) == 0
+
+
+def test_an_appended_row_for_a_node_that_does_not_exist_is_refused() -> None:
+    def append() -> None:
+        with transaction.atomic():
+            append_rows(GpuSample, ["node_id", "gpu_index", "at"], [(999_999, 0, timezone.now())])
+            connection.check_constraints()  # SQLite checks foreign keys only at commit
+
+    with pytest.raises(IntegrityError):
+        append()
+    assert not GpuSample.objects.exists()
