@@ -191,3 +191,16 @@ def test_a_slowness_that_is_not_a_number_is_refused(fleet: SimFleet) -> None:
         with fleet.transaction() as state, pytest.raises(ClientError, match="must be numbers"):
             inject_slow(state, "gpu-001", 0, "clock", percent, 0.0, minutes)
     assert "slow" not in fleet.snapshot()["nodes"]["gpu-001"]["gpus"][0]
+
+
+def test_a_state_file_written_by_the_json_module_still_reads(fleet: SimFleet) -> None:
+    # Files written before orjson wrote them may hold what orjson does not read (NaN).
+    import json
+
+    state = json.loads(fleet.path.read_text())
+    state["nodes"]["gpu-001"]["sim_note"] = float("nan")
+    fleet.path.write_text(json.dumps(state))
+    assert len(SimSlurm(fleet).nodes()) == 16
+    fleet.path.write_text("[]")  # JSON, but no fleet
+    with pytest.raises(ClientError, match="holds no fleet"):
+        SimSlurm(fleet).nodes()
