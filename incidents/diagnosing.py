@@ -15,6 +15,7 @@ from collections.abc import Collection
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.contrib.postgres.aggregates import ArrayAgg
 from django.db import connection, transaction
 from django.db.models import Min, Q
 from django.utils import timezone
@@ -191,21 +192,23 @@ def _recorded_already(cluster_id: int, diagnoses: list[Diagnosis]) -> dict[str, 
     if not diagnoses:
         return {}
     recent = timezone.now() - timedelta(minutes=settings.FLEETWATCH_DEDUPE_MINUTES)
+    wanted = {d.fingerprint for d in diagnoses}
     latest: dict[str, Incident] = {}
-    for incident in (Incident.objects.filter(
-            cluster_id=cluster_id, fingerprint__in={d.fingerprint for d in diagnoses})
-            .filter(~Q(status=Incident.Status.RESOLVED) | Q(resolved_at__gte=recent))
-            .order_by("opened_at")):
-        latest[incident.fingerprint] = incident  # the newest wins, as incident_record picks
-    # A storm incident holds diagnoses of its cause by their signals (their own fingerprints
-    # opened nothing): one that brings no signal the storm lacks is recorded already.
-    storms = {i.root_cause: i for i in Incident.objects.filter(cluster_id=cluster_id, storm=True)
-              .exclude(status=Incident.Status.RESOLVED)}
-    linked: dict[int, set[int]] = {}
-    for incident_id, signal_id in Evidence.objects.filter(
-            incident_id__in=[i.pk for i in (*latest.values(), *storms.values())]
-    ).values_list("incident_id", "signal_id"):
-        linked.setdefault(incident_id, set()).add(signal_id)
+    storms: dict[str, Incident] = {}
+    # The cluster's open and lately resolved incidents, picked here: a few, where a storm's
+    # run has thousands of diagnoses, whose fingerprints sent as an IN list cost more than
+    # these rows.
+    for incident in (Incident.objects.filter(cluster_id=cluster_id)
+                     .filter(~Q(status=Incident.Status.RESOLVED) | Q(resolved_at__gte=recent))
+                     .order_by("opened_at")):
+        if incident.fingerprint in wanted:
+            latest[incident.fingerprint] = incident  # the newest wins, as incident_record picks
+        # A storm incident holds diagnoses of its cause by their signals (their own
+        # fingerprints opened nothing): one that brings no signal the storm lacks is
+        # recorded already.
+        if incident.storm and incident.status != Incident.Status.RESOLVED:
+            storms[incident.root_cause] = incident
+    linked = _evidence_signals([i.pk for i in (*latest.values(), *storms.values())])
     done = {d.fingerprint: latest[d.fingerprint] for d in diagnoses
             if d.fingerprint in latest
             and set(d.evidence) <= linked.get(latest[d.fingerprint].pk, set())}
@@ -215,6 +218,21 @@ def _recorded_already(cluster_id: int, diagnoses: list[Diagnosis]) -> dict[str, 
                 and set(d.evidence) <= linked.get(storm.pk, set())):
             done[d.fingerprint] = storm
     return done
+
+
+def _evidence_signals(incident_ids: list[int]) -> dict[int, set[int]]:
+    """The signal ids each incident holds as evidence. A storm's incident holds thousands, read
+    by every run: on PostgreSQL one array an incident (decoded in C), not a row a signal."""
+    if not incident_ids:
+        return {}
+    rows = Evidence.objects.filter(incident_id__in=incident_ids)
+    if connection.vendor == "postgresql":
+        return {incident_id: set(ids) for incident_id, ids in rows.values("incident_id").annotate(
+            ids=ArrayAgg("signal_id")).order_by().values_list("incident_id", "ids")}
+    linked: dict[int, set[int]] = {}
+    for incident_id, signal_id in rows.values_list("incident_id", "signal_id"):
+        linked.setdefault(incident_id, set()).add(signal_id)
+    return linked
 
 
 # --- coalesced diagnosis ----------------------------------------------------------------------

@@ -9,6 +9,7 @@ Against the database (PostgreSQL under make test), through the real ingest and d
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,7 +19,8 @@ from rest_framework.test import APIClient
 
 from collectors import services as collectors
 from collectors.sim.fleet import SimFleet
-from incidents import diagnosing
+from incidents import diagnosing, selectors
+from incidents.diagnosis import diagnose
 from incidents.models import AuditEntry, DiagnosisState, Evidence, Incident, Remediation
 from incidents.remediation import policy
 from incidents.remediation.transitions import remediation_open
@@ -148,3 +150,35 @@ def test_application_errors_are_never_a_storm(cluster: Any) -> None:
     """A job's own error is that job's, however many jobs fail at once."""
     assert policy.storm_room(cluster.pk, "application_error") is None
     assert policy.storm_room(cluster.pk, "gpu_hardware") == 3
+
+
+def test_a_run_skips_what_is_recorded_already_and_not_what_brings_a_new_signal(
+        cluster: Any, django_capture_on_commit_callbacks: Any) -> None:
+    def window_diagnoses() -> list[Any]:
+        observations = selectors.observations_between(
+            cluster, timezone.now() - timedelta(minutes=30), timezone.now())
+        return diagnose(observations, selectors.topology(cluster), selectors.jobs_info(cluster))
+
+    push(cluster, nodes(5))
+    run(cluster, django_capture_on_commit_callbacks)
+    storm = Incident.objects.get(storm=True)
+    diagnoses = window_diagnoses()
+    done = diagnosing._recorded_already(cluster.pk, diagnoses)
+    # Every fault of the window is held already: its own incident's, or the storm's.
+    assert set(done) == {d.fingerprint for d in diagnoses} and len(diagnoses) == 5
+    assert {done[d.fingerprint].pk for d in diagnoses if set(d.nodes) <= set(storm.nodes)} == \
+        {storm.pk}
+    assert len({i.pk for i in done.values()}) == 4  # three of their own and the storm
+
+    # A second line on a storm member's node and on a node with its own incident: both
+    # diagnoses now bring a signal their incident lacks, and are recorded again.
+    alone = Incident.objects.filter(storm=False).first()
+    assert alone is not None
+    member = sorted(storm.nodes)[0]
+    push(cluster, [member, alone.nodes[0]])
+    done = diagnosing._recorded_already(cluster.pk, window_diagnoses())
+    missing = {d.nodes for d in window_diagnoses() if d.fingerprint not in done}
+    assert missing == {(member,), (alone.nodes[0],)}
+    run(cluster, django_capture_on_commit_callbacks)
+    assert diagnosing._recorded_already(cluster.pk, window_diagnoses()).keys() == \
+        {d.fingerprint for d in window_diagnoses()}
