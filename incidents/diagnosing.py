@@ -283,6 +283,10 @@ def _claim_lock(cluster_id: int, *, exclusive: bool) -> None:
         cursor.execute(f"SELECT {function}(%s, %s)", [DIAGNOSIS_CLAIM_LOCK, cluster_id])
 
 
+_MARK_SQL = ('SELECT "pending_since", "queued_at", "running_since" FROM '
+             f'"{DiagnosisState._meta.db_table}" WHERE "cluster_id" = %s')
+
+
 def _marked_already(cluster_id: int, at: datetime, now: datetime) -> bool:
     """True when diagnosis of the cluster is marked from ``at`` or earlier and a live run is
     queued or running, so a push observed at ``at`` changes nothing. Either way the claim
@@ -291,8 +295,12 @@ def _marked_already(cluster_id: int, at: datetime, now: datetime) -> bool:
     if connection.vendor != "postgresql":
         return False
     _claim_lock(cluster_id, exclusive=False)
-    row = DiagnosisState.objects.filter(cluster_id=cluster_id).values_list(
-        "pending_since", "queued_at", "running_since").first()
+    # Its own statement, after the lock's: one that waited for a claim must read what the
+    # claim committed (a statement reads the rows as they were when it began). Written out:
+    # the ORM compiling it took as long as running it, on every push.
+    with connection.cursor() as cursor:
+        cursor.execute(_MARK_SQL, [cluster_id])
+        row = cursor.fetchone()
     if row is None:
         return False
     pending, queued, running = row
