@@ -274,6 +274,18 @@ def promql_string(value: str) -> str:
     return json.dumps(value)
 
 
+def _node_matchers(nodes: Iterable[str]) -> list[str]:
+    """Label matchers for the series of these nodes, one per label an exporter may name its
+    node by (NODE_LABELS), then its instance (a host name with a domain or a port)."""
+    return _node_matchers_re("|".join(re.escape(n) for n in nodes))
+
+
+def _node_matchers_re(node_re: str) -> list[str]:
+    """``_node_matchers`` of an alternation of escaped names."""
+    return [*(f"{label}=~{promql_string(node_re)}" for label in NODE_LABELS),
+            f"instance=~{promql_string(f'({node_re})([.:].*)?')}"]
+
+
 def _excerpt(series: object, limit: int = 300) -> str:
     text = json.dumps(series, sort_keys=True, default=str)
     return text if len(text) <= limit else text[:limit] + "..."
@@ -375,10 +387,17 @@ class PrometheusTelemetry:
         regex = "|".join(re.escape(n) for n in names)
         return "{" + ", ".join([f"__name__=~{promql_string(regex)}", *matchers]) + "}"
 
-    def _instant_expr(self, query: _Query, group: Sequence[str]) -> str:
-        selector = self._selector(query.names)
+    def _instant_expr(self, query: _Query, group: Sequence[str],
+                      nodes: Sequence[str] = ()) -> str:
+        if nodes:
+            # The node under whichever label the exporter uses, as in gpu_readings: `or`
+            # drops a series an earlier alternative already matched.
+            selectors = [self._selector(query.names, m) for m in _node_matchers(nodes)]
+        else:
+            selectors = [self._selector(query.names)]
         if self.lookback:
-            selector = f"last_over_time({selector}[{self.lookback}])"
+            selectors = [f"last_over_time({s}[{self.lookback}])" for s in selectors]
+        selector = " or ".join(selectors)
         by = ", ".join(group)
         keep = f" {query.keep}" if query.keep else ""
         if query.combine == "sum" and len(query.names) > 1:
@@ -557,18 +576,28 @@ class PrometheusTelemetry:
             return _Blank(node, labels)
         return node, labels, value
 
-    def gpu_metrics(self) -> list[GpuMetric]:
+    def gpu_metrics(self, nodes: Sequence[str] | None = None) -> list[GpuMetric]:
         self._warnings["fields"] = self._field_warnings()
         warnings = _Warnings()
-        read = self._gpu_read(None, warnings)
+        if nodes is None:
+            gpus = self._gpu_read(None, warnings).gpus
+        else:
+            wanted, gpus = sorted(set(nodes)), []
+            for start in range(0, len(wanted), PRESENCE_NODES_PER_QUERY):
+                chunk = wanted[start:start + PRESENCE_NODES_PER_QUERY]
+                # A series matched by its instance while its Hostname names another machine
+                # is that machine's.
+                gpus += [m for m in self._gpu_read(None, warnings, nodes=chunk).gpus
+                         if m.node in chunk]
         self._warnings["gpu_metrics"] = warnings.finish()
-        return read.gpus
+        return gpus
 
     def _gpu_read(self, since: float | None, warnings: _Warnings,
-                  at: float | None = None) -> _GpuRead:
+                  at: float | None = None, nodes: Sequence[str] = ()) -> _GpuRead:
         """Every GPU with a series (``since`` None), or the GPUs with a utilisation or
         temperature sample newer than ``since`` and those with a fault field to report.
         ``at``: when to evaluate the readings (now if None); the fault fields are read now.
+        ``nodes``: only the GPUs of these nodes (``since`` None only).
 
         A reading holding DCGM's blank value counts as read, with no value: a GPU whose
         utilisation and temperature are both blank is reported with neither (off the bus)."""
@@ -584,7 +613,8 @@ class PrometheusTelemetry:
                 query = replace(query, lean=True)
                 expr = self._new_samples_expr(query, GPU_LEAN_GROUP, since)
             else:
-                expr = self._instant_expr(query, GPU_LEAN_GROUP if query.lean else GPU_GROUP)
+                expr = self._instant_expr(query, GPU_LEAN_GROUP if query.lean else GPU_GROUP,
+                                          nodes)
             result = self._query(expr, at) if reading else self._query(expr)
             blanks: list[tuple[str, dict[str, str]]] | None = [] if reading else None
             seen = sampled.get(query.attr)
@@ -667,14 +697,11 @@ class PrometheusTelemetry:
         return _evaluated_at(self._query("vector(time())"))
 
     def _present_expr(self, nodes: Sequence[str]) -> str:
-        node_re = "|".join(re.escape(n) for n in nodes)
         # The node under whichever label the exporter uses; `or` drops a GPU an earlier
         # alternative already matched.
-        matchers = [f"{label}=~{promql_string(node_re)}" for label in NODE_LABELS]
-        matchers.append(f"instance=~{promql_string(f'({node_re})([.:].*)?')}")
         lean = ", ".join(GPU_LEAN_GROUP)
         return " or ".join(f"group by ({lean}) ({self._selector(READING_NAMES, m)})"
-                           for m in matchers)
+                           for m in _node_matchers(nodes))
 
     def _present(self, nodes: Sequence[str], warnings: _Warnings) -> dict[str, set[int]]:
         """The GPU indexes of these nodes that have a utilisation or temperature series."""
@@ -852,15 +879,12 @@ class PrometheusTelemetry:
         return history
 
     def _readings_expr(self, nodes: Sequence[str], fields: Sequence[str]) -> str:
-        node_re = "|".join(re.escape(n) for n in nodes)
         # The node under whichever label the exporter uses, as in gpu_history. `or` matches
         # series on their labels less the metric name, so each alternative holds every field
         # and drops only the series an earlier one already has (the same series: a Hostname
         # series also matched by its instance).
-        matchers = [f"{label}=~{promql_string(node_re)}" for label in NODE_LABELS]
-        matchers.append(f"instance=~{promql_string(f'({node_re})([.:].*)?')}")
         alternatives = []
-        for matcher in matchers:
+        for matcher in _node_matchers(nodes):
             selector = self._selector(fields, matcher)
             alternatives.append(f"last_over_time({selector}[{self.lookback}])"
                                 if self.lookback else selector)
@@ -908,10 +932,7 @@ class PrometheusTelemetry:
         """One field of the nodes matching ``node_re`` (an alternation of escaped names), a
         series per GPU. The node under whichever label the exporter uses; `or` drops a series
         the earlier selectors already matched (same labels), so no GPU is counted twice."""
-        alternatives = [self._selector([name], f"{label}=~{promql_string(node_re)}")
-                        for label in NODE_LABELS]
-        alternatives.append(self._selector(
-            [name], f"instance=~{promql_string(f'({node_re})([.:].*)?')}"))
+        alternatives = [self._selector([name], m) for m in _node_matchers_re(node_re)]
         return f"max by (Hostname, hostname, instance, gpu) ({' or '.join(alternatives)})"
 
     def gpu_field_history(self, nodes: Sequence[str], fields: Sequence[str], start: datetime,

@@ -1257,15 +1257,16 @@ class SimTelemetry(_SimClient):
 
     source = "telemetry"
 
-    def gpu_metrics(self) -> list[GpuMetric]:
+    def gpu_metrics(self, nodes: Sequence[str] | None = None) -> list[GpuMetric]:
         now = self.fleet.clock.now()
+        wanted = None if nodes is None else set(nodes)
         with self._state() as state:
             running = {n: job for job in state["jobs"].values() if job["state"] == "RUNNING"
                        for n in job["nodes"]}
             rng = random.Random(int(now * 10))
             metrics = []
             for name, node in sorted(state["nodes"].items()):
-                if not node["in_service"]:
+                if not node["in_service"] or (wanted is not None and name not in wanted):
                     continue
                 job = running.get(name)
                 working = job is not None and job["stalled_at"] is None

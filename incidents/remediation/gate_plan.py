@@ -37,8 +37,8 @@ def gate_plan(node: str, repair: str, key: str, pool: str, clients: Clients, *,
     model = known_model
     if checks and not model:
         try:
-            model = next((m.model for m in clients.telemetry.gpu_metrics()
-                          if m.node == node and m.model), "")
+            model = next((m.model for m in clients.telemetry.gpu_metrics([node]) if m.model),
+                         "")
         except ClientError as exc:
             # The figures are then not compared (the checks still run): said in the plan.
             log.warning("gate %s: GPU model of %s unknown (telemetry: %s)", key, node, exc)

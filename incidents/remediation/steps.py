@@ -501,7 +501,7 @@ def _health_problems(ctx: StepContext, node: str, *, slurm_down_ok: bool = False
     k8s = {n.name: n for n in ctx.clients.kubernetes.nodes()}
     if node not in k8s or k8s[node].ready is not True:
         problems.append("Kubernetes node not Ready")
-    gpus = [m for m in ctx.clients.telemetry.gpu_metrics() if m.node == node]
+    gpus = ctx.clients.telemetry.gpu_metrics([node])
     if not gpus:
         problems.append("no GPU telemetry yet")
     elif any(m.utilization is None or m.last_xid for m in gpus):
@@ -640,7 +640,7 @@ def reset_or_reboot(ctx: StepContext) -> Outcome:
 
 
 def verify_fault_cleared(ctx: StepContext) -> Outcome:
-    gpus = [m for m in ctx.clients.telemetry.gpu_metrics() if m.node == ctx.node]
+    gpus = ctx.clients.telemetry.gpu_metrics([ctx.node])
     if not gpus:
         return Wait(f"waiting for {ctx.node}'s GPU telemetry", dict(ctx.state))
     bad = [f"GPU {m.gpu}: XID {m.last_xid}" for m in gpus if takes_gpu_out(m.last_xid)]
@@ -870,7 +870,7 @@ def release_switch_nodes(ctx: StepContext) -> Outcome:
 
 def wait_cool(ctx: StepContext) -> Outcome:
     state = dict(ctx.state)
-    gpus = [m for m in ctx.clients.telemetry.gpu_metrics() if m.node == ctx.node]
+    gpus = ctx.clients.telemetry.gpu_metrics([ctx.node])
     hot = [f"GPU {m.gpu} {m.temperature:.0f}C" for m in gpus
            if m.temperature is not None and m.temperature >= THERMAL_NORMAL_C]
     slowed = [f"GPU {m.gpu}" for m in gpus if m.clock_event_reasons & dcgm.THERMAL_BITS]

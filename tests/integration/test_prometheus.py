@@ -175,6 +175,22 @@ def test_instance_is_the_node_when_no_host_label(stack: Stack) -> None:
     assert all(bare[k].uuid == named[k].uuid for k in bare)
 
 
+def test_the_gpus_of_a_few_nodes_are_read_alone_under_every_node_label(stack: Stack) -> None:
+    # A remediation step asks about its node: its GPUs only, as the whole read has them,
+    # whichever label names the node (Hostname, hostname, only the instance).
+    wanted = ["gpu-004", "gpu-011"]
+    for job in ("dcgm", "dcgm-lower", "dcgm-bare"):
+        client = stack.client(job)
+        whole = {k: m for k, m in _by_gpu(client.gpu_metrics()).items() if k[0] in wanted}
+        few = _by_gpu(client.gpu_metrics(wanted))
+        assert set(few) == set(whole) == {(n, g) for n in wanted for g in range(8)}, job
+        assert all((few[k].uuid, few[k].last_xid, few[k].model) ==
+                   (whole[k].uuid, whole[k].last_xid, whole[k].model) for k in few), job
+        assert client.gpu_metrics([]) == [] and client.gpu_metrics(["gpu-999"]) == [], job
+        # A name that is a prefix of another's matches only itself.
+        assert {m.node for m in client.gpu_metrics(["gpu-01"])} == set(), job
+
+
 def test_one_target_per_node(stack: Stack) -> None:
     client = stack.client("per-node")
     assert {m.node for m in client.gpu_metrics()} == set(PER_NODE)

@@ -486,9 +486,10 @@ def test_a_gate_reads_its_nodes_gpu_model_once_not_at_every_poll(
     polls: list[int] = []
     original, advance = SimTelemetry.gpu_metrics, gates.gate_advance
 
-    def counted(self: SimTelemetry) -> Any:
-        reads.append(1)
-        return [dataclasses.replace(m, model="NVIDIA H100 80GB HBM3") for m in original(self)]
+    def counted(self: SimTelemetry, nodes: Any = None) -> Any:
+        reads.append(nodes)
+        return [dataclasses.replace(m, model="NVIDIA H100 80GB HBM3")
+                for m in original(self, nodes)]
 
     def advance_counted(gate_id: int) -> str:
         polls.append(1)
@@ -503,4 +504,4 @@ def test_a_gate_reads_its_nodes_gpu_model_once_not_at_every_poll(
     found = advance_until_final(gate_id, django_capture_on_commit_callbacks)
     assert found["status"] == "passed"
     assert GateRun.objects.get(pk=gate_id).state["gpu_model"] == "NVIDIA H100 80GB HBM3"
-    assert len(polls) > 2 and len(reads) == 1
+    assert len(polls) > 2 and reads == [["gpu-014"]]  # once, and its node alone

@@ -4,7 +4,7 @@ first reading is a baseline; a collector poll turns a rise into one signal."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -54,9 +54,9 @@ class Rows(SimTelemetry):
 
     rows: dict[tuple[str, int], float] = {}
 
-    def gpu_metrics(self) -> list[GpuMetric]:
+    def gpu_metrics(self, nodes: Sequence[str] | None = None) -> list[GpuMetric]:
         return [replace(m, uncorrectable_remapped_rows=self.rows.get((m.node, m.gpu)))
-                for m in super().gpu_metrics()]
+                for m in super().gpu_metrics(nodes)]
 
     def changes(self, cursor: Mapping[str, Any] | None,
                 watch: Iterable[str] = ()) -> TelemetryChanges | None:

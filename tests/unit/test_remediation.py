@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -312,8 +312,8 @@ class FakeWorld:
                 return list(world.k8s.values())
 
         class Telemetry:
-            def gpu_metrics(self) -> list[GpuMetric]:
-                return world.gpus
+            def gpu_metrics(self, nodes: Sequence[str] | None = None) -> list[GpuMetric]:
+                return [m for m in world.gpus if nodes is None or m.node in nodes]
 
             def nic_ports(self) -> list[NicPort]:
                 return world.ports

@@ -204,3 +204,13 @@ def test_a_state_file_written_by_the_json_module_still_reads(fleet: SimFleet) ->
     fleet.path.write_text("[]")  # JSON, but no fleet
     with pytest.raises(ClientError, match="holds no fleet"):
         SimSlurm(fleet).nodes()
+
+
+def test_telemetry_of_a_few_nodes_is_theirs_alone(fleet: SimFleet) -> None:
+    telemetry = SimTelemetry(fleet)
+    whole = {(m.node, m.gpu): m for m in telemetry.gpu_metrics()}
+    few = {(m.node, m.gpu): m for m in telemetry.gpu_metrics(["gpu-003", "gpu-009"])}
+    assert set(few) == {(n, g) for n in ("gpu-003", "gpu-009") for g in range(8)}
+    assert all((few[k].uuid, few[k].last_xid) == (whole[k].uuid, whole[k].last_xid)
+               for k in few)
+    assert telemetry.gpu_metrics([]) == [] and telemetry.gpu_metrics(["gpu-999"]) == []
