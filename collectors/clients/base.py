@@ -28,6 +28,12 @@ class ClientError(Exception):
         self.permanent = permanent
 
 
+class NotFound(ClientError):
+    """The source answered that the named object does not exist (Kubernetes' 404, a node the
+    simulation does not have): permanent, and a fact about the object, not a failure to read
+    it. A caller asking after one node tells it apart from a source it could not read."""
+
+
 class EvictionBlocked(ClientError):
     """An eviction the pod's PodDisruptionBudget refuses for now (the Eviction API's 429):
     transient, and worth saying as such ("waiting for the budget"), not as a failure."""
@@ -364,7 +370,7 @@ class KubernetesClient(Protocol):
 
     def nodes(self) -> list[K8sNode]: ...
     def node(self, name: str) -> K8sNode:
-        """One node as it is now; an unknown name is a permanent ClientError."""
+        """One node as it is now; an unknown name raises NotFound (a permanent ClientError)."""
         ...
 
     def pods_on_node(self, node: str) -> list[K8sPod]: ...
@@ -596,3 +602,13 @@ NO_AUTO_REPLACE_LABEL = "fleetwatch.io/no-auto-replace"
 # The return-to-service gate on a node of a pool Kubernetes schedules: a NoSchedule taint whose
 # value is the gate's key (only the check Job tolerates it), and the label on its Jobs.
 K8S_GATE = "fleetwatch.io/gate"
+
+
+def k8s_node_or_none(client: KubernetesClient, name: str) -> K8sNode | None:
+    """The Kubernetes node called ``name``, None when the API has none: one node's read where
+    a step or a drill asks after one (listing 12,500 nodes to pick one out was the API
+    server's work and ours at every poll). A source that cannot be read still raises."""
+    try:
+        return client.node(name)
+    except NotFound:
+        return None

@@ -47,6 +47,7 @@ from collectors.clients.base import (
     K8sEvent,
     K8sNode,
     K8sPod,
+    NotFound,
     PodCheckSpec,
     Taint,
     relabel_call,
@@ -76,6 +77,10 @@ class KubernetesApiError(ClientError):
     def __init__(self, message: str, *, status: int = 0, permanent: bool = False) -> None:
         super().__init__(message, permanent=permanent)
         self.status = status
+
+
+class KubernetesNotFound(KubernetesApiError, NotFound):
+    """The API server's 404: the named object does not exist."""
 
 
 class KubernetesEvictionBlocked(KubernetesApiError, EvictionBlocked):
@@ -393,8 +398,9 @@ class KubernetesApi:
                 message = f"{message} ({'; '.join(causes)})"
         except (ValueError, TypeError, AttributeError):
             pass
-        return KubernetesApiError(f"{what}: {status} {message}".strip(), status=status,
-                                  permanent=status in PERMANENT_STATUSES)
+        kind = KubernetesNotFound if status == 404 else KubernetesApiError
+        return kind(f"{what}: {status} {message}".strip(), status=status,
+                    permanent=status in PERMANENT_STATUSES)
 
     def _json(self, what: str, response: Any) -> Obj:
         try:

@@ -62,6 +62,7 @@ from collectors.clients.base import (
     K8sPod,
     NicPort,
     NodeChanges,
+    NotFound,
     PodCheckSpec,
     ProviderStatus,
     Replacement,
@@ -1142,7 +1143,7 @@ class SimKubernetes(_SimClient):
         for node in self.nodes():
             if node.name == name:
                 return node
-        raise ClientError(f'nodes "{name}" not found', permanent=True)
+        raise NotFound(f'nodes "{name}" not found', permanent=True)
 
     def slurm_nodes(self) -> None:
         return None  # the simulated fleet's Slurm and Kubernetes names are the same

@@ -44,7 +44,7 @@ def _last_used_record(pk: str, now: datetime) -> None:
             cursor.execute(
                 "WITH quiet AS (SELECT set_config('synchronous_commit', 'off', true)) "
                 f'UPDATE "{ApiToken._meta.db_table}" SET "last_used_at" = %s FROM quiet '
-                'WHERE "digest" = %s', [now, pk])
+                f'WHERE "{ApiToken._meta.pk.column}" = %s', [now, pk])
         return
     with transaction.atomic():
         commit_without_flush()
@@ -76,7 +76,7 @@ def _loaded(model: type[Model], fields: list[Field[Any, Any]], values: Sequence[
         for convert in f.get_db_converters(connection):
             value = convert(value, f, connection)
         converted.append(value)
-    return model.from_db("default", [f.attname for f in fields], converted)
+    return model.from_db(connection.alias, [f.attname for f in fields], converted)
 
 
 def _token_rows(key: str) -> list[ApiToken]:

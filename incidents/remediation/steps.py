@@ -24,6 +24,7 @@ from collectors.clients.base import (
     ActionResult,
     ClientError,
     SlurmJob,
+    k8s_node_or_none,
 )
 from collectors.clients.notify import owner_notify
 from collectors.clock import SYSTEM_CLOCK, Clock
@@ -498,8 +499,8 @@ def _health_problems(ctx: StepContext, node: str, *, slurm_down_ok: bool = False
     elif slurm[node].state == "DOWN" and not (
             slurm_down_ok and slurm[node].reason.startswith(SLURM_REASON_PREFIX)):
         problems.append("Slurm reports it DOWN")
-    k8s = {n.name: n for n in ctx.clients.kubernetes.nodes()}
-    if node not in k8s or k8s[node].ready is not True:
+    k8s = k8s_node_or_none(ctx.clients.kubernetes, node)
+    if k8s is None or k8s.ready is not True:
         problems.append("Kubernetes node not Ready")
     gpus = ctx.clients.telemetry.gpu_metrics([node])
     if not gpus:

@@ -22,7 +22,13 @@ from typing import Any
 
 import pytest
 
-from collectors.clients.base import K8S_CORDON_REASON, K8S_CORDONED_BY, ClientError
+from collectors.clients.base import (
+    K8S_CORDON_REASON,
+    K8S_CORDONED_BY,
+    ClientError,
+    NotFound,
+    k8s_node_or_none,
+)
 from collectors.clients.kubernetes import KubernetesApi
 from tests.conftest import wait_for
 
@@ -256,6 +262,12 @@ def test_client_reads_nodes_and_pods(k8s: Any, api: KubernetesApi) -> None:
     with pytest.raises(ClientError) as unknown:
         api.pods_on_node("gpu-999")
     assert unknown.value.permanent and "not found" in str(unknown.value)
+    # One node read alone, as a step asks after its node: a node the API server does not
+    # have is none, told apart from a server that cannot be read or refuses.
+    assert k8s_node_or_none(api, "gpu-003") == nodes["gpu-003"]
+    assert k8s_node_or_none(api, "gpu-999") is None
+    with pytest.raises(NotFound):
+        api.node("gpu-999")
 
 
 def test_client_skips_a_malformed_node_and_keeps_the_rest(k8s: Any, api: KubernetesApi) -> None:
@@ -475,6 +487,7 @@ def test_forbidden_and_invalid_requests_are_permanent(k8s: Any, tmp_path: Path) 
     with pytest.raises(ClientError) as forbidden:
         readonly.cordon("gpu-001", "x")
     assert forbidden.value.permanent and "forbidden" in str(forbidden.value)
+    assert not isinstance(forbidden.value, NotFound)
     readonly.close()
 
     wrong = KubernetesApi(str(k8s.write_kubeconfig(tmp_path / "bad.yaml", token="nope")),

@@ -22,6 +22,7 @@ from collectors.clients.base import (
     GpuMetric,
     K8sNode,
     NicPort,
+    NotFound,
     ProviderStatus,
     SlurmJob,
     SlurmNode,
@@ -310,6 +311,11 @@ class FakeWorld:
         class Kubernetes:
             def nodes(self) -> list[K8sNode]:
                 return list(world.k8s.values())
+
+            def node(self, name: str) -> K8sNode:
+                if name not in world.k8s:
+                    raise NotFound(f'nodes "{name}" not found', permanent=True)
+                return world.k8s[name]
 
         class Telemetry:
             def gpu_metrics(self, nodes: Sequence[str] | None = None) -> list[GpuMetric]:

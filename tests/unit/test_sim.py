@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.clients.base import ClientError
+from collectors.clients.base import ClientError, NotFound, k8s_node_or_none
 from collectors.clock import ManualClock
 from collectors.sim.fleet import (
     SimFleet,
@@ -214,3 +214,11 @@ def test_telemetry_of_a_few_nodes_is_theirs_alone(fleet: SimFleet) -> None:
     assert all((few[k].uuid, few[k].last_xid) == (whole[k].uuid, whole[k].last_xid)
                for k in few)
     assert telemetry.gpu_metrics([]) == [] and telemetry.gpu_metrics(["gpu-999"]) == []
+
+
+def test_one_kubernetes_node_read_alone_and_an_unknown_one_is_none(fleet: SimFleet) -> None:
+    k8s = SimKubernetes(fleet)
+    assert k8s_node_or_none(k8s, "gpu-002") == k8s.node("gpu-002")
+    assert k8s_node_or_none(k8s, "gpu-999") is None
+    with pytest.raises(NotFound):
+        k8s.node("gpu-999")
