@@ -277,11 +277,7 @@ def promql_string(value: str) -> str:
 def _node_matchers(nodes: Iterable[str]) -> list[str]:
     """Label matchers for the series of these nodes, one per label an exporter may name its
     node by (NODE_LABELS), then its instance (a host name with a domain or a port)."""
-    return _node_matchers_re("|".join(re.escape(n) for n in nodes))
-
-
-def _node_matchers_re(node_re: str) -> list[str]:
-    """``_node_matchers`` of an alternation of escaped names."""
+    node_re = "|".join(re.escape(n) for n in nodes)
     return [*(f"{label}=~{promql_string(node_re)}" for label in NODE_LABELS),
             f"instance=~{promql_string(f'({node_re})([.:].*)?')}"]
 
@@ -846,11 +842,11 @@ class PrometheusTelemetry:
         span = (end - start).total_seconds()
         step = max(float(step_seconds), math.ceil(span / MAX_POINTS), 1.0)
         wanted = set(nodes)
-        node_re = "|".join(re.escape(n) for n in sorted(wanted))
+        matchers = _node_matchers(sorted(wanted))
         warnings = _Warnings()
         points: dict[tuple[str, int], dict[float, list[float | None]]] = {}
         for slot, name in enumerate((dcgm.GPU_UTIL, dcgm.GPU_TEMP)):
-            expr = self._nodes_expr(name, node_re)
+            expr = self._nodes_expr(name, matchers)
             for s in self._query_range(expr, start, end, step):
                 labels = s.get("metric", {}) if isinstance(s, dict) else {}
                 node = self.node_of(labels)
@@ -928,11 +924,11 @@ class PrometheusTelemetry:
         return readings
 
 
-    def _nodes_expr(self, name: str, node_re: str) -> str:
-        """One field of the nodes matching ``node_re`` (an alternation of escaped names), a
-        series per GPU. The node under whichever label the exporter uses; `or` drops a series
-        the earlier selectors already matched (same labels), so no GPU is counted twice."""
-        alternatives = [self._selector([name], m) for m in _node_matchers_re(node_re)]
+    def _nodes_expr(self, name: str, matchers: Sequence[str]) -> str:
+        """One field of the nodes ``matchers`` (``_node_matchers``) select, a series per GPU.
+        The node under whichever label the exporter uses; `or` drops a series the earlier
+        selectors already matched (same labels), so no GPU is counted twice."""
+        alternatives = [self._selector([name], m) for m in matchers]
         return f"max by (Hostname, hostname, instance, gpu) ({' or '.join(alternatives)})"
 
     def gpu_field_history(self, nodes: Sequence[str], fields: Sequence[str], start: datetime,
@@ -953,9 +949,9 @@ class PrometheusTelemetry:
         history: GpuFieldHistory = {}
         for i in range(0, len(wanted), FIELD_HISTORY_NODES):
             group = set(wanted[i:i + FIELD_HISTORY_NODES])
-            node_re = "|".join(re.escape(n) for n in sorted(group))
+            matchers = _node_matchers(sorted(group))
             for name in dict.fromkeys(fields):
-                expr = self._nodes_expr(name, node_re)
+                expr = self._nodes_expr(name, matchers)
                 for s in self._query_range(expr, start, end, step):
                     labels = s.get("metric", {}) if isinstance(s, dict) else {}
                     node = self.node_of(labels)

@@ -5,6 +5,7 @@ the row so the token list still says who had it and when it stopped working)."""
 from __future__ import annotations
 
 import binascii
+import functools
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from hmac import compare_digest
@@ -51,8 +52,10 @@ def _last_used_record(pk: str, now: datetime) -> None:
         ApiToken.objects.filter(pk=pk).update(last_used_at=now)
 
 
+@functools.cache
 def _token_sql() -> tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]]:
-    """The statement of ``_token_rows`` and the fields it reads, in its columns' order."""
+    """The statement of ``_token_rows`` and the fields it reads, in its columns' order
+    (written once a process)."""
     user_model = get_user_model()
     token_fields = list(ApiToken._meta.concrete_fields)
     user_fields = list(user_model._meta.concrete_fields)
@@ -84,10 +87,7 @@ def _token_rows(key: str) -> list[ApiToken]:
     user and the user's group names (its role), in one statement written once (PostgreSQL).
     Every API request reads this and a push makes few statements: the ORM compiled it anew
     for each request, which took as long as running it."""
-    global _token_statement
-    if _token_statement is None:
-        _token_statement = _token_sql()
-    sql, token_fields, user_fields = _token_statement
+    sql, token_fields, user_fields = _token_sql()
     rows = []
     with connection.cursor() as cursor:
         cursor.execute(sql, [key])
@@ -97,9 +97,6 @@ def _token_rows(key: str) -> list[ApiToken]:
             row.group_names = [g for g in values[-1] if g is not None]
             rows.append(row)
     return rows
-
-
-_token_statement: tuple[str, list[Field[Any, Any]], list[Field[Any, Any]]] | None = None
 
 
 class ScopedTokenAuthentication(TokenAuthentication):
