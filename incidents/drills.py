@@ -49,6 +49,7 @@ from collectors.clients.base import (
     ActionResult,
     ClientError,
     k8s_node_or_none,
+    slurm_node_or_none,
 )
 from collectors.clients.notify import absolute_url
 from collectors.models import Cluster, Node
@@ -482,7 +483,7 @@ def _canary_restore(drill: Drill, incident: Incident | None) -> tuple[list[dict[
                         "when it goes back")
     try:
         clients = get_clients(drill.cluster.name)
-        slurm = {n.name: n for n in clients.slurm.nodes()}.get(node)
+        slurm = slurm_node_or_none(clients.slurm, node)
         if slurm is not None and slurm.reason.startswith(ours) and not before.get("slurm_reason"):
             events.append(_restore_call(drill, incident, "slurm.resume", node,
                                         lambda: clients.slurm.resume(node)))

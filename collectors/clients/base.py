@@ -312,6 +312,12 @@ class SlurmClient(Protocol):
         ...
 
     def nodes(self) -> list[SlurmNode]: ...
+    def node(self, name: str) -> SlurmNode:
+        """One node as Slurm shows it now, read alone where the interface can (``scontrol
+        show node NAME --json`` from 23.02 on, slurmrestd's ``node/NAME``); a name Slurm does
+        not know raises NotFound (a permanent ClientError)."""
+        ...
+
     def jobs(self) -> list[SlurmJob]: ...
     def topology(self) -> dict[str, list[str]]: ...
     def drain(self, node: str, reason: str) -> ActionResult: ...
@@ -602,6 +608,17 @@ NO_AUTO_REPLACE_LABEL = "fleetwatch.io/no-auto-replace"
 # The return-to-service gate on a node of a pool Kubernetes schedules: a NoSchedule taint whose
 # value is the gate's key (only the check Job tolerates it), and the label on its Jobs.
 K8S_GATE = "fleetwatch.io/gate"
+
+
+def slurm_node_or_none(client: SlurmClient, name: str) -> SlurmNode | None:
+    """The Slurm node called ``name``, None when Slurm does not know it (under Slinky, a
+    dynamic node whose slurmd pod is away): one node's read where a step, a gate or a drill
+    asks after one (at 12,500 nodes the whole list is megabytes of JSON, read at every poll of
+    every step). A Slurm that cannot be read still raises: never "no such node"."""
+    try:
+        return client.node(name)
+    except NotFound:
+        return None
 
 
 def k8s_node_or_none(client: KubernetesClient, name: str) -> K8sNode | None:

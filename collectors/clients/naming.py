@@ -67,6 +67,9 @@ class SlurmNames:
         return [dataclasses.replace(n, name=to_machine.get(n.name, n.name))
                 for n in self.inner.nodes()]
 
+    def node(self, name: str) -> SlurmNode:
+        return dataclasses.replace(self.inner.node(self._slurm(name)), name=name)
+
     def jobs(self) -> list[SlurmJob]:
         to_machine = self._maps()[0]
         return [dataclasses.replace(

@@ -79,7 +79,7 @@ class CommandError(ClientError):
 class RebootingSlurm(Protocol):
     """What SlurmRebootProvider needs of ``slurm.SlurmCli``."""
 
-    def nodes(self) -> list[SlurmNode]: ...
+    def node(self, name: str) -> SlurmNode: ...
     def reboot(self, node: str, reason: str) -> ActionResult: ...
 
 
@@ -92,14 +92,8 @@ class SlurmRebootProvider:
     def __init__(self, slurm: RebootingSlurm) -> None:
         self.slurm = slurm
 
-    def _node(self, node: str) -> SlurmNode:
-        for found in self.slurm.nodes():
-            if found.name == node:
-                return found
-        raise ClientError(f"{node} is not a node of this Slurm cluster", permanent=True)
-
     def reboot(self, node: str, reason: str) -> ActionResult:
-        current = self._node(node)
+        current = self.slurm.node(node)  # unknown: NotFound, permanent
         flags = set(current.flags)
         if not flags & set(REBOOT_FLAGS):
             if "NOT_RESPONDING" in flags:
@@ -118,7 +112,7 @@ class SlurmRebootProvider:
                             {**result.data, "state_before": _state_words(current)})
 
     def status(self, node: str) -> ProviderStatus:
-        current = self._node(node)
+        current = self.slurm.node(node)  # unknown: NotFound, permanent
         flags = set(current.flags)
         words = _state_words(current)
         if "REBOOT_ISSUED" in flags:

@@ -4,6 +4,8 @@ Reads
     nodes()    ``sinfo --json`` on 22.05 and older (``scontrol`` has no ``--json`` there), and
                ``scontrol show nodes --json`` from 23.02 on (where ``sinfo --json`` groups nodes
                into summary records under one reason; such an answer is refused).
+    node(name) ``scontrol show node NAME --json`` from 23.02 on (one node written out, an
+               unknown name an empty list: NotFound); the whole list on 22.05.
     jobs()     ``squeue --all --states=all --json`` (finished jobs too; from 23.02 squeue's
                default state filter applies to ``--json`` as well).
     topology() ``scontrol show topology``: the leaf switches (level 0) and their nodes.
@@ -71,6 +73,7 @@ from collectors.clients.base import (
     CheckJob,
     CheckJobSpec,
     ClientError,
+    NotFound,
     SlurmJob,
     SlurmNode,
     SlurmReservation,
@@ -865,6 +868,29 @@ class SlurmCli:
         nodes, self.last_warnings = parse_nodes(payload)
         return nodes
 
+    def node(self, name: str) -> SlurmNode:
+        release = self.release()
+        if release is not None and release < (23, 2):
+            return node_named(self.nodes(), name)  # 22.05's scontrol has no --json
+        if not name or name.startswith("-") or any(c.isspace() for c in name):
+            # scontrol would take it for an option, or for more than one argument.
+            raise NotFound(f"Invalid node name specified: {name!r} is not a node name",
+                           permanent=True)
+        # scontrol still loads every node from slurmctld, but writes (and we decode) only
+        # this one: at 12,500 nodes the whole list is megabytes of JSON. A name it does not
+        # know is an empty list (25.11), and a host list expression (gpu-[1-2]) names no
+        # node of its own: node_named says NotFound for both. slurmctld away is an error, as
+        # in every read.
+        try:
+            payload = self._json("scontrol", "show", "node", name, "--json")
+        except ClientError as exc:
+            if _NODE_UNKNOWN.search(str(exc)):
+                raise NotFound(f"Invalid node name specified: {name} is not a node of this "
+                               f"cluster ({exc})", permanent=True) from exc
+            raise
+        nodes, self.last_warnings = parse_nodes(payload)
+        return node_named(nodes, name)
+
     def jobs(self) -> list[SlurmJob]:
         # 22.05 ignores squeue's filters with --json: every job slurmctld still holds comes back.
         # --states=all: 23.02+ apply squeue's default filter to --json too and leave out the
@@ -882,9 +908,6 @@ class SlurmCli:
             raise
         return parse_topology(out)
 
-    def _node(self, name: str) -> SlurmNode:
-        return node_named(self.nodes(), name)
-
     def _job(self, job_id: str) -> SlurmJob:
         return job_with_id(self.jobs(), job_id)
 
@@ -900,7 +923,7 @@ class SlurmCli:
     def drain(self, node: str, reason: str) -> ActionResult:
         reason = owned_reason(reason)
         args = ["scontrol", "update", f"nodename={node}", "state=DRAIN", f"reason={reason}"]
-        current = self._node(node)
+        current = self.node(node)
         if "DRAIN" in current.flags:
             # Drained already, by us or by someone else: their reason stays as it is.
             return ActionResult(shlex.join(args), False,
@@ -911,14 +934,14 @@ class SlurmCli:
         """Mark a node DOWN: Slurm kills (and, where allowed, requeues) the jobs on it."""
         reason = owned_reason(reason)
         args = ["scontrol", "update", f"nodename={node}", "state=DOWN", f"reason={reason}"]
-        current = self._node(node)
+        current = self.node(node)
         if current.state == "DOWN":
             return ActionResult(shlex.join(args), False, f"{node} already down: {current.reason}")
         return self._act(args, f"{node} down")
 
     def resume(self, node: str) -> ActionResult:
         args = ["scontrol", "update", f"nodename={node}", "state=RESUME"]
-        current = self._node(node)
+        current = self.node(node)
         if "DRAIN" not in current.flags and current.state != "DOWN":
             return ActionResult(shlex.join(args), False, f"{node} is not drained or down")
         if not current.reason.startswith(SLURM_REASON_PREFIX):
@@ -932,7 +955,7 @@ class SlurmCli:
         """Reboot once its jobs are done (ASAP drains it meanwhile), then resume it."""
         reason = owned_reason(reason)
         args = ["scontrol", "reboot", "ASAP", "nextstate=RESUME", f"reason={reason}", node]
-        current = self._node(node)
+        current = self.node(node)
         pending = {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(current.flags)
         if pending:
             return ActionResult(shlex.join(args), False,
@@ -1075,13 +1098,18 @@ class SlurmCli:
 # --- what every transport shares ----------------------------------------------------------------
 
 
+# How a Slurm release may say it has no such node (scontrol's text output; the error string of
+# ESLURM_INVALID_NODE_NAME): only these, never any "not found" (a missing slurm.conf is one).
+_NODE_UNKNOWN = re.compile(r"\bNode \S+ not found\b|Invalid node name specified")
+
+
 def node_named(nodes: list[SlurmNode], name: str) -> SlurmNode:
-    """The node called ``name``; an unknown name is a permanent error, never "no state"."""
+    """The node called ``name``; an unknown name is NotFound (permanent), never "no state"."""
     for node in nodes:
         if node.name == name:
             return node
-    raise ClientError(f"Invalid node name specified: {name} is not a node of this cluster",
-                      permanent=True)
+    raise NotFound(f"Invalid node name specified: {name} is not a node of this cluster",
+                   permanent=True)
 
 
 def job_with_id(jobs: list[SlurmJob], job_id: str) -> SlurmJob:

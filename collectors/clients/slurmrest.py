@@ -15,6 +15,8 @@ API version
 
 What maps to what (found on a real 25.11.7 slurmrestd, tests/integration/test_slurmrestd.py)
     nodes()      ``GET /slurm/v0.0.N/nodes/``
+    node(name)   ``GET /slurm/v0.0.N/node/{name}`` (an unknown name: 200 with "Failure to
+                 query node NAME" in 25.11, read as NotFound)
     jobs()       ``GET /slurm/v0.0.N/jobs/`` (finished jobs slurmctld still holds, MinJobAge,
                  are included: the REST call applies no state filter, unlike ``squeue``)
     drain/down/resume  ``POST /slurm/v0.0.N/node/{name}`` with ``{"state": [...], "reason"}``
@@ -75,6 +77,7 @@ from collectors.clients.base import (
     CheckJob,
     CheckJobSpec,
     ClientError,
+    NotFound,
     SlurmJob,
     SlurmNode,
     SlurmReservation,
@@ -420,16 +423,18 @@ class SlurmRest:
                               f"{exc.strerror}", permanent=True) from exc
         return parse_topology(text)
 
-    def _node(self, name: str) -> SlurmNode:
+    def node(self, name: str) -> SlurmNode:
         try:
             answer = self._call("GET", f"node/{quote(name, safe='')}")
         except ClientError as exc:
             # 25.11 answers an unknown name 200 with "Failure to query node NAME".
             if "failure to query node" not in str(exc).lower():
                 raise
-            raise ClientError(f"Invalid node name specified: {name} is not a node of this "
-                              f"cluster ({exc})", permanent=True) from exc
-        return node_named(parse_nodes(answer.payload)[0], name)
+            raise NotFound(f"Invalid node name specified: {name} is not a node of this "
+                           f"cluster ({exc})", permanent=True) from exc
+        nodes, warnings = parse_nodes(answer.payload)
+        self.last_warnings = [w for w in [self._version_warning, *warnings] if w]
+        return node_named(nodes, name)
 
     def _job(self, job_id: str) -> SlurmJob:
         return job_with_id(self.jobs(), job_id)
@@ -443,7 +448,7 @@ class SlurmRest:
 
     def drain(self, node: str, reason: str) -> ActionResult:
         body = {"state": ["DRAIN"], "reason": owned_reason(reason)}
-        current = self._node(node)
+        current = self.node(node)
         if "DRAIN" in current.flags:
             # Drained already, by us or by someone else: their reason stays as it is.
             return ActionResult(self._call_text("POST", self._path(f"node/{node}"), body), False,
@@ -452,7 +457,7 @@ class SlurmRest:
 
     def down(self, node: str, reason: str) -> ActionResult:
         body = {"state": ["DOWN"], "reason": owned_reason(reason)}
-        current = self._node(node)
+        current = self.node(node)
         if current.state == "DOWN":
             return ActionResult(self._call_text("POST", self._path(f"node/{node}"), body), False,
                                 f"{node} already down: {current.reason}")
@@ -460,7 +465,7 @@ class SlurmRest:
 
     def resume(self, node: str) -> ActionResult:
         body = {"state": ["RESUME"]}
-        current = self._node(node)
+        current = self.node(node)
         # 25.11 keeps the reason after a RESUME: a node neither drained nor down is in
         # service whatever its reason says, so a retried resume changes nothing.
         if "DRAIN" not in current.flags and current.state != "DOWN":
@@ -475,7 +480,7 @@ class SlurmRest:
         """``scontrol reboot ASAP nextstate=RESUME`` with the JWT (no REST endpoint)."""
         reason = owned_reason(reason)
         args = ["scontrol", "reboot", "ASAP", "nextstate=RESUME", f"reason={reason}", node]
-        current = self._node(node)
+        current = self.node(node)
         pending = {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(current.flags)
         if pending:
             return ActionResult(shlex.join(args), False,

@@ -862,29 +862,37 @@ class _SimClient:
             yield state
 
 
+def _slurm_node(name: str, node: State, used: dict[str, set[int]]) -> SlurmNode:
+    """A node of the state as Slurm would show it."""
+    held = used.get(name, set())
+    base = "DOWN" if node["down"] else (
+        "ALLOCATED" if len(held) >= GPUS_PER_NODE else "MIXED" if held else "IDLE")
+    flags: tuple[str, ...] = ("DRAIN",) if node["drained"] else ()
+    reboot = node.get("reboot")
+    if reboot:
+        flags += ("REBOOT_ISSUED",) if reboot["started_at"] is not None \
+            else ("REBOOT_REQUESTED",)
+    if node.get("reserved_by"):
+        flags += ("MAINTENANCE", "RESERVED")  # as Slurm shows a MAINT reservation
+    return SlurmNode(name, base, flags, node["reason"], "gpu", GPUS_PER_NODE)
+
+
 class SimSlurm(_SimClient):
     source = "slurm"
 
     def nodes(self) -> list[SlurmNode]:
         with self._state() as state:
             used = _used_gpus(state)
-            result = []
-            for name, node in sorted(state["nodes"].items()):
-                if not node["in_service"]:
-                    continue
-                held = used.get(name, set())
-                base = "DOWN" if node["down"] else (
-                    "ALLOCATED" if len(held) >= GPUS_PER_NODE else "MIXED" if held else "IDLE")
-                flags: tuple[str, ...] = ("DRAIN",) if node["drained"] else ()
-                reboot = node.get("reboot")
-                if reboot:
-                    flags += ("REBOOT_ISSUED",) if reboot["started_at"] is not None \
-                        else ("REBOOT_REQUESTED",)
-                if node.get("reserved_by"):
-                    flags += ("MAINTENANCE", "RESERVED")  # as Slurm shows a MAINT reservation
-                result.append(SlurmNode(name, base, flags, node["reason"], "gpu",
-                                        GPUS_PER_NODE))
-            return result
+            return [_slurm_node(name, node, used) for name, node in sorted(state["nodes"].items())
+                    if node["in_service"]]
+
+    def node(self, name: str) -> SlurmNode:
+        with self._state() as state:
+            node = state["nodes"].get(name)
+            if node is None or not node["in_service"]:  # a spare is no Slurm node yet
+                raise NotFound(f"Invalid node name specified: {name} is not a node of this "
+                               "cluster", permanent=True)
+            return _slurm_node(name, node, _used_gpus(state))
 
     def topology(self) -> dict[str, list[str]]:
         with self._state() as state:

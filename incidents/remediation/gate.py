@@ -56,7 +56,7 @@ from collectors.clients.base import (
     CheckJobSpec,
     ClientError,
     SlurmClient,
-    SlurmNode,
+    slurm_node_or_none,
 )
 from collectors.knowledge.acceptance import (
     CHECK_JOB_PREFIX,
@@ -283,10 +283,6 @@ def _conclude(state: dict[str, Any], verdict: str, why: str) -> None:
     state["verdict"], state["why"] = verdict, why
 
 
-def _node(slurm: SlurmClient, name: str) -> SlurmNode | None:
-    return next((n for n in slurm.nodes() if n.name == name), None)
-
-
 def give_up_after(plan: GatePlan, state: dict[str, Any], now: float, what: str) -> None:
     waited = now - float(state["started_at"])
     if waited >= plan.start_seconds:
@@ -340,7 +336,7 @@ def _hold(slurm: SlurmClient, plan: GatePlan, state: dict[str, Any], call: Call,
     """Step 1: the node in a reservation of its own, and taking jobs there."""
     if state.get("resumed"):
         return
-    node = _node(slurm, plan.node)
+    node = slurm_node_or_none(slurm, plan.node)
     if node is None:
         give_up_after(plan, state, now, f"waiting for {plan.node} to register with Slurm")
         return

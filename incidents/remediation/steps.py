@@ -25,6 +25,7 @@ from collectors.clients.base import (
     ClientError,
     SlurmJob,
     k8s_node_or_none,
+    slurm_node_or_none,
 )
 from collectors.clients.notify import owner_notify
 from collectors.clock import SYSTEM_CLOCK, Clock
@@ -312,7 +313,7 @@ def _slurm_less(ctx: StepContext, node: str) -> str:
     any other pool missing from Slurm is still waited for (it may be registering), and Slurm
     not answering raises as ever: a missing source is never read as a missing node."""
     pool = _node_pool(ctx, node)
-    if not kubernetes_pool(pool) or any(n.name == node for n in ctx.clients.slurm.nodes()):
+    if not kubernetes_pool(pool) or slurm_node_or_none(ctx.clients.slurm, node) is not None:
         return ""
     return f"{node} is not a Slurm node (pool {pool}, which Kubernetes schedules)"
 
@@ -490,14 +491,14 @@ def _health_problems(ctx: StepContext, node: str, *, slurm_down_ok: bool = False
     """What keeps a node from service. ``slurm_down_ok``: FleetWatch marked it DOWN itself,
     so DOWN alone is not a problem (NOT_RESPONDING still is)."""
     problems = []
-    slurm = {n.name: n for n in ctx.clients.slurm.nodes()}
-    if node not in slurm:
+    seen = slurm_node_or_none(ctx.clients.slurm, node)
+    if seen is None:
         if not kubernetes_pool(_node_pool(ctx, node)):
             problems.append("not registered in Slurm")
-    elif "NOT_RESPONDING" in slurm[node].flags:
+    elif "NOT_RESPONDING" in seen.flags:
         problems.append("Slurm says it is not responding")
-    elif slurm[node].state == "DOWN" and not (
-            slurm_down_ok and slurm[node].reason.startswith(SLURM_REASON_PREFIX)):
+    elif seen.state == "DOWN" and not (
+            slurm_down_ok and seen.reason.startswith(SLURM_REASON_PREFIX)):
         problems.append("Slurm reports it DOWN")
     k8s = k8s_node_or_none(ctx.clients.kubernetes, node)
     if k8s is None or k8s.ready is not True:

@@ -114,6 +114,10 @@ def test_slurm_speaks_machine_names_and_acts_on_slurms(
     stored = Job.objects.get(slurm_id=job)
     assert (stored.nodes, stored.gpus) == (["gpu-node-d"], {"gpu-node-d": [0, 1]})
     assert sorted(slurm.topology()["leaf-b"]) == ["gpu-node-b", "gpu-node-d"]
+    # One node read by its machine's name: Slurm's slinky-2, named as the machine.
+    one = slurm.node("gpu-node-d")
+    assert one.name == "gpu-node-d" and one.state == "MIXED"
+    assert one == next(n for n in slurm.nodes() if n.name == "gpu-node-d")
 
     # A repair of machine gpu-node-d drains Slurm's slinky-2, with FleetWatch's reason.
     assert slurm.drain("gpu-node-d", "incident 9 gpu_hardware").changed

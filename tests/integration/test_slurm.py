@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.clients.base import ClientError, SlurmJob
+from collectors.clients.base import ClientError, NotFound, SlurmJob, slurm_node_or_none
 from collectors.clients.slurm import SlurmCli
 from tests.conftest import wait_for
 from tests.harness.slurm_cluster import SlurmCluster, SlurmInstall, missing_binaries
@@ -98,7 +98,24 @@ def test_reads_match_what_slurm_shows(cluster: SlurmCluster, client: SlurmCli) -
     assert client.last_warnings == []
 
     assert client.topology() == LEAVES
+
+    # One node read alone (scontrol show node NAME --json from 23.02; the list on 22.05) is
+    # the list's entry for it, busy or idle.
+    for name in ("gpu-001", "gpu-003"):
+        assert client.node(name) == nodes[name]
     cluster.run("scancel", job_id, check=True)
+
+
+def test_a_node_slurm_does_not_know_is_not_found_not_a_failed_read(
+        cluster: SlurmCluster, client: SlurmCli) -> None:
+    # Slurm answers a name it does not know with no node (25.11: an empty list, exit 0);
+    # a host list names several, never the one asked after.
+    for name in ("gpu-999", "gpu-[001-002]", "gpu-001,gpu-002", "-h", ""):
+        with pytest.raises(NotFound) as err:
+            client.node(name)
+        assert err.value.permanent
+    assert slurm_node_or_none(client, "gpu-999") is None
+    assert slurm_node_or_none(client, "gpu-002") == client.node("gpu-002")
 
 
 def test_drain_is_idempotent_and_resume_only_undoes_fleetwatch(
@@ -289,6 +306,10 @@ def test_controller_down_is_a_transient_error_not_failed_nodes(
             client.topology()
         assert not err.value.permanent
         assert "Unable to contact slurm controller" in str(err.value)
+        # One node's read: a controller away is a failed read, never "no such node".
+        with pytest.raises(ClientError) as err:
+            slurm_node_or_none(client, "gpu-001")
+        assert not isinstance(err.value, NotFound) and not err.value.permanent
     finally:
         cluster.start_controller()
     cluster.wait_for_nodes("IDLE", timeout=30)

@@ -16,7 +16,14 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from collectors.clients import get_clients, provider_from_settings
-from collectors.clients.base import ActionResult, ClientError, NoProvider, ProviderStatus, Replacement
+from collectors.clients.base import (
+    ActionResult,
+    ClientError,
+    NoProvider,
+    NotFound,
+    ProviderStatus,
+    Replacement,
+)
 from collectors.clients.providers import (
     CommandError,
     CommandProvider,
@@ -232,8 +239,8 @@ def test_slurm_reboot_provider_refuses_what_slurm_cannot_do() -> None:
 class UnusedSlurm:
     """Refusals never ask Slurm; a node lookup finds nothing."""
 
-    def nodes(self) -> list[Any]:
-        return []
+    def node(self, name: str) -> Any:
+        raise NotFound(f"Invalid node name specified: {name}", permanent=True)
 
     def reboot(self, node: str, reason: str) -> ActionResult:
         raise AssertionError("not called")

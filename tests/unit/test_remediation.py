@@ -262,6 +262,11 @@ class FakeWorld:
             def nodes(self) -> list[SlurmNode]:
                 return list(world.slurm_nodes.values())
 
+            def node(self, name: str) -> SlurmNode:
+                if name not in world.slurm_nodes:
+                    raise NotFound(f"Invalid node name specified: {name}", permanent=True)
+                return world.slurm_nodes[name]
+
             def jobs(self) -> list[SlurmJob]:
                 return world.jobs
 

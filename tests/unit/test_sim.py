@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.clients.base import ClientError, NotFound, k8s_node_or_none
+from collectors.clients.base import ClientError, NotFound, k8s_node_or_none, slurm_node_or_none
 from collectors.clock import ManualClock
 from collectors.sim.fleet import (
     SimFleet,
@@ -120,6 +120,7 @@ def test_replacement_comes_from_the_spare_pool_once(fleet: SimFleet, clock: Manu
     assert status is not None and status.ready
     new = next(n for n in SimSlurm(fleet).nodes() if n.name == "gpu-017")
     assert new.flags == ("DRAIN",) and new.reason.startswith("fleetwatch:")
+    assert SimSlurm(fleet).node("gpu-017") == new  # one node read alone, as the list has it
     assert any(n.name == "gpu-017" and n.ready for n in SimKubernetes(fleet).nodes())
 
 
@@ -132,11 +133,26 @@ def test_xid_79_gpu_reports_no_utilisation(fleet: SimFleet, clock: ManualClock) 
     assert metrics[("gpu-001", 0)].utilization > 50
 
 
+def test_one_slurm_node_and_a_name_slurm_does_not_know(fleet: SimFleet) -> None:
+    slurm = SimSlurm(fleet)
+    listed = {n.name: n for n in slurm.nodes()}
+    assert all(slurm.node(name) == node for name, node in listed.items())
+    # A spare pool node is not in Slurm until it replaces one; no node at all, neither.
+    for name in ("gpu-017", "gpu-999"):
+        with pytest.raises(NotFound) as err:
+            slurm.node(name)
+        assert err.value.permanent
+        assert slurm_node_or_none(slurm, name) is None
+
+
 def test_a_down_source_raises_instead_of_reporting_an_empty_fleet(fleet: SimFleet) -> None:
     with fleet.transaction() as state:
         state["down_sources"] = ["slurm"]
     with pytest.raises(ClientError, match="unreachable"):
         SimSlurm(fleet).nodes()
+    with pytest.raises(ClientError, match="unreachable") as err:
+        slurm_node_or_none(SimSlurm(fleet), "gpu-001")  # a failed read, not "no such node"
+    assert not isinstance(err.value, NotFound)
     assert SimKubernetes(fleet).nodes()  # the others still answer
 
 
