@@ -90,6 +90,7 @@ import operator
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -199,6 +200,9 @@ SCRAPE_LAG = 2.0
 NIC_CHANGE_WINDOW = 300.0
 NIC_CHANGE_SLACK = 120.0
 PRESENCE_NODES_PER_QUERY = 200  # nodes per regex when listing a node's GPUs (URL length)
+# Requests in flight at once when an incremental poll sends its queries together: Prometheus
+# evaluates up to 20 by default (--query.max-concurrency); a poll leaves it room for others.
+QUERY_THREADS = 4
 # The relied-on DCGM fields are checked at most this often (seconds): an exporter's counters
 # file changes with a redeploy, not between two polls.
 FIELD_CHECK_INTERVAL = 300.0
@@ -364,6 +368,9 @@ class PrometheusTelemetry:
         self._prom = PrometheusConnect(url=self.url, headers=headers, retry=retry,
                                        session=session, timeout=timeout)
         self._warnings: dict[str, list[str]] = {}
+        # Answers being fetched ahead of the code that reads them (_sent_together), by
+        # (expression, evaluation time).
+        self._ahead: dict[tuple[str, float | None], Future[bytes]] = {}
 
     @property
     def last_warnings(self) -> list[str]:
@@ -432,11 +439,14 @@ class PrometheusTelemetry:
                               f"({what}): {exc}") from exc
 
     def _query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
-        """An instant query, evaluated now or ``at`` (epoch seconds, Prometheus's clock)."""
+        """An instant query, evaluated now or ``at`` (epoch seconds, Prometheus's clock): its
+        answer fetched ahead (``_sent_together``) where it was, else asked now."""
+        ahead = self._ahead.pop((expr, at), None)
         with self._errors(expr):
+            body = ahead.result() if ahead is not None else self._instant_answer(expr, at)
             # orjson, not the json module requests would use: an answer for 100,000 GPUs is
             # megabytes, and decoding it was most of a poll that reads every GPU.
-            result = orjson.loads(self._instant_answer(expr, at))["data"]["result"]
+            result = orjson.loads(body)["data"]["result"]
         if not isinstance(result, list):
             raise ClientError(f"Prometheus answered a {type(result).__name__} to {expr}, "
                               "not an instant vector")
@@ -459,6 +469,29 @@ class PrometheusTelemetry:
             raise PrometheusApiClientException(
                 f"HTTP Status Code {response.status_code} ({response.content!r})")
         return response.content
+
+    @contextmanager
+    def _sent_together(self, wanted: Iterable[tuple[str, float | None]]) -> Iterator[None]:
+        """Send the instant queries ``wanted`` (expression, evaluation time) at once, a few
+        requests at a time on the client's session, while the block reads and decodes their
+        answers in its own order (``_query`` waits for each). An incremental poll asks a
+        dozen queries that depend on none of each other's answers: one after the other, each
+        a round trip and Prometheus's evaluation, they were a poll's whole time and the
+        doorbell's wait between a fault scraped and its signal stored. A query the block does
+        not ask is dropped; one it asks that is not here is sent then, as ever."""
+        keys = list(dict.fromkeys(wanted))
+        if len(keys) < 2:
+            yield
+            return
+        with ThreadPoolExecutor(max_workers=min(len(keys), QUERY_THREADS),
+                                thread_name_prefix="prometheus-query") as pool:
+            self._ahead = {key: pool.submit(self._instant_answer, *key) for key in keys}
+            try:
+                yield
+            finally:
+                for unread in self._ahead.values():
+                    unread.cancel()  # a failed read stops here: what has not started, never
+                self._ahead = {}
 
     def _query_range(self, expr: str, start: datetime, end: datetime,
                      step: float) -> list[dict[str, Any]]:
@@ -602,16 +635,9 @@ class PrometheusTelemetry:
         gpus: dict[GpuKey, list[Any]] = {}
         sampled: dict[str, set[GpuKey]] = {attr: set() for attr in READING_FIELDS}
         evaluated: list[float] = []
-        for query in GPU_QUERIES:
+        for query, expr, when in self._gpu_plan(since, at, nodes):
             reading = query.attr in sampled
-            if reading and since is not None:
-                # Lean labels: the identity labels of the GPUs that have new ones come below.
-                query = replace(query, lean=True)
-                expr = self._new_samples_expr(query, GPU_LEAN_GROUP, since)
-            else:
-                expr = self._instant_expr(query, GPU_LEAN_GROUP if query.lean else GPU_GROUP,
-                                          nodes)
-            result = self._query(expr, at) if reading else self._query(expr)
+            result = self._query(expr, when)
             blanks: list[tuple[str, dict[str, str]]] | None = [] if reading else None
             seen = sampled.get(query.attr)
             if reading and (evaluated_at := _evaluated_at(result)) is not None:
@@ -642,6 +668,23 @@ class PrometheusTelemetry:
                 self._gpu_entry(gpus, expr, node, labels, False, warnings)
         metrics = [GpuMetric(*g) for g in gpus.values()]
         return _GpuRead(metrics, sampled, min(evaluated) if evaluated else None)
+
+    def _gpu_plan(self, since: float | None, at: float | None,
+                  nodes: Sequence[str] = ()) -> list[tuple[_Query, str, float | None]]:
+        """``_gpu_read``'s queries in its order: each with its expression and evaluation time
+        (the readings ``at``, the fault fields now)."""
+        plan: list[tuple[_Query, str, float | None]] = []
+        for query in GPU_QUERIES:
+            reading = query.attr in READING_FIELDS
+            if reading and since is not None:
+                # Lean labels: the identity labels of the GPUs that have new ones come after.
+                query = replace(query, lean=True)
+                expr = self._new_samples_expr(query, GPU_LEAN_GROUP, since)
+            else:
+                expr = self._instant_expr(query, GPU_LEAN_GROUP if query.lean else GPU_GROUP,
+                                          nodes)
+            plan.append((query, expr, at if reading else None))
+        return plan
 
     @staticmethod
     def _gpu_entry(gpus: dict[GpuKey, list[Any]], expr: str, node: str,
@@ -813,13 +856,20 @@ class PrometheusTelemetry:
         # No answer to say what time it is (an odd Prometheus): read up to now, and keep
         # the cursor where it was.
         at = None if now is None else now - SCRAPE_LAG
-        read = self._gpu_read(since, warnings, at)
-        listed = sorted(self._dropped(since, warnings) | set(watch))
-        present = self._present(listed, warnings) if listed else {}
-        self._warnings["gpu_metrics"] = warnings.finish()
         # The NIC window must reach back past the last poll and the sample before it.
         complete_ports = now is None or now - since > NIC_CHANGE_WINDOW - NIC_CHANGE_SLACK
-        ports = self.nic_ports() if complete_ports else self._nic_changes(since)
+        nic_exprs = ([self._instant_expr(q, NIC_GROUP) for q in NIC_QUERIES] if complete_ports
+                     else [self._nic_changes_expr(since)])
+        # Every query but the presence one (it names the nodes the dropped one finds).
+        with self._sent_together([
+                *((expr, when) for _, expr, when in self._gpu_plan(since, at)),
+                (self._new_identity_expr(since), None), (self._dropped_expr(since), None),
+                *((expr, None) for expr in nic_exprs)]):
+            read = self._gpu_read(since, warnings, at)
+            listed = sorted(self._dropped(since, warnings) | set(watch))
+            present = self._present(listed, warnings) if listed else {}
+            self._warnings["gpu_metrics"] = warnings.finish()
+            ports = self.nic_ports() if complete_ports else self._nic_changes(since)
         keys = {(m.node, m.gpu) for m in read.gpus}
         return TelemetryChanges(
             read.gpus, ports, {"at": since if at is None else at, "source": source},
