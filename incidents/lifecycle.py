@@ -95,8 +95,8 @@ def _incident_record(cluster_id: int, diagnosis: Diagnosis,
                  data={"root_cause": diagnosis.root_cause, "confidence": diagnosis.confidence,
                        **({"drill": drill_id} if drill_id is not None else {})})
     incident_event("incident.opened", incident)
-    if diagnosis.confidence >= AUTO_REMEDIATION_MIN_CONFIDENCE and policy.playbook_choose(
-            incident)[0] is not None:
+    if (diagnosis.confidence >= AUTO_REMEDIATION_MIN_CONFIDENCE
+            and policy.playbook_base(incident) is not None):
         remediation_open(incident, actor=SYSTEM, automatic=True)
     return incident, True
 

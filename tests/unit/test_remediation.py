@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from collectors import services as collectors
 from collectors.clients import Clients
@@ -568,6 +569,30 @@ def test_cooldown_and_rma_escalation(cluster: Any, settings: Any,
     assert rem3.hold_reason.startswith("escalated for RMA: gpu-003 remediated 2 times")
     assert Node.objects.get(name="gpu-003").pool == "rma"
     assert AuditEntry.objects.filter(verb="node.rma", target="gpu-003").count() == 1
+
+
+def test_each_rail_reads_its_own_window_of_the_nodes_history(
+        cluster: Any, settings: Any, django_capture_on_commit_callbacks: Any) -> None:
+    # One repair of gpu-003 two hours ago: inside the week (RMA counts it), outside a 30 min
+    # cooldown, inside a 3 h one. The decision reads the history once for every rail.
+    settings.FLEETWATCH_RMA_AFTER = 5
+    first = open_incident(cluster, diag("thermal"), django_capture_on_commit_callbacks)
+    two_hours_ago = timezone.now() - timedelta(hours=2)
+    Remediation.objects.filter(incident=first).update(
+        status="succeeded", created_at=two_hours_ago, finished_at=two_hours_ago)
+    status.incident_resolve(first)
+    settings.FLEETWATCH_COOLDOWN_MINUTES = 30
+    runs = open_incident(cluster, diag("nvlink"), django_capture_on_commit_callbacks)
+    assert runs.remediations.get().hold_reason == ""
+    Remediation.objects.filter(incident=runs).update(status="cancelled")
+    status.incident_resolve(runs)
+    settings.FLEETWATCH_COOLDOWN_MINUTES = 180
+    held = open_incident(cluster, diag("gpu_memory"), django_capture_on_commit_callbacks)
+    rem = held.remediations.get()
+    assert rem.hold_reason.startswith("cooldown: gpu-003 was remediated 1 time(s) in the last "
+                                      "180 min")
+    # The escalation reads the week for its own root cause only: no GPU memory repair before.
+    assert rem.playbook == FOR_ROOT_CAUSE["gpu_memory"]
 
 
 # --- approvals ---------------------------------------------------------------------------------
