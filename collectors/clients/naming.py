@@ -22,6 +22,7 @@ from collectors.clients.base import (
     ActionResult,
     CheckJob,
     CheckJobSpec,
+    NotFound,
     SlurmClient,
     SlurmJob,
     SlurmNode,
@@ -68,7 +69,12 @@ class SlurmNames:
                 for n in self.inner.nodes()]
 
     def node(self, name: str) -> SlurmNode:
-        return dataclasses.replace(self.inner.node(self._slurm(name)), name=name)
+        to_machine, to_slurm = self._maps()
+        if name in to_machine and name not in to_slurm:
+            # A Slurm name that goes by its machine's here: nodes() never lists it.
+            raise NotFound(f"Invalid node name specified: {name} is Slurm's name for "
+                           f"{to_machine[name]}", permanent=True)
+        return dataclasses.replace(self.inner.node(to_slurm.get(name, name)), name=name)
 
     def jobs(self) -> list[SlurmJob]:
         to_machine = self._maps()[0]

@@ -483,15 +483,17 @@ class PrometheusTelemetry:
         if len(keys) < 2:
             yield
             return
-        with ThreadPoolExecutor(max_workers=min(len(keys), QUERY_THREADS),
-                                thread_name_prefix="prometheus-query") as pool:
-            self._ahead = {key: pool.submit(self._instant_answer, *key) for key in keys}
-            try:
-                yield
-            finally:
-                for unread in self._ahead.values():
-                    unread.cancel()  # a failed read stops here: what has not started, never
-                self._ahead = {}
+        pool = ThreadPoolExecutor(max_workers=min(len(keys), QUERY_THREADS),
+                                  thread_name_prefix="prometheus-query")
+        self._ahead = {key: pool.submit(self._instant_answer, *key) for key in keys}
+        try:
+            yield
+        finally:
+            self._ahead = {}
+            # A read that failed (or the task's time limit) stops here: what has not started
+            # never does, and what is in flight ends on its own timeout without holding the
+            # poll up. The answers wait in memory until read: at most the poll's dozen.
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _query_range(self, expr: str, start: datetime, end: datetime,
                      step: float) -> list[dict[str, Any]]:

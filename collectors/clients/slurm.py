@@ -872,8 +872,10 @@ class SlurmCli:
         release = self.release()
         if release is not None and release < (23, 2):
             return node_named(self.nodes(), name)  # 22.05's scontrol has no --json
-        if not name or name.startswith("-") or any(c.isspace() for c in name):
-            # scontrol would take it for an option, or for more than one argument.
+        if (not name or name.startswith("-") or any(c.isspace() for c in name)
+                or any(c in name for c in "[],")):
+            # scontrol would take it for an option, for more than one argument, or for a
+            # host list (no node's own name holds brackets or commas).
             raise NotFound(f"Invalid node name specified: {name!r} is not a node name",
                            permanent=True)
         # scontrol still loads every node from slurmctld, but writes (and we decode) only

@@ -219,6 +219,14 @@ class _Answer:
     payload: Any
 
 
+class RestError(ClientError):
+    """slurmrestd answered with errors; ``status``: its HTTP status."""
+
+    def __init__(self, message: str, *, status: int, permanent: bool = False) -> None:
+        super().__init__(message, permanent=permanent)
+        self.status = status
+
+
 class SlurmRest:
     """``SlurmClient`` over slurmrestd. See the module docstring for what maps to what."""
 
@@ -351,8 +359,9 @@ class SlurmRest:
             if errors or response.status_code >= 400:
                 message = errors or f"HTTP {response.status_code}"
                 kind = classify(message)
-                raise ClientError(f"slurmrestd {what} failed ({response.status_code}): "
-                                  f"{message}", permanent=kind is True)
+                raise RestError(f"slurmrestd {what} failed ({response.status_code}): "
+                                f"{message}", status=response.status_code,
+                                permanent=kind is True)
             return _Answer(response.status_code, payload)
         raise AssertionError("unreachable")
 
@@ -426,9 +435,13 @@ class SlurmRest:
     def node(self, name: str) -> SlurmNode:
         try:
             answer = self._call("GET", f"node/{quote(name, safe='')}")
-        except ClientError as exc:
-            # 25.11 answers an unknown name 200 with "Failure to query node NAME".
-            if "failure to query node" not in str(exc).lower():
+        except RestError as exc:
+            # 25.11 answers an unknown name 200 with "Failure to query node NAME", and a
+            # slurmctld it cannot reach 500 with the same description and the reason beside
+            # it ("Unable to contact slurm controller"): only the first is no such node.
+            unknown = ("failure to query node" in str(exc).lower() and exc.status < 500
+                       and classify(str(exc)) is not False)
+            if not unknown:
                 raise
             raise NotFound(f"Invalid node name specified: {name} is not a node of this "
                            f"cluster ({exc})", permanent=True) from exc

@@ -235,7 +235,7 @@ class Poster:
     workers close each one), the body encoded by the caller. This bench's load shares the
     server's cores: ``requests`` spent 0.6 ms of CPU a push (and the GIL its 64 threads
     contend for) where ``http.client`` spends 0.1, CPU a real storm's agents spend on their
-    own machines. ``cpu_s``: what the pushing threads spent, summed (reported)."""
+    own machines. ``cpu_s``: what the pushing threads spent, summed (the intake reports it)."""
 
     def __init__(self, base: str) -> None:
         from urllib.parse import urlsplit

@@ -110,7 +110,7 @@ def test_a_node_slurm_does_not_know_is_not_found_not_a_failed_read(
         cluster: SlurmCluster, client: SlurmCli) -> None:
     # Slurm answers a name it does not know with no node (25.11: an empty list, exit 0);
     # a host list names several, never the one asked after.
-    for name in ("gpu-999", "gpu-[001-002]", "gpu-001,gpu-002", "-h", ""):
+    for name in ("gpu-999", "gpu-[001-002]", "gpu-001,gpu-002", "gpu-[", "-h", ""):
         with pytest.raises(NotFound) as err:
             client.node(name)
         assert err.value.permanent

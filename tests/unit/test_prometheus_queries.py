@@ -70,11 +70,24 @@ def test_an_incremental_poll_sends_its_queries_together_and_reads_each_once() ->
     assert client._ahead == {}
 
 
-def test_a_query_that_fails_fails_the_poll_and_leaves_nothing_pending() -> None:
+def test_a_poll_long_after_the_last_reads_every_port_its_queries_sent_together_too() -> None:
+    client = Network()
+    read = client.changes({"at": NOW - 400, "source": URL})  # past the ports' change window
+    assert read.complete_ports and not read.complete_gpus
+    ahead = [expr for expr, thread in client.asked if thread.startswith("prometheus-query")]
+    assert len(ahead) == len(prometheus.GPU_QUERIES) + 2 + len(prometheus.NIC_QUERIES)
+    assert [e for e, n in Counter(e for e, _ in client.asked).items() if n > 1] == []
+
+
+def test_a_query_that_fails_fails_the_poll_and_the_next_poll_reads_afresh() -> None:
     plan = Network()._gpu_plan(NOW - 60, NOW - prometheus.SCRAPE_LAG)
     client = Network(fail=plan[2][1])
     with pytest.raises(ClientError, match="unreachable"):
         client.changes(cursor())
-    assert client._ahead == {}
-    # The next poll (a new client each run) reads as ever.
-    assert Network().changes(cursor()).gpus
+    # The same client, the query answering again: nothing of the failed poll is read back.
+    client.fail = ""
+    before = len(client.asked)
+    read = client.changes(cursor())
+    assert [(m.node, m.gpu, m.last_xid) for m in read.gpus] == [("gpu-003", 5, 79)]
+    again = Counter(e for e, _ in client.asked[before:])
+    assert again[plan[2][1]] == 1 and max(again.values()) == 1

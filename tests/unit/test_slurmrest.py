@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from collectors.clients.base import ClientError
+from collectors.clients.base import ClientError, NotFound, slurm_node_or_none
 from collectors.clients.slurmrest import (
     SlurmRest,
     TokenSource,
@@ -148,6 +148,32 @@ def test_500_from_slurmctld_names_its_errors(stub: Stub) -> None:
                                           ": Unable to contact slurm controller") as exc:
         client(stub.url).nodes()
     assert exc.value.permanent is False  # a controller outage is worth retrying
+
+
+def test_one_node_unknown_is_not_found_and_an_outage_is_a_failed_read(stub: Stub) -> None:
+    stub.routes[("GET", "/slurm/v0.0.42/node/gpu-003")] = (200, nodes_body("gpu-003"))
+    assert client(stub.url).node("gpu-003").name == "gpu-003"
+    # What 25.11 answers for a name slurmctld does not know (seen on the real one).
+    stub.routes[("GET", "/slurm/v0.0.42/node/gpu-999")] = (200, {
+        "meta": META, "warnings": [], "nodes": [], "errors": [{
+            "description": "Failure to query node gpu-999", "error_number": 0,
+            "error": "No error", "source": "_dump_nodes"}]})
+    with pytest.raises(NotFound) as unknown:
+        client(stub.url).node("gpu-999")
+    assert unknown.value.permanent
+    assert slurm_node_or_none(client(stub.url), "gpu-999") is None
+    # The same description with slurmctld away: a read that failed, never "no such node".
+    stub.routes[("GET", "/slurm/v0.0.42/node/gpu-003")] = (500, {
+        "meta": META, "warnings": [], "nodes": [], "errors": [{
+            "description": "Failure to query node gpu-003", "error_number": 1008,
+            "error": "Unable to contact slurm controller (connect failure)",
+            "source": "_dump_nodes"}]})
+    for read in (lambda: client(stub.url).node("gpu-003"),
+                 lambda: slurm_node_or_none(client(stub.url), "gpu-003"),
+                 lambda: client(stub.url).drain("gpu-003", "incident 1")):
+        with pytest.raises(ClientError, match="Unable to contact slurm controller") as exc:
+            read()
+        assert not isinstance(exc.value, NotFound) and exc.value.permanent is False
 
 
 def test_garbage_is_refused_not_read_as_no_nodes(stub: Stub) -> None:
