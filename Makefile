@@ -60,10 +60,15 @@ bench: install
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.collectors --out reports
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.pages --out reports
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.burst --out reports $(BURST_ARGS)
-	VENV=$(VENV) tests/harness/with-services.sh sh -c '$(BIN)/python -m tests.bench.storm --nodes 500 --out reports && $(BIN)/python -m tests.bench.storm --nodes 5000 --out reports && $(BIN)/python -m tests.bench.storm --intake --out reports'
+	VENV=$(VENV) tests/harness/with-services.sh sh -c '$(BIN)/python -m tests.bench.storm --nodes 500 --out reports && $(BIN)/python -m tests.bench.storm --nodes 5000 --out reports && $(BIN)/python -m tests.bench.storm --nodes 5000 --web-workers 4 --out reports && $(BIN)/python -m tests.bench.storm --intake --out reports'
 	# A kernel XID line through the real node agent (root: it writes to /dev/kmsg).
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.agent --out reports
+	# Beside Prometheus + Alertmanager: FleetWatch polling Prometheus (reports/peer.md), then
+	# Prometheus's remote write ringing FleetWatch's doorbell, as deploy/prometheus ships it,
+	# against the tight peer (reports/peer-remote-write.md; issue 18's 9-of-10 target).
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.peer --out reports
+	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.peer --remote-write \
+	  --profiles tight --runs 10 --out reports
 	# Lending: a simulated week of demand through the decision and the loans' steps (the chart
 	# reports/bench-lending.svg), and the capacity reads at 12,500 nodes on PostgreSQL.
 	VENV=$(VENV) tests/harness/with-services.sh $(BIN)/python -m tests.bench.lending --scale 12500 --out reports

@@ -670,9 +670,12 @@ def main(argv: list[str] | None = None) -> int:
     args.runs_for = {p: args.runs or DEFAULT_RUNS[p] for p in args.profiles}
     r = on_own_database("peer", run, args)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "peer.json").write_text(json.dumps(r, indent=1))
+    # One report per path, so that `make bench` keeps both: FleetWatch polling Prometheus
+    # (peer.md) and Prometheus's remote write ringing its doorbell (peer-remote-write.md).
+    name = "peer-remote-write" if args.remote_write else "peer"
+    (args.out / f"{name}.json").write_text(json.dumps(r, indent=1))
     text = report(r)
-    (args.out / "peer.md").write_text(text)
+    (args.out / f"{name}.md").write_text(text)
     print(text)
     return 0
 

@@ -946,7 +946,8 @@ def main(argv: list[str] | None = None) -> int:
         other_path = args.out / f"bench-storm-{other_n}.json"
         other = json.loads(other_path.read_text()) if other_path.exists() else None
         report = storm_report(r, other)
-        name = f"bench-storm-{args.nodes}" + ("-split" if args.split_workers else "")
+        name = (f"bench-storm-{args.nodes}" + ("-split" if args.split_workers else "")
+                + (f"-w{args.web_workers}" if args.web_workers != 2 else ""))
     print(report)
     (args.out / f"{name}.md").write_text(report)
     (args.out / f"{name}.json").write_text(json.dumps(r, indent=1, default=str))
