@@ -48,8 +48,7 @@ from collectors.clients.base import (
     SLURM_REASON_PREFIX,
     ActionResult,
     ClientError,
-    k8s_node_or_none,
-    slurm_node_or_none,
+    node_or_none,
 )
 from collectors.clients.notify import absolute_url
 from collectors.models import Cluster, Node
@@ -270,7 +269,7 @@ def _canary_unfit(drill: Drill, cluster: Cluster, node: str, slurm_nodes: dict[s
 def _canary_state(clients: Any, node: str, slurm_nodes: dict[str, Any]) -> dict[str, Any]:
     """The canary's Slurm and Kubernetes state now (canary mode): what the clean-up puts back."""
     slurm = slurm_nodes[node]
-    k8s = k8s_node_or_none(clients.kubernetes, node)
+    k8s = node_or_none(clients.kubernetes, node)
     return {"slurm_state": slurm.state, "slurm_flags": list(slurm.flags),
             "slurm_reason": slurm.reason, "k8s_known": k8s is not None,
             "k8s_unschedulable": bool(k8s.unschedulable) if k8s else False}
@@ -483,11 +482,11 @@ def _canary_restore(drill: Drill, incident: Incident | None) -> tuple[list[dict[
                         "when it goes back")
     try:
         clients = get_clients(drill.cluster.name)
-        slurm = slurm_node_or_none(clients.slurm, node)
+        slurm = node_or_none(clients.slurm, node)
         if slurm is not None and slurm.reason.startswith(ours) and not before.get("slurm_reason"):
             events.append(_restore_call(drill, incident, "slurm.resume", node,
                                         lambda: clients.slurm.resume(node)))
-        k8s = k8s_node_or_none(clients.kubernetes, node)
+        k8s = node_or_none(clients.kubernetes, node)
         if (k8s is not None and k8s.unschedulable and not before.get("k8s_unschedulable")
                 and k8s.annotations.get(K8S_CORDONED_BY) == K8S_CORDONED_BY_FLEETWATCH
                 and k8s.annotations.get(K8S_CORDON_REASON, "").startswith(ours)):

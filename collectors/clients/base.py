@@ -17,7 +17,7 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 
 class ClientError(Exception):
@@ -610,21 +610,20 @@ NO_AUTO_REPLACE_LABEL = "fleetwatch.io/no-auto-replace"
 K8S_GATE = "fleetwatch.io/gate"
 
 
-def slurm_node_or_none(client: SlurmClient, name: str) -> SlurmNode | None:
-    """The Slurm node called ``name``, None when Slurm does not know it (under Slinky, a
-    dynamic node whose slurmd pod is away): one node's read where a step, a gate or a drill
-    asks after one (at 12,500 nodes the whole list is megabytes of JSON, read at every poll of
-    every step). A Slurm that cannot be read still raises: never "no such node"."""
-    try:
-        return client.node(name)
-    except NotFound:
-        return None
+_NodeT_co = TypeVar("_NodeT_co", covariant=True)
+_NodeT = TypeVar("_NodeT")
 
 
-def k8s_node_or_none(client: KubernetesClient, name: str) -> K8sNode | None:
-    """The Kubernetes node called ``name``, None when the API has none: one node's read where
-    a step or a drill asks after one (listing 12,500 nodes to pick one out was the API
-    server's work and ours at every poll). A source that cannot be read still raises."""
+class _ReadsOneNode(Protocol[_NodeT_co]):
+    def node(self, name: str) -> _NodeT_co: ...
+
+
+def node_or_none(client: _ReadsOneNode[_NodeT], name: str) -> _NodeT | None:
+    """The node called ``name`` as the source (a SlurmClient, a KubernetesClient) shows it,
+    None when the source answers that it has none (NotFound: under Slinky, a dynamic Slurm
+    node whose slurmd pod is away). One node's read where a step, a gate or a drill asks
+    after one: at 12,500 nodes the whole list is megabytes of JSON, read at every poll of
+    every step. A source that cannot be read still raises: never "no such node"."""
     try:
         return client.node(name)
     except NotFound:

@@ -39,7 +39,7 @@ from collectors.clients.base import (
     K8sPod,
     SlurmNode,
     Taint,
-    slurm_node_or_none,
+    node_or_none,
     taint_named,
 )
 from collectors.clock import SYSTEM_CLOCK, Clock
@@ -121,7 +121,7 @@ class LoanContext(OutsideCalls):
 def _slurm_node(ctx: LoanContext) -> SlurmNode | None:
     """The node as Slurm lists it now; None when Slurm does not list it (under Slinky a
     dynamic node whose slurmd pod is away)."""
-    return slurm_node_or_none(ctx.clients.slurm, ctx.node)
+    return node_or_none(ctx.clients.slurm, ctx.node)
 
 
 def _drained(node: SlurmNode) -> bool:

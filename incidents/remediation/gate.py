@@ -56,7 +56,7 @@ from collectors.clients.base import (
     CheckJobSpec,
     ClientError,
     SlurmClient,
-    slurm_node_or_none,
+    node_or_none,
 )
 from collectors.knowledge.acceptance import (
     CHECK_JOB_PREFIX,
@@ -336,7 +336,7 @@ def _hold(slurm: SlurmClient, plan: GatePlan, state: dict[str, Any], call: Call,
     """Step 1: the node in a reservation of its own, and taking jobs there."""
     if state.get("resumed"):
         return
-    node = slurm_node_or_none(slurm, plan.node)
+    node = node_or_none(slurm, plan.node)
     if node is None:
         give_up_after(plan, state, now, f"waiting for {plan.node} to register with Slurm")
         return

@@ -24,8 +24,7 @@ from collectors.clients.base import (
     ActionResult,
     ClientError,
     SlurmJob,
-    k8s_node_or_none,
-    slurm_node_or_none,
+    node_or_none,
 )
 from collectors.clients.notify import owner_notify
 from collectors.clock import SYSTEM_CLOCK, Clock
@@ -313,7 +312,7 @@ def _slurm_less(ctx: StepContext, node: str) -> str:
     any other pool missing from Slurm is still waited for (it may be registering), and Slurm
     not answering raises as ever: a missing source is never read as a missing node."""
     pool = _node_pool(ctx, node)
-    if not kubernetes_pool(pool) or slurm_node_or_none(ctx.clients.slurm, node) is not None:
+    if not kubernetes_pool(pool) or node_or_none(ctx.clients.slurm, node) is not None:
         return ""
     return f"{node} is not a Slurm node (pool {pool}, which Kubernetes schedules)"
 
@@ -491,7 +490,7 @@ def _health_problems(ctx: StepContext, node: str, *, slurm_down_ok: bool = False
     """What keeps a node from service. ``slurm_down_ok``: FleetWatch marked it DOWN itself,
     so DOWN alone is not a problem (NOT_RESPONDING still is)."""
     problems = []
-    seen = slurm_node_or_none(ctx.clients.slurm, node)
+    seen = node_or_none(ctx.clients.slurm, node)
     if seen is None:
         if not kubernetes_pool(_node_pool(ctx, node)):
             problems.append("not registered in Slurm")
@@ -500,7 +499,7 @@ def _health_problems(ctx: StepContext, node: str, *, slurm_down_ok: bool = False
     elif seen.state == "DOWN" and not (
             slurm_down_ok and seen.reason.startswith(SLURM_REASON_PREFIX)):
         problems.append("Slurm reports it DOWN")
-    k8s = k8s_node_or_none(ctx.clients.kubernetes, node)
+    k8s = node_or_none(ctx.clients.kubernetes, node)
     if k8s is None or k8s.ready is not True:
         problems.append("Kubernetes node not Ready")
     gpus = ctx.clients.telemetry.gpu_metrics([node])

@@ -27,7 +27,7 @@ from collectors.clients.base import (
     K8S_CORDONED_BY,
     ClientError,
     NotFound,
-    k8s_node_or_none,
+    node_or_none,
 )
 from collectors.clients.kubernetes import KubernetesApi
 from tests.conftest import wait_for
@@ -264,8 +264,8 @@ def test_client_reads_nodes_and_pods(k8s: Any, api: KubernetesApi) -> None:
     assert unknown.value.permanent and "not found" in str(unknown.value)
     # One node read alone, as a step asks after its node: a node the API server does not
     # have is none, told apart from a server that cannot be read or refuses.
-    assert k8s_node_or_none(api, "gpu-003") == nodes["gpu-003"]
-    assert k8s_node_or_none(api, "gpu-999") is None
+    assert node_or_none(api, "gpu-003") == nodes["gpu-003"]
+    assert node_or_none(api, "gpu-999") is None
     with pytest.raises(NotFound):
         api.node("gpu-999")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.clients.base import ClientError, NotFound, SlurmJob, slurm_node_or_none
+from collectors.clients.base import ClientError, NotFound, SlurmJob, node_or_none
 from collectors.clients.slurm import SlurmCli
 from tests.conftest import wait_for
 from tests.harness.slurm_cluster import SlurmCluster, SlurmInstall, missing_binaries
@@ -114,8 +114,8 @@ def test_a_node_slurm_does_not_know_is_not_found_not_a_failed_read(
         with pytest.raises(NotFound) as err:
             client.node(name)
         assert err.value.permanent
-    assert slurm_node_or_none(client, "gpu-999") is None
-    assert slurm_node_or_none(client, "gpu-002") == client.node("gpu-002")
+    assert node_or_none(client, "gpu-999") is None
+    assert node_or_none(client, "gpu-002") == client.node("gpu-002")
 
 
 def test_drain_is_idempotent_and_resume_only_undoes_fleetwatch(
@@ -308,7 +308,7 @@ def test_controller_down_is_a_transient_error_not_failed_nodes(
         assert "Unable to contact slurm controller" in str(err.value)
         # One node's read: a controller away is a failed read, never "no such node".
         with pytest.raises(ClientError) as err:
-            slurm_node_or_none(client, "gpu-001")
+            node_or_none(client, "gpu-001")
         assert not isinstance(err.value, NotFound) and not err.value.permanent
     finally:
         cluster.start_controller()

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from collectors import services as collectors
 from collectors.clients import Clients
-from collectors.clients.base import ClientError, NotFound, slurm_node_or_none
+from collectors.clients.base import ClientError, NotFound, node_or_none
 from collectors.clients.kubernetes import KubernetesApi
 from collectors.clients.providers import (
     CompositeProvider,
@@ -137,7 +137,7 @@ def test_nodes_jobs_and_topology_match_the_cli(cluster: Any, rest: SlurmRest) ->
     with pytest.raises(NotFound) as unknown:
         rest.node("gpu-999")
     assert unknown.value.permanent
-    assert slurm_node_or_none(rest, "gpu-999") is None
+    assert node_or_none(rest, "gpu-999") is None
 
     jobs = {j.job_id: j for j in rest.jobs()}
     shown = job_fields(cluster, job)

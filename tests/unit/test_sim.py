@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.clients.base import ClientError, NotFound, k8s_node_or_none, slurm_node_or_none
+from collectors.clients.base import ClientError, NotFound, node_or_none
 from collectors.clock import ManualClock
 from collectors.sim.fleet import (
     SimFleet,
@@ -142,7 +142,7 @@ def test_one_slurm_node_and_a_name_slurm_does_not_know(fleet: SimFleet) -> None:
         with pytest.raises(NotFound) as err:
             slurm.node(name)
         assert err.value.permanent
-        assert slurm_node_or_none(slurm, name) is None
+        assert node_or_none(slurm, name) is None
 
 
 def test_a_down_source_raises_instead_of_reporting_an_empty_fleet(fleet: SimFleet) -> None:
@@ -151,7 +151,7 @@ def test_a_down_source_raises_instead_of_reporting_an_empty_fleet(fleet: SimFlee
     with pytest.raises(ClientError, match="unreachable"):
         SimSlurm(fleet).nodes()
     with pytest.raises(ClientError, match="unreachable") as err:
-        slurm_node_or_none(SimSlurm(fleet), "gpu-001")  # a failed read, not "no such node"
+        node_or_none(SimSlurm(fleet), "gpu-001")  # a failed read, not "no such node"
     assert not isinstance(err.value, NotFound)
     assert SimKubernetes(fleet).nodes()  # the others still answer
 
@@ -234,7 +234,7 @@ def test_telemetry_of_a_few_nodes_is_theirs_alone(fleet: SimFleet) -> None:
 
 def test_one_kubernetes_node_read_alone_and_an_unknown_one_is_none(fleet: SimFleet) -> None:
     k8s = SimKubernetes(fleet)
-    assert k8s_node_or_none(k8s, "gpu-002") == k8s.node("gpu-002")
-    assert k8s_node_or_none(k8s, "gpu-999") is None
+    assert node_or_none(k8s, "gpu-002") == k8s.node("gpu-002")
+    assert node_or_none(k8s, "gpu-999") is None
     with pytest.raises(NotFound):
         k8s.node("gpu-999")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.clients.base import NotFound, slurm_node_or_none
+from collectors.clients.base import NotFound, node_or_none
 from collectors.clients.naming import SlurmNames
 from collectors.sim.fleet import SimFleet, SimSlurm
 
@@ -33,4 +33,4 @@ def test_a_slurm_name_that_goes_by_its_machines_is_no_node_here(slurm: SlurmName
     for name in ("gpu-001", "gpu-999"):
         with pytest.raises(NotFound):
             slurm.node(name)
-        assert slurm_node_or_none(slurm, name) is None
+        assert node_or_none(slurm, name) is None

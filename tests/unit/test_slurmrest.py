@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from collectors.clients.base import ClientError, NotFound, slurm_node_or_none
+from collectors.clients.base import ClientError, NotFound, node_or_none
 from collectors.clients.slurmrest import (
     SlurmRest,
     TokenSource,
@@ -161,7 +161,7 @@ def test_one_node_unknown_is_not_found_and_an_outage_is_a_failed_read(stub: Stub
     with pytest.raises(NotFound) as unknown:
         client(stub.url).node("gpu-999")
     assert unknown.value.permanent
-    assert slurm_node_or_none(client(stub.url), "gpu-999") is None
+    assert node_or_none(client(stub.url), "gpu-999") is None
     # The same description with slurmctld away: a read that failed, never "no such node".
     stub.routes[("GET", "/slurm/v0.0.42/node/gpu-003")] = (500, {
         "meta": META, "warnings": [], "nodes": [], "errors": [{
@@ -169,7 +169,7 @@ def test_one_node_unknown_is_not_found_and_an_outage_is_a_failed_read(stub: Stub
             "error": "Unable to contact slurm controller (connect failure)",
             "source": "_dump_nodes"}]})
     for read in (lambda: client(stub.url).node("gpu-003"),
-                 lambda: slurm_node_or_none(client(stub.url), "gpu-003"),
+                 lambda: node_or_none(client(stub.url), "gpu-003"),
                  lambda: client(stub.url).drain("gpu-003", "incident 1")):
         with pytest.raises(ClientError, match="Unable to contact slurm controller") as exc:
             read()
